@@ -1,0 +1,149 @@
+// The communicator: the only way Parallax modules talk to other ranks.
+//
+// A Communicator is one group of ranks (the world, a data-parallel group, a
+// tensor-parallel group, a pipeline pair). Every operation is asynchronous: it is
+// enqueued in call order, returns a `Work`, and the caller waits on it. All ranks of
+// the group must issue the same collectives in the same order (as with MPI/NCCL).
+//
+// Every operation has a timeout (per call, or the communicator's default, which comes
+// from `[comm] timeout_s`). A wait that passes it throws CommError naming the op,
+// the group, the payload size and the rank, and the communicator is marked failed:
+// every later operation on it throws at once instead of hanging.
+//
+// Every call is counted (calls, logical bytes, time) per op kind; tests hold those
+// counters against theory, and the metrics file reports them per step.
+//
+//   auto work = comm.all_reduce(grads);   // returns at once
+//   ...                                   // overlap other work
+//   work->wait();                          // blocks; throws CommError on timeout
+//
+// Backends: MpiCommunicator (host tensors; always built) and NcclCommunicator (CUDA
+// tensors; built with PARALLAX_WITH_NCCL). Create them with the factory functions in
+// mpi_communicator.h / nccl_communicator.h, or let the Mesh create them.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+namespace parallax {
+
+enum class ReduceOp { kSum, kAvg, kMax, kMin };
+
+/// The operation kinds, used to index counters. Names match the method names.
+enum class CommOp { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kSend, kRecv, kBarrier };
+constexpr std::size_t kCommOpCount = 7;
+/// "all_reduce", "reduce_scatter", "all_gather", "broadcast", "send", "recv", "barrier".
+const char* to_string(CommOp op);
+
+/// Per-call options. A timeout of zero means the communicator's default.
+struct CollectiveOptions {
+  ReduceOp reduce_op = ReduceOp::kSum;
+  std::chrono::milliseconds timeout{0};
+};
+
+/// Counters for one op kind. `bytes` is the logical payload: the whole buffer for
+/// all_reduce and broadcast, the unsharded (full) size for reduce_scatter and
+/// all_gather, the message for send/recv, 0 for barrier.
+struct OpCounter {
+  std::int64_t calls = 0;
+  std::int64_t bytes = 0;
+  std::int64_t nanoseconds = 0;  ///< enqueue to completion, as seen by the backend
+};
+
+/// A snapshot of all counters of one communicator.
+struct CommCounters {
+  std::array<OpCounter, kCommOpCount> ops{};
+
+  const OpCounter& operator[](CommOp op) const { return ops[static_cast<std::size_t>(op)]; }
+  OpCounter& operator[](CommOp op) { return ops[static_cast<std::size_t>(op)]; }
+  /// Element-wise difference (this - earlier): the activity between two snapshots.
+  CommCounters since(const CommCounters& earlier) const;
+  /// Element-wise sum, for totals over several communicators.
+  CommCounters& operator+=(const CommCounters& other);
+};
+
+/// Handle to an enqueued operation.
+class Work {
+ public:
+  virtual ~Work() = default;
+  /// True once the operation finished (successfully or not). Never blocks.
+  virtual bool is_completed() = 0;
+  /// Blocks until the operation completes. Throws CommError if it failed or did not
+  /// complete within its timeout. Calling wait again after success returns at once.
+  virtual void wait() = 0;
+};
+using WorkPtr = std::shared_ptr<Work>;
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  /// This process's rank within the group, 0 ≤ rank < size.
+  virtual int rank() const = 0;
+  /// Number of ranks in the group.
+  virtual int size() const = 0;
+  /// The group's name, used in errors and counters (e.g. "world", "dp[tp=0,pp=1]").
+  virtual const std::string& name() const = 0;
+  /// The backend's name: "mpi" or "nccl".
+  virtual const char* backend() const = 0;
+
+  /// In-place reduction of `tensor` across the group. kAvg divides by size().
+  virtual WorkPtr all_reduce(at::Tensor& tensor, const CollectiveOptions& options = {}) = 0;
+
+  /// `input` holds size() equal contiguous chunks; rank r receives the reduction of
+  /// chunk r from every rank in `output`. Requires input.numel() == size() * output.numel().
+  virtual WorkPtr reduce_scatter(at::Tensor& output, const at::Tensor& input,
+                                 const CollectiveOptions& options = {}) = 0;
+
+  /// Rank r's `input` lands in chunk r of `output`.
+  /// Requires output.numel() == size() * input.numel().
+  virtual WorkPtr all_gather(at::Tensor& output, const at::Tensor& input,
+                             const CollectiveOptions& options = {}) = 0;
+
+  /// Copies `root`'s tensor into every rank's `tensor`.
+  virtual WorkPtr broadcast(at::Tensor& tensor, int root, const CollectiveOptions& options = {}) = 0;
+
+  /// Point-to-point. Tags let several messages between the same pair be in flight.
+  virtual WorkPtr send(const at::Tensor& tensor, int dst, int tag,
+                       const CollectiveOptions& options = {}) = 0;
+  virtual WorkPtr recv(at::Tensor& tensor, int src, int tag,
+                       const CollectiveOptions& options = {}) = 0;
+
+  virtual WorkPtr barrier(const CollectiveOptions& options = {}) = 0;
+
+  /// Collective over this group: ranks passing the same `color` form a new
+  /// communicator, ordered by `key` (ties by rank). `name` names the new group.
+  virtual std::unique_ptr<Communicator> split(int color, int key, const std::string& name) = 0;
+
+  /// A consistent copy of this communicator's counters. Thread-safe.
+  CommCounters counters() const;
+
+  /// The timeout used when CollectiveOptions::timeout is zero. Thread-safe.
+  /// Default: 300 s (`[comm] timeout_s`). split() passes it on to the new group.
+  void set_default_timeout(std::chrono::milliseconds timeout);
+  std::chrono::milliseconds default_timeout() const;
+
+ protected:
+  /// The timeout that applies to one call: its own, or the default.
+  std::chrono::milliseconds timeout_for(const CollectiveOptions& options) const;
+
+  /// Backends call this once per operation when it completes.
+  void record(CommOp op, std::int64_t bytes, std::int64_t nanoseconds);
+
+ private:
+  mutable std::mutex counters_mutex_;
+  CommCounters counters_;
+  std::atomic<std::int64_t> default_timeout_ms_{300'000};
+};
+
+/// Tensor payload in bytes (numel × element size).
+std::int64_t payload_bytes(const at::Tensor& tensor);
+
+}  // namespace parallax

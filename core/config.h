@@ -1,0 +1,170 @@
+// Typed configuration: one options struct per TOML section.
+//
+// The loader (config_loader.h) turns TOML files and `--set` overrides into a Config;
+// nothing below the loader sees TOML. Field names are the TOML key names; each field
+// documents its meaning, unit and default. See ../shared/DESIGN.md for the vocabulary.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "parallax/core/logging.h"
+
+namespace parallax {
+
+/// [train]: batch arithmetic and run length.
+/// global_batch_size = micro_batch_size × grad_accum × dp, exactly; one may be omitted
+/// (0 here) and is inferred by Config::resolve.
+struct TrainOptions {
+  /// Samples per optimizer step over all data-parallel ranks, e.g. 32. Default: inferred.
+  std::int64_t global_batch_size = 0;
+  /// Samples per rank per micro-step, e.g. 4. Default: inferred.
+  std::int64_t micro_batch_size = 0;
+  /// Micro-steps per optimizer step (= pipeline micro-batches). Default: inferred.
+  std::int64_t grad_accum = 0;
+  /// Optimizer steps to run. Default: 100.
+  std::int64_t steps = 100;
+  /// Seed for parameters, data order and dropout. Default: 1234.
+  std::int64_t seed = 1234;
+};
+
+enum class OptimizerType { kSgd, kAdam, kAdamW };
+
+/// [optimizer]
+struct OptimizerOptions {
+  /// sgd | adam | adamw. Default: adamw.
+  OptimizerType type = OptimizerType::kAdamW;
+  /// Peak learning rate. Default: 3e-4.
+  double lr = 3e-4;
+  /// Adam betas. Default: [0.9, 0.999].
+  std::array<double, 2> betas{0.9, 0.999};
+  /// Adam epsilon. Default: 1e-8.
+  double eps = 1e-8;
+  /// L2 (sgd, adam) or decoupled (adamw) weight decay. Default: 0.
+  double weight_decay = 0.0;
+  /// SGD momentum. Default: 0.
+  double momentum = 0.0;
+  /// Global-norm gradient clipping threshold; 0 = off. Default: 0.
+  double grad_clip = 0.0;
+};
+
+enum class SchedulerType { kConstant, kLinear, kCosine };
+
+/// [scheduler]: learning rate over optimizer steps.
+struct SchedulerOptions {
+  /// constant | linear | cosine (decay to min_lr at train.steps). Default: constant.
+  SchedulerType type = SchedulerType::kConstant;
+  /// Steps of linear warmup from 0 to optimizer.lr. Default: 0.
+  std::int64_t warmup_steps = 0;
+  /// Floor reached at the end of linear/cosine decay. Default: 0.
+  double min_lr = 0.0;
+};
+
+enum class Dtype { kFp32, kBf16, kFp16 };
+
+/// [precision]
+struct PrecisionOptions {
+  /// fp32 | bf16 | fp16. bf16 keeps fp32 master weights. Default: fp32.
+  Dtype dtype = Dtype::kFp32;
+};
+
+enum class ParallelMode { kManual, kAuto };
+
+/// [parallel]: degrees; tp × pp × dp = world size.
+struct ParallelOptions {
+  /// manual | auto. Default: manual.
+  ParallelMode mode = ParallelMode::kManual;
+  /// Tensor-parallel degree. Default: 1.
+  int tp = 1;
+  /// Pipeline-parallel degree. Default: 1.
+  int pp = 1;
+  /// Data-parallel degree; -1 = world size / (tp × pp). Default: -1.
+  int dp = -1;
+};
+
+/// [zero]
+struct ZeroOptions {
+  /// ZeRO stage. Default: 0 (plain data parallelism).
+  int stage = 0;
+  /// Gradient bucket size in MiB; buckets are reduced as they fill. Default: 25.
+  double bucket_mb = 25.0;
+  /// Launch bucket reductions during backward. Default: true.
+  bool overlap_comm = true;
+};
+
+enum class CommBackend { kAuto, kMpi, kNccl };
+
+/// [comm]
+struct CommOptions {
+  /// auto | mpi | nccl; auto = NCCL for CUDA tensors when built, else MPI. Default: auto.
+  CommBackend backend = CommBackend::kAuto;
+  /// Seconds any single collective may take before it fails. Default: 300.
+  double timeout_s = 300.0;
+};
+
+/// [logging]
+struct LoggingOptions {
+  /// Progress line every N optimizer steps on rank 0; 0 = never. Default: 10.
+  std::int64_t every = 10;
+  /// debug | info | warn | error. Default: info.
+  LogLevel level = LogLevel::kInfo;
+  /// JSON lines, one object per optimizer step, written by rank 0; "" = off. Default: "".
+  std::string metrics_file;
+  /// Chrome trace JSON (one file per rank: ".rank<N>" is inserted before the
+  /// extension); "" = off. Default: "".
+  std::string trace_file;
+};
+
+/// A table owned by the application (e.g. [model], [data]). Typed, position-aware
+/// access; reading a key that is missing, or of another type, throws ConfigError
+/// naming the file, line and key.
+class AppTable {
+ public:
+  class Impl;
+  explicit AppTable(std::shared_ptr<const Impl> impl);
+
+  const std::string& name() const;
+  bool contains(const std::string& key) const;
+  std::int64_t get_int(const std::string& key) const;
+  std::int64_t get_int(const std::string& key, std::int64_t fallback) const;
+  double get_double(const std::string& key) const;
+  double get_double(const std::string& key, double fallback) const;
+  bool get_bool(const std::string& key, bool fallback) const;
+  std::string get_string(const std::string& key) const;
+  std::string get_string(const std::string& key, const std::string& fallback) const;
+  /// Throws ConfigError for any key not in `allowed`, with a "did you mean".
+  void expect_only(const std::vector<std::string>& allowed) const;
+
+ private:
+  std::shared_ptr<const Impl> impl_;
+};
+
+struct Config {
+  TrainOptions train;
+  OptimizerOptions optimizer;
+  SchedulerOptions scheduler;
+  PrecisionOptions precision;
+  ParallelOptions parallel;
+  ZeroOptions zero;
+  CommOptions comm;
+  LoggingOptions logging;
+
+  /// Application tables by name, as declared to the loader.
+  std::map<std::string, AppTable> app;
+  /// The files that were read, in order (extends first), for messages.
+  std::vector<std::string> sources;
+
+  /// The application table `name`; throws ConfigError if the config has none.
+  const AppTable& app_table(const std::string& name) const;
+
+  /// Fills dp (when -1) and the omitted batch value for `world_size` ranks, and checks
+  /// tp × pp × dp == world_size and the batch identity exactly. Throws ConfigError
+  /// naming the keys and values on any mismatch. Idempotent.
+  void resolve(int world_size);
+};
+
+}  // namespace parallax

@@ -1,0 +1,72 @@
+#include "parallax/core/world.h"
+
+#include <mpi.h>
+#include <unistd.h>
+
+#include "parallax/core/error.h"
+#include "parallax/core/mpi_communicator.h"
+
+namespace parallax {
+namespace {
+
+const char* thread_level_name(int level) {
+  switch (level) {
+    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
+  }
+  return "unknown";
+}
+
+}  // namespace
+
+World::World(int& argc, char**& argv) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  int provided = MPI_THREAD_SINGLE;
+  if (initialized) {
+    MPI_Query_thread(&provided);
+  } else {
+    check_mpi(MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
+    owns_mpi_ = true;
+  }
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &size_);
+  set_process_rank(rank_);
+  PARALLAX_CHECK(provided >= MPI_THREAD_MULTIPLE, CommError, "the MPI library provides ",
+                 thread_level_name(provided),
+                 " but Parallax needs MPI_THREAD_MULTIPLE (each communicator progresses its "
+                 "operations on its own thread); use an MPI built with thread support");
+
+  MPI_Comm node_comm = MPI_COMM_NULL;
+  check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL,
+                                &node_comm),
+            "MPI_Comm_split_type");
+  MPI_Comm_rank(node_comm, &local_rank_);
+  MPI_Comm_size(node_comm, &local_size_);
+  MPI_Comm_free(&node_comm);
+
+  char host[MPI_MAX_PROCESSOR_NAME] = {};
+  int length = 0;
+  MPI_Get_processor_name(host, &length);
+  hostname_.assign(host, static_cast<std::size_t>(length));
+
+  world_comm_ = create_mpi_world_communicator();
+}
+
+World::~World() {
+  world_comm_.reset();
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (owns_mpi_ && !finalized) MPI_Finalize();
+}
+
+void World::abort(int exit_code) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized) MPI_Abort(MPI_COMM_WORLD, exit_code);
+  _exit(exit_code);
+}
+
+}  // namespace parallax

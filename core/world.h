@@ -1,0 +1,59 @@
+// The MPI world this process belongs to.
+//
+// World brings MPI up (with MPI_THREAD_MULTIPLE: each communicator progresses its
+// operations on a thread of its own) and down, and knows this process's place: rank,
+// size, node-local rank (via MPI_Comm_split_type(SHARED)) and hostname. A program
+// started without mpirun is a world of one.
+//
+//   parallax::World world(argc, argv);         // MPI_Init_thread, or reuse an initialized MPI
+//   world.communicator().all_reduce(t)->wait();
+//
+// Exactly one World exists per process. If MPI was already initialized by the
+// application, World uses it and leaves finalization to the application.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "parallax/core/communicator.h"
+
+namespace parallax {
+
+class World {
+ public:
+  /// Initializes MPI (unless already initialized) and duplicates MPI_COMM_WORLD into the
+  /// world communicator. Throws CommError if the MPI library cannot provide
+  /// MPI_THREAD_MULTIPLE. Sets the process rank used in messages.
+  World(int& argc, char**& argv);
+  World(const World&) = delete;
+  World& operator=(const World&) = delete;
+  /// Releases the communicators and finalizes MPI if this World initialized it.
+  ~World();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  /// Rank among the processes on this node (shared-memory domain).
+  int local_rank() const { return local_rank_; }
+  int local_size() const { return local_size_; }
+  const std::string& hostname() const { return hostname_; }
+
+  /// The communicator over all ranks (a duplicate of MPI_COMM_WORLD, so Parallax's
+  /// traffic never matches the application's own MPI messages).
+  Communicator& communicator() { return *world_comm_; }
+
+  /// Tears the whole job down with `exit_code` (MPI_Abort). For applications that
+  /// caught an error and cannot rely on the other ranks reaching MPI_Finalize:
+  /// after a timed-out collective a plain return could leave peers blocked.
+  [[noreturn]] static void abort(int exit_code);
+
+ private:
+  bool owns_mpi_ = false;
+  int rank_ = 0;
+  int size_ = 1;
+  int local_rank_ = 0;
+  int local_size_ = 1;
+  std::string hostname_;
+  std::unique_ptr<Communicator> world_comm_;
+};
+
+}  // namespace parallax
