@@ -121,7 +121,8 @@ struct LoggingOptions {
 
 /// A table owned by the application (e.g. [model], [data]). Typed, position-aware
 /// access; reading a key that is missing, or of another type, throws ConfigError
-/// naming the file, line and key.
+/// naming the file, line and key. Integers are accepted by get_double. A dotted key
+/// ("attention.heads") reads from a sub-table ([model.attention]).
 class AppTable {
  public:
   class Impl;
@@ -138,6 +139,9 @@ class AppTable {
   std::string get_string(const std::string& key, const std::string& fallback) const;
   /// Throws ConfigError for any key not in `allowed`, with a "did you mean".
   void expect_only(const std::vector<std::string>& allowed) const;
+
+  /// The loader's representation (opaque outside the config loader).
+  const Impl& impl() const { return *impl_; }
 
  private:
   std::shared_ptr<const Impl> impl_;

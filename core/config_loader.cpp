@@ -1,0 +1,276 @@
+// The input side of the config loader: the command line, files and `extends`, the
+// merge, `--set` overrides, and the dispatch of each top-level table to its reader.
+// What each section accepts lives in config_sections.cpp; to_toml there too.
+#include "parallax/core/config_loader.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "parallax/core/config_toml.h"
+#include "parallax/core/error.h"
+
+namespace parallax {
+namespace {
+
+namespace fs = std::filesystem;
+using detail::at;
+using detail::join;
+
+bool starts_with(const std::string& text, const std::string& prefix) {
+  return text.compare(0, prefix.size(), prefix) == 0;
+}
+
+std::string trim(const std::string& text) {
+  const auto first = text.find_first_not_of(" \t");
+  if (first == std::string::npos) return "";
+  const auto last = text.find_last_not_of(" \t");
+  return text.substr(first, last - first + 1);
+}
+
+// ---- Files and extends -------------------------------------------------------------
+
+/// Merges `source` into `target` key by key: tables merge recursively, anything else
+/// (arrays included) replaces what was there. Nodes are moved, not copied, because a
+/// move keeps their source position (TOML++ drops it on copy) and every later error
+/// message needs it.
+void merge_into(toml::table& target, toml::table&& source) {
+  for (auto&& [key, node] : source) {
+    toml::node* existing = target.get(key.str());
+    if (existing != nullptr && existing->is_table() && node.is_table()) {
+      merge_into(*existing->as_table(), std::move(*node.as_table()));
+      continue;
+    }
+    // Replace the key too, so that an unknown-key error points at the winning file.
+    toml::key winning_key = key;
+    target.erase(key.str());
+    target.insert(std::move(winning_key), std::move(node));
+  }
+}
+
+toml::table parse_file(const fs::path& path, const std::string& included_from) {
+  const std::string name = path.string();
+  const std::string origin = included_from.empty() ? "" : " (extended from " + included_from + ")";
+  std::error_code error;
+  PARALLAX_CHECK(fs::is_regular_file(path, error), ConfigError, "config file '", name,
+                 "' does not exist or is not a regular file", origin);
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  PARALLAX_CHECK(in.good() || in.eof(), ConfigError, "cannot read config file '", name, "'", origin);
+  try {
+    return toml::parse(text.str(), name);
+  } catch (const toml::parse_error& e) {
+    throw ConfigError("TOML syntax error at " + detail::location(e.source()) + ": " +
+                      std::string(e.description()));
+  }
+}
+
+/// The file names in an `extends` value, or a ConfigError naming the value.
+std::vector<std::string> extended_names(const toml::node& node) {
+  std::vector<std::string> names;
+  if (const auto* name = node.as_string()) {
+    names.push_back(name->get());
+    return names;
+  }
+  const auto* array = node.as_array();
+  if (array != nullptr) {
+    for (const toml::node& item : *array) {
+      if (!item.is_string()) break;
+      names.push_back(item.as_string()->get());
+    }
+    if (names.size() == array->size()) return names;
+  }
+  throw ConfigError("extends = " + detail::render(node) + at(node.source()) +
+                    ": expected a file name or an array of file names");
+}
+
+/// The same file reached by two spellings ("a.toml", "x/../a.toml", a link) has the
+/// same identity; used to detect extends cycles.
+fs::path identity_of(const fs::path& path) {
+  std::error_code error;
+  fs::path canonical = fs::weakly_canonical(path, error);
+  return error ? fs::absolute(path, error).lexically_normal() : canonical;
+}
+
+/// Reads `path` and, before it, everything it extends (depth first, in order), merged
+/// into one table. `chain` holds the files being read, outermost first, to detect
+/// cycles; `read` collects every file once read (bases first).
+toml::table load_file(const fs::path& path, const std::string& included_from,
+                      std::vector<fs::path>& chain, std::vector<std::string>& read) {
+  const fs::path identity = identity_of(path);
+  for (std::size_t i = 0; i < chain.size(); ++i) {
+    if (identity_of(chain[i]) != identity) continue;
+    std::vector<std::string> cycle;
+    for (std::size_t j = i; j < chain.size(); ++j) cycle.push_back(chain[j].string());
+    cycle.push_back(path.string());
+    throw ConfigError("extends cycle: " + join(cycle, " -> ") +
+                      (included_from.empty() ? "" : " (at " + included_from + ")"));
+  }
+
+  toml::table document = parse_file(path, included_from);
+  toml::table merged;
+  if (const toml::node* extends = document.get("extends")) {
+    chain.push_back(path);
+    for (const std::string& name : extended_names(*extends)) {
+      const fs::path base = fs::path(name).is_absolute()
+                                ? fs::path(name)
+                                : (path.parent_path() / name).lexically_normal();
+      merge_into(merged, load_file(base, detail::location(extends->source()), chain, read));
+    }
+    chain.pop_back();
+    document.erase("extends");
+  }
+  merge_into(merged, std::move(document));
+  read.push_back(path.string());
+  return merged;
+}
+
+// ---- Overrides ---------------------------------------------------------------------
+
+/// An override `key = value` as a small TOML document, every node and key of which has
+/// the override as its source. The key path is TOML (dotted, quoted parts allowed).
+/// The value is parsed as TOML; a bare word that is not TOML (adam, m.jsonl) is taken
+/// as a string, but text that starts like a string, array or inline table must parse.
+toml::table parse_override(const std::string& key, const std::string& value,
+                           const std::string& origin) {
+  try {
+    return toml::parse(key + " = " + value, origin);
+  } catch (const toml::parse_error& error) {
+    const std::string trimmed = trim(value);
+    const bool looks_like_toml =
+        !trimmed.empty() && std::string("\"'[{").find(trimmed[0]) != std::string::npos;
+    if (!looks_like_toml) {
+      try {
+        return toml::parse(key + " = " + detail::quote(trimmed), origin);
+      } catch (const toml::parse_error&) {
+        // The key itself is malformed: report the first error.
+      }
+    }
+    throw ConfigError(origin + ": cannot parse key.path=value as TOML: " +
+                      std::string(error.description()));
+  }
+}
+
+void apply_override(toml::table& root, const std::string& text) {
+  const std::string origin = "--set " + text;
+  const auto equals = text.find('=');
+  const std::string key = equals == std::string::npos ? "" : trim(text.substr(0, equals));
+  PARALLAX_CHECK(!key.empty(), ConfigError, origin,
+                 ": expected key.path=value, e.g. --set zero.stage=1");
+  toml::table parsed = parse_override(key, text.substr(equals + 1), origin);
+  PARALLAX_CHECK(!parsed.contains("extends"), ConfigError, origin,
+                 ": extends can only be used in a config file; pass more files with --config");
+  // Merged like one more file: a value replaces, a table merges key by key.
+  merge_into(root, std::move(parsed));
+}
+
+// ---- Dispatch ----------------------------------------------------------------------
+
+[[noreturn]] void throw_unknown_table(const toml::key& key, const toml::node& node,
+                                      const LoadOptions& options) {
+  std::vector<std::string> known;
+  for (const detail::SectionDef& section : detail::sections()) known.emplace_back(section.name);
+  std::vector<std::string> candidates = known;
+  candidates.insert(candidates.end(), options.app_tables.begin(), options.app_tables.end());
+
+  const std::string name(key.str());
+  std::string message = node.is_table() ? "unknown table [" + name + "]"
+                                        : "unknown top-level key '" + name + "'";
+  message += at(key.source());
+  const std::string suggestion = detail::closest(name, candidates);
+  if (!suggestion.empty()) message += "; did you mean [" + suggestion + "]?";
+  message += "; known tables: " + join(known, ", ");
+  message += options.app_tables.empty()
+                 ? "; this application declares no tables of its own"
+                 : "; tables of this application: " + join(options.app_tables, ", ");
+  throw ConfigError(message);
+}
+
+void check_app_table_names(const LoadOptions& options) {
+  for (const std::string& name : options.app_tables) {
+    PARALLAX_CHECK(!name.empty() && name.find('.') == std::string::npos, UsageError,
+                   "LoadOptions::app_tables: '", name, "' is not a valid table name");
+    PARALLAX_CHECK(detail::find_section(name) == nullptr && name != "extends", UsageError,
+                   "LoadOptions::app_tables: '", name, "' is a Parallax table and cannot be "
+                   "owned by the application");
+  }
+}
+
+}  // namespace
+
+CommandLine parse_command_line(int argc, const char* const* argv) {
+  CommandLine result;
+  if (argv == nullptr) return result;
+  for (int i = 0; i < argc; ++i) {
+    const std::string arg = argv[i] != nullptr ? argv[i] : "";
+    if (i == 0) {
+      result.rest.push_back(arg);
+      continue;
+    }
+    if (arg == "--") {  // everything from here on belongs to the application
+      result.rest.insert(result.rest.end(), argv + i, argv + argc);
+      break;
+    }
+    std::string option;
+    std::string value;
+    if (arg == "--config" || arg == "--set") {
+      option = arg;
+      PARALLAX_CHECK(i + 1 < argc && argv[i + 1] != nullptr, UsageError, option,
+                     " needs a value, e.g. --config train.toml or --set zero.stage=1");
+      value = argv[++i];
+    } else if (starts_with(arg, "--config=") || starts_with(arg, "--set=")) {
+      option = arg.substr(0, arg.find('='));
+      value = arg.substr(option.size() + 1);
+    } else {
+      result.rest.push_back(arg);
+      continue;
+    }
+    PARALLAX_CHECK(!value.empty(), UsageError, option, " needs a non-empty value");
+    if (option == "--config") {
+      result.sources.files.push_back(value);
+    } else {
+      const auto equals = value.find('=');
+      PARALLAX_CHECK(equals != std::string::npos && equals > 0, UsageError, "--set '", value,
+                     "': expected key.path=value, e.g. --set zero.stage=1");
+      result.sources.overrides.push_back(value);
+    }
+  }
+  return result;
+}
+
+Config load_config(const ConfigSources& sources, const LoadOptions& options) {
+  check_app_table_names(options);
+  Config config;
+
+  toml::table root;
+  for (const std::string& file : sources.files) {
+    std::vector<fs::path> chain;
+    merge_into(root, load_file(file, "", chain, config.sources));
+  }
+  for (const std::string& text : sources.overrides) apply_override(root, text);
+
+  detail::KeyPositions positions;
+  for (auto&& [key, node] : root) {
+    const std::string name(key.str());
+    const detail::SectionDef* section = detail::find_section(name);
+    const bool is_app = std::find(options.app_tables.begin(), options.app_tables.end(), name) !=
+                        options.app_tables.end();
+    if (section == nullptr && !is_app) throw_unknown_table(key, node, options);
+    PARALLAX_CHECK(node.is_table(), ConfigError, name, " = ", detail::render(node), at(node.source()),
+                   ": expected a table [", name, "]");
+    if (section != nullptr) {
+      detail::read_section(*section, *node.as_table(), config, positions);
+    } else {
+      auto impl = std::make_shared<const AppTable::Impl>(name, std::move(*node.as_table()));
+      config.app.emplace(name, AppTable(std::move(impl)));
+    }
+  }
+  for (const detail::SectionDef& section : detail::sections()) {
+    if (section.check != nullptr) section.check(config, positions);
+  }
+  return config;
+}
+
+}  // namespace parallax

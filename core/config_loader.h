@@ -1,0 +1,90 @@
+// The strict config loader: TOML files and `--set` overrides → a validated Config.
+//
+// This is where TOML stops (DESIGN.md, "Config"). Files are read in order, each after
+// the files it `extends`; tables merge key by key, later values winning; `--set`
+// overrides win over every file. The merged document is then checked strictly: an
+// unknown key or table, a wrong type, a value out of range or a feature this build
+// does not have is a ConfigError naming where the value came from ("a.toml:3:6" or
+// "--set optimizer.lr=fast"), the key path, the bad value and what is allowed, with a
+// "did you mean" for near-miss keys:
+//
+//   unknown key 'optimizer.betaz' at a.toml:5:1; did you mean 'betas'?
+//   optimizer.lr = "fast" at a.toml:3:6: expected a number
+//
+// Typical use, on every rank:
+//
+//   parallax::CommandLine cl = parallax::parse_command_line(argc, argv);
+//   parallax::Config config = parallax::load_config(cl.sources, {{"model", "data"}});
+//   config.resolve(world.size());                  // dp and the omitted batch value
+//   if (rank == 0) std::cout << parallax::to_toml(config);
+//   // ... all ranks compare parallax::config_hash(config)
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "parallax/core/config.h"
+
+namespace parallax {
+
+/// Where a configuration comes from, in precedence order (last wins).
+struct ConfigSources {
+  /// TOML files (`--config FILE`), in order; a later file overrides an earlier one.
+  std::vector<std::string> files;
+  /// `key.path=value` overrides (`--set`), in order; they override every file.
+  std::vector<std::string> overrides;
+};
+
+/// The config options found on a command line, and everything else.
+struct CommandLine {
+  ConfigSources sources;
+  /// The arguments that are not Parallax's, untouched and in order, argv[0] first.
+  std::vector<std::string> rest;
+};
+
+/// Takes "--config FILE", "--config=FILE", "--set k=v" and "--set=k=v" out of argv;
+/// every other argument goes to `rest` untouched. A lone "--" ends option parsing: it
+/// and everything after it go to `rest`. Does not read any file.
+/// Throws UsageError for --config/--set without a value, or a --set value without
+/// '=' (or with an empty key).
+CommandLine parse_command_line(int argc, const char* const* argv);
+
+/// What the application adds to the Parallax vocabulary.
+struct LoadOptions {
+  /// Top-level tables the application owns, e.g. {"model", "data"}. They are passed
+  /// through unchecked as Config::app; any other unknown table is an error.
+  std::vector<std::string> app_tables;
+};
+
+/// Reads `sources.files` in order, each after the files named by its top-level
+/// `extends` (a string or an array of strings, relative to the including file's
+/// directory), merges tables key by key (later wins; arrays are replaced whole),
+/// applies `sources.overrides`, and validates the result strictly into a Config.
+/// Config::sources lists the files read, bases before the files that extend them.
+/// The Config is not resolved: call Config::resolve once the world size is known.
+/// Throws ConfigError for an unreadable file, a TOML syntax error (with file:line:col
+/// and the parser's description), an `extends` cycle (listing the chain), a malformed
+/// override and every validation failure described at the top of this file.
+/// Throws UsageError if an app table name is empty or collides with a Parallax section.
+Config load_config(const ConfigSources& sources, const LoadOptions& options = {});
+
+/// Canonical TOML text of `config`: every Parallax section in a fixed order with every
+/// key (defaults included), then the app tables sorted by name. Batch values still 0
+/// (to be inferred) appear as comments. load_config on this text (with the same
+/// LoadOptions) gives a Config with the same text. Printed on rank 0 and hashed for the cross-rank check. Never throws
+/// except std::bad_alloc.
+std::string to_toml(const Config& config);
+
+/// 64-bit FNV-1a hash of to_toml(config): equal configs give equal hashes on every
+/// platform, so ranks can compare them.
+std::uint64_t config_hash(const Config& config);
+
+/// Enum names as written in TOML, e.g. "adamw", "cosine", "bf16", "manual", "nccl".
+const char* to_string(OptimizerType type);
+const char* to_string(SchedulerType type);
+const char* to_string(Dtype dtype);
+const char* to_string(ParallelMode mode);
+const char* to_string(CommBackend backend);
+
+}  // namespace parallax

@@ -1,0 +1,52 @@
+// Per-step metrics as JSON lines: the contract later strategies and the benches read.
+//
+// One object per optimizer step, written by rank 0:
+//   {"step": 3, "loss": 2.71, "lr": 0.0003, "step_ms": 41.2, "tokens_per_s": 12400.0,
+//    "model_state_bytes": [{"params": 4096, "grads": 4096, "optimizer": 8192}, ...],
+//    "comm": [{"all_reduce": {"calls": 2, "bytes": 4096}, ...}, ...]}
+// `model_state_bytes` and `comm` are arrays indexed by world rank. `comm` holds the
+// step's activity only; bytes are logical payloads (see communicator.h).
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "parallax/core/communicator.h"
+
+namespace parallax {
+
+/// Bytes of model state one rank actually holds.
+struct ModelStateBytes {
+  std::int64_t params = 0;
+  std::int64_t grads = 0;
+  std::int64_t optimizer = 0;  ///< optimizer state plus fp32 master weights when kept
+};
+
+struct StepMetrics {
+  std::int64_t step = 0;
+  double loss = 0.0;          ///< mean over the global batch
+  double lr = 0.0;
+  double step_ms = 0.0;
+  double tokens_per_s = 0.0;
+  std::vector<ModelStateBytes> model_state_bytes;  ///< by world rank
+  std::vector<CommCounters> comm;                  ///< by world rank, this step only
+};
+
+/// The JSON object for one step, on one line (no trailing newline).
+std::string to_json_line(const StepMetrics& metrics);
+
+/// Appends JSON lines to a file (truncated on open).
+class MetricsWriter {
+ public:
+  /// Throws UsageError naming the path if it cannot be opened.
+  explicit MetricsWriter(const std::string& path);
+  void write(const StepMetrics& metrics);
+
+ private:
+  std::string path_;
+  std::ofstream out_;
+};
+
+}  // namespace parallax

@@ -1,0 +1,571 @@
+// NcclCommunicator: see nccl_communicator.h for the contract (streams, timeouts, p2p).
+#include "parallax/core/nccl_communicator.h"
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <ATen/ATen.h>
+
+#ifdef PARALLAX_TORCH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "parallax/core/error.h"
+#include "parallax/core/logging.h"
+
+namespace parallax {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string host_name() {
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) != 0) return "unknown host";
+  return host;
+}
+
+std::string where_am_i() {
+  return detail::concat("host ", host_name(), ", rank ", process_rank());
+}
+
+void check_cuda(cudaError_t code, const char* call, const char* file, int line) {
+  if (code == cudaSuccess) return;
+  cudaGetLastError();  // clear the sticky-free error state so later calls are not blamed
+  throw CommError(detail::concat(call, " failed at ", file, ":", line, ": ",
+                                 cudaGetErrorName(code), " (", cudaGetErrorString(code), ") on ",
+                                 where_am_i()));
+}
+
+void check_nccl(ncclResult_t code, const char* call, const char* file, int line,
+                ncclComm_t comm = nullptr) {
+  if (code == ncclSuccess) return;
+  std::string detail = ncclGetErrorString(code);
+  const char* last = ncclGetLastError(comm);
+  if (last != nullptr && *last != '\0') detail += std::string(": ") + last;
+  throw CommError(detail::concat(call, " failed at ", file, ":", line, ": ", detail, " on ",
+                                 where_am_i()));
+}
+
+#define PARALLAX_CUDA_CHECK(call) check_cuda((call), #call, __FILE__, __LINE__)
+#define PARALLAX_NCCL_CHECK(call) check_nccl((call), #call, __FILE__, __LINE__)
+#define PARALLAX_NCCL_CHECK_COMM(call, comm) check_nccl((call), #call, __FILE__, __LINE__, (comm))
+
+// Makes `device` current for the scope; restores the caller's device after.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    PARALLAX_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != device) PARALLAX_CUDA_CHECK(cudaSetDevice(device));
+  }
+  ~DeviceGuard() { cudaSetDevice(previous_); }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+const char* dtype_name(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat: return "float32";
+    case at::kDouble: return "float64";
+    case at::kBFloat16: return "bfloat16";
+    case at::kHalf: return "float16";
+    case at::kInt: return "int32";
+    case at::kLong: return "int64";
+    case at::kByte: return "uint8";
+    default: return c10::toString(dtype);
+  }
+}
+
+bool is_floating(at::ScalarType dtype) {
+  return dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16 ||
+         dtype == at::kHalf;
+}
+
+ncclDataType_t nccl_datatype(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat: return ncclFloat32;
+    case at::kDouble: return ncclFloat64;
+    case at::kBFloat16: return ncclBfloat16;
+    case at::kHalf: return ncclFloat16;
+    case at::kInt: return ncclInt32;
+    case at::kLong: return ncclInt64;
+    case at::kByte: return ncclUint8;
+    default: break;
+  }
+  throw UsageError(detail::concat("dtype ", c10::toString(dtype),
+                                  " is not supported by the NCCL communicator; use float32, "
+                                  "float64, bfloat16, float16, int32, int64 or uint8"));
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return ncclSum;
+    case ReduceOp::kAvg: return ncclAvg;
+    case ReduceOp::kMax: return ncclMax;
+    case ReduceOp::kMin: return ncclMin;
+  }
+  return ncclSum;
+}
+
+// Polls that found nothing: sched_yield first, then sleeps growing to 128 µs.
+void back_off(int& idle) {
+  if (idle < 64) {
+    sched_yield();
+  } else {
+    std::this_thread::sleep_for(std::chrono::microseconds(1 << std::min(idle - 64, 7)));
+  }
+  ++idle;
+}
+
+/// What the communicator and its Works share; Works may outlive the communicator.
+struct NcclShared {
+  std::mutex mutex;
+  ncclComm_t comm = nullptr;  ///< null once aborted or destroyed
+  std::string failure;        ///< non-empty once the group is unusable
+  std::string where;          ///< "on rank 1 (world rank 3, host node07)"
+  std::function<void(CommOp, std::int64_t, std::int64_t)> recorder;  ///< null after destruction
+
+  /// Aborts the NCCL communicator (its kernels stop) and fails the group. Holds `mutex`.
+  void fail_group_locked(const std::string& message) {
+    if (failure.empty()) failure = message;
+    if (comm != nullptr) {
+      ncclCommAbort(comm);
+      comm = nullptr;
+    }
+  }
+};
+
+class NcclWork final : public Work {
+ public:
+  NcclWork(std::shared_ptr<NcclShared> shared, CommOp op, std::string what, std::int64_t bytes,
+           std::chrono::milliseconds timeout, std::vector<at::Tensor> tensors)
+      : shared_(std::move(shared)), op_(op), what_(std::move(what)), bytes_(bytes),
+        timeout_(timeout), deadline_(Clock::now() + timeout), tensors_(std::move(tensors)) {
+    PARALLAX_CUDA_CHECK(cudaEventCreate(&start_));
+    PARALLAX_CUDA_CHECK(cudaEventCreate(&done_));
+  }
+  ~NcclWork() override {
+    cudaEventDestroy(start_);
+    cudaEventDestroy(done_);
+  }
+  cudaEvent_t start_event() const { return start_; }
+  cudaEvent_t done_event() const { return done_; }
+
+  bool is_completed() override {
+    std::lock_guard<std::mutex> lock(shared_->mutex);
+    return poll_locked();
+  }
+
+  void wait() override {
+    int idle = 0;
+    while (true) {
+      {
+        std::lock_guard<std::mutex> lock(shared_->mutex);
+        if (poll_locked()) break;
+        if (Clock::now() >= deadline_) {
+          fail_locked(detail::concat(what_, " timed out after ", timeout_.count(), " ms ",
+                                     shared_->where, "; the group is now unusable"));
+          shared_->fail_group_locked(error_);
+          break;
+        }
+      }
+      back_off(idle);
+    }
+    if (!error_.empty()) throw CommError(error_);
+  }
+
+  /// True once finished; records counters on success. Caller holds shared_->mutex.
+  bool poll_locked() {
+    if (finished_) return true;
+    if (shared_->comm == nullptr) {
+      fail_locked(what_ + " was abandoned: " +
+                  (shared_->failure.empty() ? std::string("the communicator was destroyed")
+                                            : shared_->failure));
+      return true;
+    }
+    const cudaError_t state = cudaEventQuery(done_);
+    if (state == cudaSuccess) {
+      float ms = 0;
+      cudaEventElapsedTime(&ms, start_, done_);
+      if (shared_->recorder) shared_->recorder(op_, bytes_, static_cast<std::int64_t>(ms * 1e6));
+      finished_ = true;
+      tensors_.clear();
+      return true;
+    }
+    if (state != cudaErrorNotReady) {
+      cudaGetLastError();
+      fail_locked(detail::concat(what_, " failed: ", cudaGetErrorName(state), " (",
+                                 cudaGetErrorString(state), ") ", shared_->where,
+                                 "; the group is now unusable"));
+      shared_->fail_group_locked(error_);
+      return true;
+    }
+    ncclResult_t async = ncclSuccess;
+    if (ncclCommGetAsyncError(shared_->comm, &async) == ncclSuccess && async != ncclSuccess &&
+        async != ncclInProgress) {
+      fail_locked(detail::concat(what_, " failed: ", ncclGetErrorString(async), " ",
+                                 shared_->where, "; the group is now unusable"));
+      shared_->fail_group_locked(error_);
+      return true;
+    }
+    return false;
+  }
+
+ private:
+  void fail_locked(const std::string& message) {
+    if (finished_) return;
+    finished_ = true;
+    error_ = message;
+    tensors_.clear();  // the communicator is aborted (its kernels stopped) or never ran them
+  }
+
+  std::shared_ptr<NcclShared> shared_;
+  CommOp op_;
+  std::string what_;
+  std::int64_t bytes_;
+  std::chrono::milliseconds timeout_;
+  Clock::time_point deadline_;
+  std::vector<at::Tensor> tensors_;  ///< kept alive until the GPU is done with them
+  cudaEvent_t start_ = nullptr;
+  cudaEvent_t done_ = nullptr;
+  bool finished_ = false;
+  std::string error_;
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(ncclComm_t comm, int device, std::string name,
+                   std::chrono::milliseconds default_timeout, Communicator* bootstrap)
+      : shared_(std::make_shared<NcclShared>()), device_(device), name_(std::move(name)),
+        bootstrap_(bootstrap) {
+    shared_->comm = comm;
+    PARALLAX_NCCL_CHECK_COMM(ncclCommUserRank(comm, &rank_), comm);
+    PARALLAX_NCCL_CHECK_COMM(ncclCommCount(comm, &size_), comm);
+    set_default_timeout(default_timeout);
+    shared_->where = detail::concat("on rank ", rank_, " (world rank ", process_rank(), ", host ",
+                                    host_name(), ", cuda:", device_, ")");
+    shared_->recorder = [this](CommOp op, std::int64_t bytes, std::int64_t ns) {
+      record(op, bytes, ns);
+    };
+    DeviceGuard guard(device_);
+    PARALLAX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    PARALLAX_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+    PARALLAX_CUDA_CHECK(cudaMalloc(&barrier_buffer_, sizeof(float)));
+  }
+
+  ~NcclCommunicator() override {
+    std::lock_guard<std::mutex> lock(shared_->mutex);
+    // Let outstanding operations finish for a bounded grace period, then abort.
+    const auto give_up = Clock::now() + std::chrono::seconds(5);
+    int idle = 0;
+    while (sweep_locked() && Clock::now() < give_up) back_off(idle);
+    if (shared_->comm != nullptr) {
+      if (outstanding_.empty()) {
+        ncclCommDestroy(shared_->comm);
+      } else {
+        Logger(LogLevel::kWarn).warn("NCCL communicator '", name_, "' destroyed with ",
+                                     outstanding_.size(), " unfinished operation(s) ",
+                                     shared_->where, "; aborting it");
+        ncclCommAbort(shared_->comm);
+      }
+      shared_->comm = nullptr;
+    }
+    shared_->recorder = nullptr;
+    if (shared_->failure.empty()) shared_->failure = "the communicator was destroyed";
+    cudaFree(barrier_buffer_);
+    cudaEventDestroy(ready_);
+    cudaStreamDestroy(stream_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::string& name() const override { return name_; }
+  const char* backend() const override { return "nccl"; }
+
+  WorkPtr all_reduce(at::Tensor& tensor, const CollectiveOptions& options) override {
+    const CommOp op = CommOp::kAllReduce;
+    check_tensor(op, tensor, "tensor");
+    check_reduce(op, tensor, options.reduce_op);
+    void* data = tensor.data_ptr();
+    const auto count = static_cast<std::size_t>(tensor.numel());
+    const ncclDataType_t type = nccl_datatype(tensor.scalar_type());
+    const ncclRedOp_t reduce = nccl_op(options.reduce_op);
+    return launch(op, describe(op, tensor, payload_bytes(tensor)), payload_bytes(tensor),
+                  options, {tensor}, [=](ncclComm_t comm, cudaStream_t stream) {
+                    return ncclAllReduce(data, data, count, type, reduce, comm, stream);
+                  });
+  }
+
+  WorkPtr reduce_scatter(at::Tensor& output, const at::Tensor& input,
+                         const CollectiveOptions& options) override {
+    const CommOp op = CommOp::kReduceScatter;
+    check_tensor(op, output, "output");
+    check_tensor(op, input, "input");
+    check_same_dtype(op, output, input);
+    check_reduce(op, output, options.reduce_op);
+    PARALLAX_CHECK(input.numel() == size_ * output.numel(), UsageError, prefix(op),
+                   "input has ", input.numel(), " elements but must hold size() (", size_,
+                   ") × output (", output.numel(), ") = ", size_ * output.numel());
+    const void* in = input.data_ptr();
+    void* out = output.data_ptr();
+    const auto count = static_cast<std::size_t>(output.numel());
+    const ncclDataType_t type = nccl_datatype(output.scalar_type());
+    const ncclRedOp_t reduce = nccl_op(options.reduce_op);
+    return launch(op, describe(op, input, payload_bytes(input)), payload_bytes(input), options,
+                  {input, output}, [=](ncclComm_t comm, cudaStream_t stream) {
+                    return ncclReduceScatter(in, out, count, type, reduce, comm, stream);
+                  });
+  }
+
+  WorkPtr all_gather(at::Tensor& output, const at::Tensor& input,
+                     const CollectiveOptions& options) override {
+    const CommOp op = CommOp::kAllGather;
+    check_tensor(op, output, "output");
+    check_tensor(op, input, "input");
+    check_same_dtype(op, output, input);
+    PARALLAX_CHECK(output.numel() == size_ * input.numel(), UsageError, prefix(op),
+                   "output has ", output.numel(), " elements but must hold size() (", size_,
+                   ") × input (", input.numel(), ") = ", size_ * input.numel());
+    const void* in = input.data_ptr();
+    void* out = output.data_ptr();
+    const auto count = static_cast<std::size_t>(input.numel());
+    const ncclDataType_t type = nccl_datatype(input.scalar_type());
+    return launch(op, describe(op, output, payload_bytes(output)), payload_bytes(output),
+                  options, {input, output}, [=](ncclComm_t comm, cudaStream_t stream) {
+                    return ncclAllGather(in, out, count, type, comm, stream);
+                  });
+  }
+
+  WorkPtr broadcast(at::Tensor& tensor, int root, const CollectiveOptions& options) override {
+    const CommOp op = CommOp::kBroadcast;
+    check_tensor(op, tensor, "tensor");
+    check_peer(op, root, "root");
+    void* data = tensor.data_ptr();
+    const auto count = static_cast<std::size_t>(tensor.numel());
+    const ncclDataType_t type = nccl_datatype(tensor.scalar_type());
+    return launch(op, describe(op, tensor, payload_bytes(tensor)) + detail::concat(" from root ", root),
+                  payload_bytes(tensor), options, {tensor},
+                  [=](ncclComm_t comm, cudaStream_t stream) {
+                    return ncclBroadcast(data, data, count, type, root, comm, stream);
+                  });
+  }
+
+  WorkPtr send(const at::Tensor& tensor, int dst, int tag,
+               const CollectiveOptions& options) override {
+    const CommOp op = CommOp::kSend;
+    check_tensor(op, tensor, "tensor");
+    check_peer(op, dst, "dst");
+    PARALLAX_CHECK(tag >= 0, UsageError, prefix(op), "tag ", tag, " must be >= 0");
+    const void* data = tensor.data_ptr();
+    const auto count = static_cast<std::size_t>(tensor.numel());
+    const ncclDataType_t type = nccl_datatype(tensor.scalar_type());
+    return launch(op, describe(op, tensor, payload_bytes(tensor)) + detail::concat(" to rank ", dst),
+                  payload_bytes(tensor), options, {tensor},
+                  [=](ncclComm_t comm, cudaStream_t stream) {
+                    return ncclSend(data, count, type, dst, comm, stream);
+                  });
+  }
+
+  WorkPtr recv(at::Tensor& tensor, int src, int tag, const CollectiveOptions& options) override {
+    const CommOp op = CommOp::kRecv;
+    check_tensor(op, tensor, "tensor");
+    check_peer(op, src, "src");
+    PARALLAX_CHECK(tag >= 0, UsageError, prefix(op), "tag ", tag, " must be >= 0");
+    void* data = tensor.data_ptr();
+    const auto count = static_cast<std::size_t>(tensor.numel());
+    const ncclDataType_t type = nccl_datatype(tensor.scalar_type());
+    return launch(op, describe(op, tensor, payload_bytes(tensor)) + detail::concat(" from rank ", src),
+                  payload_bytes(tensor), options, {tensor},
+                  [=](ncclComm_t comm, cudaStream_t stream) {
+                    return ncclRecv(data, count, type, src, comm, stream);
+                  });
+  }
+
+  WorkPtr barrier(const CollectiveOptions& options) override {
+    void* data = barrier_buffer_;
+    return launch(CommOp::kBarrier, detail::concat("barrier on group '", name_, "' (", size_, " ranks)"),
+                  0, options, {}, [=](ncclComm_t comm, cudaStream_t stream) {
+                    return ncclAllReduce(data, data, 1, ncclFloat32, ncclSum, comm, stream);
+                  });
+  }
+
+  std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override {
+    PARALLAX_CHECK(color >= 0, UsageError, "split of group '", name_, "' into '", name,
+                   "': color must be >= 0, got ", color);
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0)
+    ncclComm_t child = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(shared_->mutex);
+      check_usable_locked(detail::concat("split of group '", name_, "' into '", name, "'"));
+      DeviceGuard guard(device_);
+      PARALLAX_NCCL_CHECK_COMM(ncclCommSplit(shared_->comm, color, key, &child, nullptr),
+                               shared_->comm);
+    }
+    return std::make_unique<NcclCommunicator>(child, device_, name, default_timeout(), nullptr);
+#else
+    PARALLAX_CHECK(bootstrap_ != nullptr, UsageError, "split of NCCL group '", name_,
+                   "': NCCL ", NCCL_MAJOR, ".", NCCL_MINOR,
+                   " lacks ncclCommSplit and this group has no bootstrap communicator");
+    auto child_bootstrap = bootstrap_->split(color, key, name + "/bootstrap");
+    auto child = create_nccl_communicator(*child_bootstrap, device_, name);
+    child->set_default_timeout(default_timeout());
+    owned_bootstraps_.push_back(std::move(child_bootstrap));  // must outlive `child`'s splits
+    return child;
+#endif
+  }
+
+ private:
+  using Launcher = std::function<ncclResult_t(ncclComm_t, cudaStream_t)>;
+
+  // The stream the caller's work was queued on.
+  cudaStream_t producer_stream() const {
+#ifdef PARALLAX_TORCH_CUDA
+    return c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)).stream();
+#else
+    return cudaStreamLegacy;
+#endif
+  }
+
+  WorkPtr launch(CommOp op, std::string what, std::int64_t bytes,
+                 const CollectiveOptions& options, std::vector<at::Tensor> tensors,
+                 const Launcher& call) {
+    std::lock_guard<std::mutex> lock(shared_->mutex);
+    check_usable_locked(what);
+    sweep_locked();
+    auto work = std::make_shared<NcclWork>(shared_, op, std::move(what), bytes,
+                                           timeout_for(options), std::move(tensors));
+    DeviceGuard guard(device_);
+    PARALLAX_CUDA_CHECK(cudaEventRecord(ready_, producer_stream()));
+    PARALLAX_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
+    PARALLAX_CUDA_CHECK(cudaEventRecord(work->start_event(), stream_));
+    PARALLAX_NCCL_CHECK_COMM(call(shared_->comm, stream_), shared_->comm);
+    PARALLAX_CUDA_CHECK(cudaEventRecord(work->done_event(), stream_));
+    outstanding_.push_back(work);
+    return work;
+  }
+
+  // Polls outstanding operations in order (one stream: they finish in order), so that
+  // counters are recorded even for Works nobody waits on. Returns true while any is
+  // left. Caller holds shared_->mutex.
+  bool sweep_locked() {
+    while (!outstanding_.empty() && outstanding_.front()->poll_locked()) outstanding_.pop_front();
+    return !outstanding_.empty();
+  }
+
+  void check_usable_locked(const std::string& what) const {
+    PARALLAX_CHECK(shared_->failure.empty() && shared_->comm != nullptr, CommError, what,
+                   ": the group is unusable since an earlier operation failed: ",
+                   shared_->failure);
+  }
+
+  std::string prefix(CommOp op) const {
+    return detail::concat(to_string(op), " on group '", name_, "': ");
+  }
+
+  std::string describe(CommOp op, const at::Tensor& tensor, std::int64_t bytes) const {
+    return detail::concat(to_string(op), " on group '", name_, "' (", size_, " ranks, ", bytes,
+                          " bytes, ", dtype_name(tensor.scalar_type()), ")");
+  }
+
+  void check_tensor(CommOp op, const at::Tensor& tensor, const char* role) const {
+    PARALLAX_CHECK(tensor.defined(), UsageError, prefix(op), role, " is an undefined tensor");
+    PARALLAX_CHECK(tensor.is_cuda() && tensor.device().index() == device_ &&
+                       tensor.layout() == at::kStrided,
+                   UsageError, prefix(op), role, " is on ", tensor.device(),
+                   "; the NCCL communicator moves dense tensors on cuda:", device_, " only");
+    PARALLAX_CHECK(tensor.is_contiguous(), UsageError, prefix(op), role,
+                   " is not contiguous (sizes ", tensor.sizes(), ", strides ", tensor.strides(),
+                   ")");
+    nccl_datatype(tensor.scalar_type());  // throws for unsupported dtypes
+  }
+
+  void check_same_dtype(CommOp op, const at::Tensor& output, const at::Tensor& input) const {
+    PARALLAX_CHECK(output.scalar_type() == input.scalar_type(), UsageError, prefix(op),
+                   "output dtype ", dtype_name(output.scalar_type()), " differs from input dtype ",
+                   dtype_name(input.scalar_type()));
+  }
+
+  void check_reduce(CommOp op, const at::Tensor& tensor, ReduceOp reduce) const {
+    PARALLAX_CHECK(reduce != ReduceOp::kAvg || is_floating(tensor.scalar_type()), UsageError,
+                   prefix(op), "avg of an integer tensor (", dtype_name(tensor.scalar_type()),
+                   ") is not supported; use sum and divide");
+  }
+
+  void check_peer(CommOp op, int peer, const char* role) const {
+    PARALLAX_CHECK(peer >= 0 && peer < size_, UsageError, prefix(op), role, " = ", peer,
+                   " is out of range for a group of ", size_, " ranks");
+  }
+
+  std::shared_ptr<NcclShared> shared_;
+  int device_;
+  std::string name_;
+  int rank_ = 0;
+  int size_ = 1;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t ready_ = nullptr;
+  void* barrier_buffer_ = nullptr;
+  std::deque<std::shared_ptr<NcclWork>> outstanding_;  ///< launched, not yet seen finished
+  Communicator* bootstrap_ = nullptr;  ///< for split without ncclCommSplit; may be null
+  std::vector<std::unique_ptr<Communicator>> owned_bootstraps_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> create_nccl_communicator(Communicator& bootstrap, int cuda_device,
+                                                       const std::string& name) {
+  // a. Each rank checks its device; b. all ranks agree (a rank without a GPU must not
+  // leave the others waiting in the id broadcast); c. rank 0 makes the id, broadcast
+  // over the bootstrap group; d. ncclCommInitRank with the bootstrap's rank numbers.
+  std::string problem;
+  int count = 0;
+  const cudaError_t code = cudaGetDeviceCount(&count);
+  if (code != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    problem = detail::concat(
+        "no CUDA device visible on ", where_am_i(), " (cudaGetDeviceCount: ",
+        code == cudaSuccess ? std::string("0 devices") : std::string(cudaGetErrorString(code)),
+        "); the NCCL communicator '", name,
+        "' needs one GPU per rank: use [comm] backend = \"mpi\" on machines without GPUs");
+  } else if (cuda_device < 0 || cuda_device >= count) {
+    problem = detail::concat("cuda_device ", cuda_device, " is out of range on ", where_am_i(),
+                             ": ", count, " CUDA device(s) visible");
+  }
+  at::Tensor ok = at::full({1}, problem.empty() ? 1 : 0, at::kInt);
+  bootstrap.all_reduce(ok, {ReduceOp::kMin})->wait();
+  PARALLAX_CHECK(problem.empty(), CommError, problem);
+  PARALLAX_CHECK(ok.item<int>() == 1, CommError, "NCCL communicator '", name,
+                 "': another rank of group '", bootstrap.name(),
+                 "' has no usable CUDA device (see its error)");
+
+  ncclUniqueId id;
+  std::memset(&id, 0, sizeof(id));
+  at::Tensor id_bytes = at::zeros({static_cast<std::int64_t>(sizeof(id))}, at::kByte);
+  if (bootstrap.rank() == 0) {
+    PARALLAX_NCCL_CHECK(ncclGetUniqueId(&id));
+    std::memcpy(id_bytes.data_ptr(), &id, sizeof(id));
+  }
+  bootstrap.broadcast(id_bytes, 0)->wait();
+  std::memcpy(&id, id_bytes.data_ptr(), sizeof(id));
+
+  ncclComm_t comm = nullptr;
+  {
+    DeviceGuard guard(cuda_device);
+    PARALLAX_NCCL_CHECK(ncclCommInitRank(&comm, bootstrap.size(), id, bootstrap.rank()));
+  }
+  return std::make_unique<NcclCommunicator>(comm, cuda_device, name, bootstrap.default_timeout(),
+                                            &bootstrap);
+}
+
+}  // namespace parallax

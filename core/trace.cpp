@@ -1,0 +1,64 @@
+#include "parallax/core/trace.h"
+
+#include <fstream>
+#include <functional>
+
+#include "parallax/core/error.h"
+
+namespace parallax {
+
+Tracer::Tracer(bool enabled) : enabled_(enabled), origin_(std::chrono::steady_clock::now()) {}
+
+Tracer::Span::Span(Tracer* tracer, const char* name, const char* category)
+    : tracer_(tracer), name_(name), category_(category), start_us_(tracer ? tracer->now_us() : 0) {}
+
+Tracer::Span::Span(Span&& other) noexcept
+    : tracer_(other.tracer_), name_(other.name_), category_(other.category_), start_us_(other.start_us_) {
+  other.tracer_ = nullptr;
+}
+
+Tracer::Span::~Span() {
+  if (tracer_ != nullptr) tracer_->record(name_, category_, start_us_, tracer_->now_us() - start_us_);
+}
+
+std::int64_t Tracer::now_us() const {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - origin_)
+      .count();
+}
+
+void Tracer::record(const char* name, const char* category, std::int64_t start_us, std::int64_t duration_us) {
+  if (!enabled_) return;
+  const auto thread = static_cast<std::uint64_t>(std::hash<std::thread::id>{}(std::this_thread::get_id()) % 100000);
+  std::lock_guard<std::mutex> lock(mutex_);
+  events_.push_back({name, category, start_us, duration_us, thread});
+}
+
+std::size_t Tracer::size() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return events_.size();
+}
+
+void Tracer::write(const std::string& path, int pid) const {
+  std::ofstream out(path);
+  PARALLAX_CHECK(out.good(), UsageError, "cannot write trace file '", path, "'");
+  std::lock_guard<std::mutex> lock(mutex_);
+  out << "{\"traceEvents\":[\n";
+  out << "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" << pid << ",\"args\":{\"name\":\"rank " << pid
+      << "\"}}";
+  for (const Event& e : events_) {
+    out << ",\n{\"name\":\"" << e.name << "\",\"cat\":\"" << e.category << "\",\"ph\":\"X\",\"ts\":" << e.start_us
+        << ",\"dur\":" << e.duration_us << ",\"pid\":" << pid << ",\"tid\":" << e.thread << "}";
+  }
+  out << "\n]}\n";
+  PARALLAX_CHECK(out.good(), UsageError, "failed writing trace file '", path, "'");
+}
+
+std::string Tracer::per_rank_path(const std::string& path, int rank) {
+  const std::string tag = ".rank" + std::to_string(rank);
+  const auto slash = path.find_last_of('/');
+  const auto dot = path.find_last_of('.');
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) return path + tag;
+  return path.substr(0, dot) + tag + path.substr(dot);
+}
+
+}  // namespace parallax

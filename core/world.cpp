@@ -3,6 +3,10 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
 #include "parallax/core/error.h"
 #include "parallax/core/mpi_communicator.h"
 
@@ -59,7 +63,22 @@ World::~World() {
   world_comm_.reset();
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (owns_mpi_ && !finalized) MPI_Finalize();
+  if (!owns_mpi_ || finalized) return;
+  // MPI_Finalize waits for every rank; a rank stuck in a collective would make it hang
+  // forever. Meet at a nonblocking barrier with a deadline first.
+  MPI_Request request = MPI_REQUEST_NULL;
+  MPI_Ibarrier(MPI_COMM_WORLD, &request);
+  const auto deadline = std::chrono::steady_clock::now() + shutdown_timeout_;
+  int done = 0;
+  while (MPI_Test(&request, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      std::fprintf(stderr, "%sshutdown: the other ranks did not arrive within %lld ms; aborting the job\n",
+                   rank_prefix().c_str(), static_cast<long long>(shutdown_timeout_.count()));
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  MPI_Finalize();
 }
 
 void World::abort(int exit_code) {

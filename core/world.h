@@ -8,10 +8,11 @@
 //   parallax::World world(argc, argv);         // MPI_Init_thread, or reuse an initialized MPI
 //   world.communicator().all_reduce(t)->wait();
 //
-// Exactly one World exists per process. If MPI was already initialized by the
-// application, World uses it and leaves finalization to the application.
+// If MPI was already initialized (by the application, or by an outer World), a World
+// attaches to it and leaves finalization to whoever initialized it.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -27,7 +28,10 @@ class World {
   World(int& argc, char**& argv);
   World(const World&) = delete;
   World& operator=(const World&) = delete;
-  /// Releases the communicators and finalizes MPI if this World initialized it.
+  /// Releases the world communicator, then meets the other ranks at a shutdown barrier
+  /// (bounded by shutdown_timeout()) and finalizes MPI if this World initialized it. If
+  /// the peers do not arrive in time (a rank died or is stuck in a collective after an
+  /// error), it aborts the job instead of hanging in MPI_Finalize.
   ~World();
 
   int rank() const { return rank_; }
@@ -46,6 +50,10 @@ class World {
   /// after a timed-out collective a plain return could leave peers blocked.
   [[noreturn]] static void abort(int exit_code);
 
+  /// How long the destructor waits for the other ranks. Default: 60 s.
+  void set_shutdown_timeout(std::chrono::milliseconds timeout) { shutdown_timeout_ = timeout; }
+  std::chrono::milliseconds shutdown_timeout() const { return shutdown_timeout_; }
+
  private:
   bool owns_mpi_ = false;
   int rank_ = 0;
@@ -53,6 +61,7 @@ class World {
   int local_rank_ = 0;
   int local_size_ = 1;
   std::string hostname_;
+  std::chrono::milliseconds shutdown_timeout_{60'000};
   std::unique_ptr<Communicator> world_comm_;
 };
 

@@ -1,0 +1,194 @@
+#include "parallax/runtime/runtime.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+
+#include "parallax/core/config_loader.h"
+#include "parallax/core/error.h"
+#include "parallax/core/mesh.h"
+#include "parallax/core/topology.h"
+#include "parallax/core/world.h"
+#include "parallax/runtime/blas_info.h"
+#include "proto/plan.pb.h"
+
+#include <google/protobuf/text_format.h>
+
+namespace parallax {
+
+struct Runtime::State {
+  std::unique_ptr<World> world;
+  Config config;
+  std::vector<std::string> args;
+  Logger logger;
+  std::unique_ptr<Tracer> tracer;
+  std::unique_ptr<Mesh> mesh;
+  std::unique_ptr<Communicator> telemetry;
+  std::string blas;
+  proto::Plan plan;
+
+  ~State() {
+    if (tracer && tracer->enabled() && world) {
+      try {
+        tracer->write(Tracer::per_rank_path(config.logging.trace_file, world->rank()), world->rank());
+      } catch (const std::exception& e) {
+        logger.error(e.what());
+      }
+    }
+    // Communicators before the World that finalizes MPI.
+    telemetry.reset();
+    mesh.reset();
+  }
+};
+
+namespace {
+
+// Step 2 of init: load on every rank, then agree, so a rank that cannot read its config
+// never leaves the others waiting in a later collective.
+void check_same_config(World& world, const Config& config);
+
+Config load_config_everywhere(World& world, const ConfigSources& sources, const InitOptions& options) {
+  Config config;
+  std::string error;
+  try {
+    config = load_config(sources, LoadOptions{options.app_tables});
+  } catch (const Error& e) {
+    error = e.detail();
+  }
+  Communicator& comm = world.communicator();
+  at::Tensor failed = at::full({1}, error.empty() ? 0 : 1, at::kLong);
+  comm.all_reduce(failed, {ReduceOp::kSum})->wait();
+  if (!error.empty()) throw ConfigError(error);
+  PARALLAX_CHECK(failed.item<std::int64_t>() == 0, ConfigError, "the configuration failed to load on ",
+                 failed.item<std::int64_t>(), " other rank(s); see their messages");
+
+  check_same_config(world, config);
+  return config;
+}
+
+// All ranks must train with the same configuration.
+void check_same_config(World& world, const Config& config) {
+  Communicator& comm = world.communicator();
+  at::Tensor mine = at::full({1}, static_cast<std::int64_t>(config_hash(config)), at::kLong);
+  at::Tensor all = at::empty({world.size()}, at::kLong);
+  comm.all_gather(all, mine)->wait();
+  std::vector<int> differing;
+  for (int r = 0; r < world.size(); ++r) {
+    if (all[r].item<std::int64_t>() != all[0].item<std::int64_t>()) differing.push_back(r);
+  }
+  PARALLAX_CHECK(differing.empty(), ConfigError, "ranks hold different configurations: rank(s) ",
+                 format_rank_set(differing),
+                 " differ from rank 0 (check that every node reads the same files and --set values)");
+}
+
+proto::Plan make_plan(const Config& config) {
+  proto::Plan plan;
+  plan.mutable_degrees()->set_tp(config.parallel.tp);
+  plan.mutable_degrees()->set_pp(config.parallel.pp);
+  plan.mutable_degrees()->set_dp(config.parallel.dp);
+  plan.set_zero_stage(config.zero.stage);
+  plan.set_optimizer_offload("none");
+  plan.set_micro_batch_size(config.train.micro_batch_size);
+  plan.set_grad_accum(config.train.grad_accum);
+  plan.set_global_batch_size(config.train.global_batch_size);
+  plan.set_bucket_bytes(static_cast<std::int64_t>(config.zero.bucket_mb * 1024 * 1024));
+  plan.set_dtype(to_string(config.precision.dtype));
+  plan.set_comm_backend("mpi");
+  return plan;
+}
+
+}  // namespace
+
+Runtime::Runtime(int& argc, char**& argv, const InitOptions& options) : state_(std::make_unique<State>()) {
+  State& s = *state_;
+  s.world = std::make_unique<World>(argc, argv);
+  const CommandLine command_line = parse_command_line(argc, argv);
+  s.args = command_line.rest;
+  s.config = load_config_everywhere(*s.world, command_line.sources, options);
+  start(options);
+}
+
+Runtime::Runtime(Config config, const InitOptions& options) : state_(std::make_unique<State>()) {
+  State& s = *state_;
+  int argc = 0;
+  char** argv = nullptr;
+  s.world = std::make_unique<World>(argc, argv);
+  s.config = std::move(config);
+  check_same_config(*s.world, s.config);
+  start(options);
+}
+
+void Runtime::start(const InitOptions& options) {
+  State& s = *state_;
+  s.config.resolve(s.world->size());
+  PARALLAX_CHECK(s.config.comm.backend != CommBackend::kNccl, ConfigError,
+                 "comm.backend = \"nccl\": this engine trains on CPU tensors, which NCCL cannot carry; "
+                 "use \"auto\" or \"mpi\"");
+
+  const auto timeout = std::chrono::milliseconds(static_cast<std::int64_t>(s.config.comm.timeout_s * 1000.0));
+  s.world->communicator().set_default_timeout(timeout);
+  s.world->set_shutdown_timeout(timeout);
+  s.logger = Logger(s.config.logging.level);
+  s.tracer = std::make_unique<Tracer>(!s.config.logging.trace_file.empty());
+
+  Cluster cluster = Cluster::gather(s.world->communicator(), NodeTopology::discover());
+  const ParallelOptions& p = s.config.parallel;
+  s.mesh = std::make_unique<Mesh>(s.world->communicator(), std::move(cluster), MeshDegrees{p.tp, p.pp, p.dp});
+  s.telemetry = s.world->communicator().split(0, s.world->rank(), "telemetry");
+
+  // Ranks on one node share its cores: give each an equal share of intra-op threads,
+  // so 8 ranks on a 64-core node do not each start 64 OpenMP threads.
+  const NodeTopology& node = s.mesh->cluster().nodes()[s.mesh->cluster().node_of(s.world->rank())];
+  const int threads = std::max(1, node.cores / std::max(1, s.world->local_size()));
+  if (at::get_num_threads() > threads) at::set_num_threads(threads);
+  s.blas = describe_loaded_blas();
+  s.plan = make_plan(s.config);
+
+  if (is_reference_blas(s.blas)) {
+    s.logger.warn("LibTorch is using the reference BLAS (", s.blas,
+                  "), about 10x slower than OpenBLAS; install libopenblas0-pthread");
+  }
+  if (options.print_summary) {
+    s.logger.summary("# resolved configuration\n", to_toml(s.config));
+    s.logger.summary("# cluster\n", s.mesh->cluster().describe());
+    s.logger.summary("# mesh\n", s.mesh->describe());
+    s.logger.summary("# plan\n", plan_text());
+    s.logger.summary("# blas: ", s.blas, "; intra-op threads per rank: ", at::get_num_threads());
+  }
+}
+
+Runtime::Runtime(Runtime&&) noexcept = default;
+Runtime& Runtime::operator=(Runtime&&) noexcept = default;
+Runtime::~Runtime() = default;
+
+const Config& Runtime::config() const { return state_->config; }
+World& Runtime::world() { return *state_->world; }
+Mesh& Runtime::mesh() { return *state_->mesh; }
+const Cluster& Runtime::cluster() const { return state_->mesh->cluster(); }
+const Logger& Runtime::logger() const { return state_->logger; }
+Tracer& Runtime::tracer() { return *state_->tracer; }
+Communicator& Runtime::telemetry() { return *state_->telemetry; }
+const std::vector<std::string>& Runtime::args() const { return state_->args; }
+const std::string& Runtime::blas() const { return state_->blas; }
+
+std::string Runtime::plan_text() const {
+  std::string text;
+  google::protobuf::TextFormat::PrintToString(state_->plan, &text);
+  return text;
+}
+
+Runtime init(int& argc, char**& argv, const InitOptions& options) { return Runtime(argc, argv, options); }
+
+int report_error(const std::exception& error) {
+  const std::string what = error.what();
+  // parallax::Error already carries the rank; anything else gets it here.
+  const bool has_prefix = what.rfind("[rank ", 0) == 0;
+  std::fprintf(stderr, "%s%s\n", has_prefix ? "" : rank_prefix().c_str(), what.c_str());
+  std::fflush(stderr);
+  return 1;
+}
+
+}  // namespace parallax

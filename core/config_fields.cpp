@@ -1,0 +1,338 @@
+// Reading and writing section fields, and the message helpers every config error uses.
+//
+// TableReader is the strict half of the loader: each visited key is looked up, checked
+// for type and range, and recorded; keys nobody visited are unknown. TomlWriter is
+// to_toml's half. Both walk the same SectionDef::fields, so the printed config and the
+// accepted vocabulary cannot drift apart.
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <sstream>
+
+#include "parallax/core/config_toml.h"
+#include "parallax/core/error.h"
+
+namespace parallax::detail {
+
+// ---- Messages ---------------------------------------------------------------------
+
+std::string location(const toml::source_region& source) {
+  if (!source.path || source.path->empty()) return "";
+  const std::string& path = *source.path;
+  // Overrides are parsed from a one-line synthetic document; its line and column
+  // would only confuse, the override text itself says where the value came from.
+  if (path.rfind("--set ", 0) == 0 || source.begin.line == 0) return path;
+  return path + ":" + std::to_string(source.begin.line) + ":" + std::to_string(source.begin.column);
+}
+
+std::string at(const toml::source_region& source) {
+  std::string where = location(source);
+  return where.empty() ? where : " at " + where;
+}
+
+std::string format_double(double value) {
+  if (std::isnan(value)) return "nan";
+  if (std::isinf(value)) return value < 0 ? "-inf" : "inf";
+  // std::to_chars gives the shortest text that reads back exactly, independent of
+  // the C locale, so to_toml is stable across ranks and round trips.
+  char buffer[64];
+  const auto result = std::to_chars(buffer, buffer + sizeof(buffer), value);
+  std::string text(buffer, result.ptr);
+  if (text.find_first_of(".e") == std::string::npos) text += ".0";  // TOML needs it for a float
+  return text;
+}
+
+std::string quote(const std::string& text) {
+  std::string out = "\"";
+  for (unsigned char c : text) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\b': out += "\\b"; break;
+      case '\t': out += "\\t"; break;
+      case '\n': out += "\\n"; break;
+      case '\f': out += "\\f"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (c < 0x20 || c == 0x7f) {
+          char escaped[8];
+          std::snprintf(escaped, sizeof(escaped), "\\u%04x", c);
+          out += escaped;
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  return out + "\"";
+}
+
+std::string render(const toml::node& node) {
+  std::ostringstream out;
+  switch (node.type()) {
+    case toml::node_type::string: return quote(node.as_string()->get());
+    case toml::node_type::integer: return std::to_string(node.as_integer()->get());
+    case toml::node_type::floating_point: return format_double(node.as_floating_point()->get());
+    case toml::node_type::boolean: return node.as_boolean()->get() ? "true" : "false";
+    case toml::node_type::array: {
+      std::vector<std::string> items;
+      for (const toml::node& item : *node.as_array()) items.push_back(render(item));
+      return "[" + join(items, ", ") + "]";
+    }
+    case toml::node_type::table: return "(a table)";
+    case toml::node_type::date: out << *node.as_date(); break;
+    case toml::node_type::time: out << *node.as_time(); break;
+    case toml::node_type::date_time: out << *node.as_date_time(); break;
+    case toml::node_type::none: return "(nothing)";
+  }
+  return out.str();
+}
+
+std::string join(const std::vector<std::string>& items, const char* separator) {
+  std::string out;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    if (i > 0) out += separator;
+    out += items[i];
+  }
+  return out;
+}
+
+namespace {
+
+std::string lower(std::string text) {
+  std::transform(text.begin(), text.end(), text.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return text;
+}
+
+// Optimal string alignment distance: Levenshtein plus adjacent transpositions, the
+// commonest typo ("stpes").
+std::size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::vector<std::size_t>> d(a.size() + 1, std::vector<std::size_t>(b.size() + 1));
+  for (std::size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (std::size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) {
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+      }
+    }
+  }
+  return d[a.size()][b.size()];
+}
+
+}  // namespace
+
+std::string closest(const std::string& key, const std::vector<std::string>& candidates) {
+  // Roughly one typo per three characters, at least one and at most three: close
+  // enough to be a slip, far enough that unrelated short names are not suggested.
+  const std::size_t limit = std::clamp<std::size_t>(key.size() / 3, 1, 3);
+  std::string best;
+  std::size_t best_distance = limit + 1;
+  for (const std::string& candidate : candidates) {
+    const std::size_t distance = edit_distance(lower(key), lower(candidate));
+    if (distance < best_distance) {
+      best = candidate;
+      best_distance = distance;
+    }
+  }
+  return best;
+}
+
+void throw_unknown_key(const std::string& table, const toml::key& key,
+                       const std::vector<std::string>& known) {
+  const std::string path = table.empty() ? std::string(key.str()) : table + "." + std::string(key.str());
+  std::string message = "unknown key '" + path + "'" + at(key.source());
+  const std::string suggestion = closest(std::string(key.str()), known);
+  if (!suggestion.empty()) {
+    message += "; did you mean '" + suggestion + "'?";
+  } else {
+    message += "; [" + table + "] accepts: " + join(known, ", ");
+  }
+  throw ConfigError(message);
+}
+
+// ---- Reading ----------------------------------------------------------------------
+
+namespace {
+
+class TableReader final : public FieldVisitor {
+ public:
+  TableReader(std::string section, const toml::table& table, KeyPositions& positions)
+      : section_(std::move(section)), table_(table), positions_(positions) {}
+
+  /// Rejects every key of the table that no field visited.
+  void reject_unknown_keys() const {
+    for (const auto& [key, node] : table_) {
+      if (std::find(known_.begin(), known_.end(), key.str()) == known_.end()) {
+        throw_unknown_key(section_, key, known_);
+      }
+    }
+  }
+
+ protected:
+  void on_integer(const char* key, std::int64_t& value, const Rule& rule,
+                  IntegerKind kind) override {
+    const toml::node* node = find(key);
+    if (node == nullptr) return;
+    if (!node->is_integer()) fail(key, *node, "an integer");
+    const std::int64_t given = node->as_integer()->get();
+    if (kind == IntegerKind::kInt32 && (given < std::numeric_limits<int>::min() ||
+                                        given > std::numeric_limits<int>::max())) {
+      fail(key, *node, std::string(rule.allowed) + " that fits in 32 bits");
+    }
+    if (!rule.accepts(static_cast<double>(given))) {
+      fail(key, *node, std::string(rule.allowed) +
+                           (kind == IntegerKind::kInferred ? " (omit the key to have it inferred)" : ""));
+    }
+    value = given;
+  }
+
+  void on_number(const char* key, double& value, const Rule& rule) override {
+    const toml::node* node = find(key);
+    if (node == nullptr) return;
+    value = number_or_fail(key, *node, "a number", rule.allowed);
+    if (!rule.accepts(value)) fail(key, *node, rule.allowed);
+  }
+
+  void on_number_pair(const char* key, std::array<double, 2>& value, const Rule& rule) override {
+    const toml::node* node = find(key);
+    if (node == nullptr) return;
+    const std::string expected = std::string("an array of 2 numbers, each ") + rule.allowed;
+    const toml::array* array = node->as_array();
+    if (array == nullptr || array->size() != 2) fail(key, *node, expected);
+    std::array<double, 2> given{};
+    for (std::size_t i = 0; i < 2; ++i) {
+      given[i] = number_or_fail(key, *node, expected, expected, array->get(i));
+      if (!rule.accepts(given[i])) fail(key, *node, expected);
+    }
+    value = given;
+  }
+
+  void on_boolean(const char* key, bool& value) override {
+    const toml::node* node = find(key);
+    if (node == nullptr) return;
+    if (!node->is_boolean()) fail(key, *node, "true or false");
+    value = node->as_boolean()->get();
+  }
+
+  void on_text(const char* key, std::string& value) override {
+    const toml::node* node = find(key);
+    if (node == nullptr) return;
+    if (!node->is_string()) fail(key, *node, "a string");
+    value = node->as_string()->get();
+  }
+
+  void on_choice(const char* key, std::size_t& index,
+                 const std::vector<const char*>& names) override {
+    const toml::node* node = find(key);
+    if (node == nullptr) return;
+    std::vector<std::string> spelled(names.begin(), names.end());
+    std::vector<std::string> quoted;
+    for (const std::string& name : spelled) quoted.push_back(quote(name));
+    const std::string expected = "one of " + join(quoted, ", ");
+    if (!node->is_string()) fail(key, *node, expected);
+    const std::string& given = node->as_string()->get();
+    const auto found = std::find(spelled.begin(), spelled.end(), given);
+    if (found == spelled.end()) {
+      const std::string suggestion = closest(given, spelled);
+      fail(key, *node, expected + (suggestion.empty() ? "" : "; did you mean " + quote(suggestion) + "?"));
+    }
+    index = static_cast<std::size_t>(found - spelled.begin());
+  }
+
+ private:
+  std::string path(const char* key) const { return section_ + "." + key; }
+
+  const toml::node* find(const char* key) {
+    known_.emplace_back(key);
+    const toml::node* node = table_.get(key);
+    if (node != nullptr) positions_[path(key)] = at(node->source());
+    return node;
+  }
+
+  // The value of `element` (default: `node` itself) as a double; integers are
+  // accepted where numbers are expected. Non-finite values are never meaningful here.
+  double number_or_fail(const char* key, const toml::node& node, const std::string& type_expected,
+                        const std::string& range_expected, const toml::node* element = nullptr) {
+    const toml::node& value = element != nullptr ? *element : node;
+    double number = 0.0;
+    if (value.is_integer()) {
+      number = static_cast<double>(value.as_integer()->get());
+    } else if (value.is_floating_point()) {
+      number = value.as_floating_point()->get();
+    } else {
+      fail(key, node, type_expected);
+    }
+    if (!std::isfinite(number)) fail(key, node, "a finite number, " + range_expected);
+    return number;
+  }
+
+  [[noreturn]] void fail(const char* key, const toml::node& node, const std::string& expected) const {
+    throw ConfigError(path(key) + " = " + render(node) + at(node.source()) + ": expected " + expected);
+  }
+
+  std::string section_;
+  const toml::table& table_;
+  KeyPositions& positions_;
+  std::vector<std::string> known_;
+};
+
+// ---- Writing ----------------------------------------------------------------------
+
+class TomlWriter final : public FieldVisitor {
+ public:
+  explicit TomlWriter(std::ostream& out) : out_(out) {}
+
+ protected:
+  void on_integer(const char* key, std::int64_t& value, const Rule&, IntegerKind kind) override {
+    // An omitted batch value must stay omitted: writing 0 would not load back.
+    if (kind == IntegerKind::kInferred && value == 0) {
+      out_ << "# " << key << " = (inferred)\n";
+    } else {
+      out_ << key << " = " << value << "\n";
+    }
+  }
+  void on_number(const char* key, double& value, const Rule&) override {
+    out_ << key << " = " << format_double(value) << "\n";
+  }
+  void on_number_pair(const char* key, std::array<double, 2>& value, const Rule&) override {
+    out_ << key << " = [" << format_double(value[0]) << ", " << format_double(value[1]) << "]\n";
+  }
+  void on_boolean(const char* key, bool& value) override {
+    out_ << key << " = " << (value ? "true" : "false") << "\n";
+  }
+  void on_text(const char* key, std::string& value) override {
+    out_ << key << " = " << quote(value) << "\n";
+  }
+  void on_choice(const char* key, std::size_t& index, const std::vector<const char*>& names) override {
+    out_ << key << " = " << quote(names[index]) << "\n";
+  }
+
+ private:
+  std::ostream& out_;
+};
+
+}  // namespace
+
+void read_section(const SectionDef& section, const toml::table& table, Config& config,
+                  KeyPositions& positions) {
+  TableReader reader(section.name, table, positions);
+  section.fields(reader, config);
+  reader.reject_unknown_keys();
+}
+
+void write_section(const SectionDef& section, const Config& config, std::ostream& out) {
+  // FieldVisitor hands out mutable references (the reader needs them); the writer
+  // works on a copy so to_toml can take a const Config.
+  Config scratch = config;
+  TomlWriter writer(out);
+  out << "[" << section.name << "]\n";
+  section.fields(writer, scratch);
+}
+
+}  // namespace parallax::detail

@@ -1,0 +1,210 @@
+// The Parallax sections: their keys, ranges, enum spellings and cross-key checks, in
+// one table (sections()). To add a section ([pipeline], [offload], ...): add its
+// options struct to config.h, write its `fields` function (and `check` if it has
+// conditions that involve other keys or features this build lacks), and add one row
+// to kSections. Reading, unknown-key errors, suggestions and to_toml follow from it.
+#include <sstream>
+
+#include "parallax/core/config_loader.h"
+#include "parallax/core/config_toml.h"
+#include "parallax/core/error.h"
+
+namespace parallax {
+namespace detail {
+namespace {
+
+// ---- Enum spellings (also used by to_string) ----------------------------------------
+
+constexpr EnumName<OptimizerType> kOptimizerNames[] = {
+    {OptimizerType::kSgd, "sgd"}, {OptimizerType::kAdam, "adam"}, {OptimizerType::kAdamW, "adamw"}};
+constexpr EnumName<SchedulerType> kSchedulerNames[] = {{SchedulerType::kConstant, "constant"},
+                                                       {SchedulerType::kLinear, "linear"},
+                                                       {SchedulerType::kCosine, "cosine"}};
+constexpr EnumName<Dtype> kDtypeNames[] = {
+    {Dtype::kFp32, "fp32"}, {Dtype::kBf16, "bf16"}, {Dtype::kFp16, "fp16"}};
+constexpr EnumName<ParallelMode> kModeNames[] = {{ParallelMode::kManual, "manual"},
+                                                 {ParallelMode::kAuto, "auto"}};
+constexpr EnumName<CommBackend> kBackendNames[] = {
+    {CommBackend::kAuto, "auto"}, {CommBackend::kMpi, "mpi"}, {CommBackend::kNccl, "nccl"}};
+// Same spellings as parse_log_level in logging.h.
+constexpr EnumName<LogLevel> kLogLevelNames[] = {{LogLevel::kDebug, "debug"},
+                                                 {LogLevel::kInfo, "info"},
+                                                 {LogLevel::kWarn, "warn"},
+                                                 {LogLevel::kError, "error"}};
+
+template <typename E, std::size_t N>
+const char* name_of(const EnumName<E> (&names)[N], E value) {
+  for (const EnumName<E>& name : names) {
+    if (name.value == value) return name.name;
+  }
+  return "?";
+}
+
+// ---- Ranges ------------------------------------------------------------------------
+
+constexpr Rule kAnyInteger{[](double) { return true; }, "an integer"};
+constexpr Rule kCount{[](double v) { return v >= 1; }, "an integer >= 1"};
+constexpr Rule kCountOrZero{[](double v) { return v >= 0; }, "an integer >= 0"};
+constexpr Rule kDataDegree{[](double v) { return v == -1 || v >= 1; },
+                       "-1 (the ranks left over) or an integer >= 1"};
+constexpr Rule kZeroStage{[](double v) { return v >= 0 && v <= 3; }, "0..3"};
+constexpr Rule kPositive{[](double v) { return v > 0; }, "a number > 0"};
+constexpr Rule kNonNegative{[](double v) { return v >= 0; }, "a number >= 0"};
+constexpr Rule kUnitInterval{[](double v) { return v >= 0 && v < 1; }, "a number in [0, 1)"};
+
+// ---- Fields ------------------------------------------------------------------------
+
+void train_fields(FieldVisitor& v, Config& c) {
+  v.integer_or_inferred("global_batch_size", c.train.global_batch_size, kCount);
+  v.integer_or_inferred("micro_batch_size", c.train.micro_batch_size, kCount);
+  v.integer_or_inferred("grad_accum", c.train.grad_accum, kCount);
+  v.integer("steps", c.train.steps, kCount);
+  v.integer("seed", c.train.seed, kAnyInteger);
+}
+
+void optimizer_fields(FieldVisitor& v, Config& c) {
+  v.choice("type", c.optimizer.type, kOptimizerNames);
+  v.number("lr", c.optimizer.lr, kPositive);
+  v.number_pair("betas", c.optimizer.betas, kUnitInterval);
+  v.number("eps", c.optimizer.eps, kPositive);
+  v.number("weight_decay", c.optimizer.weight_decay, kNonNegative);
+  v.number("momentum", c.optimizer.momentum, kNonNegative);
+  v.number("grad_clip", c.optimizer.grad_clip, kNonNegative);
+}
+
+void scheduler_fields(FieldVisitor& v, Config& c) {
+  v.choice("type", c.scheduler.type, kSchedulerNames);
+  v.integer("warmup_steps", c.scheduler.warmup_steps, kCountOrZero);
+  v.number("min_lr", c.scheduler.min_lr, kNonNegative);
+}
+
+void precision_fields(FieldVisitor& v, Config& c) {
+  v.choice("dtype", c.precision.dtype, kDtypeNames);
+}
+
+void parallel_fields(FieldVisitor& v, Config& c) {
+  v.choice("mode", c.parallel.mode, kModeNames);
+  v.integer("tp", c.parallel.tp, kCount);
+  v.integer("pp", c.parallel.pp, kCount);
+  v.integer("dp", c.parallel.dp, kDataDegree);
+}
+
+void zero_fields(FieldVisitor& v, Config& c) {
+  v.integer("stage", c.zero.stage, kZeroStage);
+  v.number("bucket_mb", c.zero.bucket_mb, kPositive);
+  v.boolean("overlap_comm", c.zero.overlap_comm);
+}
+
+void comm_fields(FieldVisitor& v, Config& c) {
+  // "nccl" is accepted here; whether this build and these tensors can use it is the
+  // runtime's question.
+  v.choice("backend", c.comm.backend, kBackendNames);
+  v.number("timeout_s", c.comm.timeout_s, kPositive);
+}
+
+void logging_fields(FieldVisitor& v, Config& c) {
+  v.integer("every", c.logging.every, kCountOrZero);
+  v.choice("level", c.logging.level, kLogLevelNames);
+  v.text("metrics_file", c.logging.metrics_file);
+  v.text("trace_file", c.logging.trace_file);
+}
+
+// ---- Checks across keys and against this build ---------------------------------------
+
+std::string position(const KeyPositions& positions, const std::string& key) {
+  const auto found = positions.find(key);
+  return found == positions.end() ? "" : found->second;
+}
+
+void scheduler_check(const Config& c, const KeyPositions& positions) {
+  PARALLAX_CHECK(c.scheduler.min_lr <= c.optimizer.lr, ConfigError,
+                 "scheduler.min_lr = ", format_double(c.scheduler.min_lr),
+                 position(positions, "scheduler.min_lr"), ": expected a number <= optimizer.lr (",
+                 format_double(c.optimizer.lr), position(positions, "optimizer.lr"), ")");
+}
+
+void precision_check(const Config& c, const KeyPositions& positions) {
+  PARALLAX_CHECK(c.precision.dtype != Dtype::kFp16, ConfigError, "precision.dtype = \"fp16\"",
+                 position(positions, "precision.dtype"),
+                 ": fp16 is not available in this build yet (its dynamic loss scaling comes with "
+                 "ZeRO); supported: \"fp32\", \"bf16\"");
+}
+
+void parallel_check(const Config& c, const KeyPositions& positions) {
+  PARALLAX_CHECK(c.parallel.mode != ParallelMode::kAuto, ConfigError, "parallel.mode = \"auto\"",
+                 position(positions, "parallel.mode"),
+                 ": the automatic planner is not available in this build yet; supported: "
+                 "\"manual\" (set tp, pp and dp)");
+}
+
+void zero_check(const Config& c, const KeyPositions& positions) {
+  // The message leads with the exact phrase users and docs search for; the position
+  // follows in parentheses.
+  const std::string where = position(positions, "zero.stage");
+  PARALLAX_CHECK(c.zero.stage == 0, ConfigError, "zero.stage = ", c.zero.stage,
+                 ": ZeRO stages 1\u20133 are not available in this build yet; supported: 0",
+                 where.empty() ? "" : " (set" + where + ")");
+}
+
+}  // namespace
+
+const std::vector<SectionDef>& sections() {
+  // One row per section, in to_toml order. Immutable; built on first use.
+  static const std::vector<SectionDef> kSections = {
+      {"train", train_fields, nullptr},
+      {"optimizer", optimizer_fields, nullptr},
+      {"scheduler", scheduler_fields, scheduler_check},
+      {"precision", precision_fields, precision_check},
+      {"parallel", parallel_fields, parallel_check},
+      {"zero", zero_fields, zero_check},
+      {"comm", comm_fields, nullptr},
+      {"logging", logging_fields, nullptr},
+  };
+  return kSections;
+}
+
+const SectionDef* find_section(const std::string& name) {
+  for (const SectionDef& section : sections()) {
+    if (name == section.name) return &section;
+  }
+  return nullptr;
+}
+
+}  // namespace detail
+
+const char* to_string(OptimizerType type) { return detail::name_of(detail::kOptimizerNames, type); }
+const char* to_string(SchedulerType type) { return detail::name_of(detail::kSchedulerNames, type); }
+const char* to_string(Dtype dtype) { return detail::name_of(detail::kDtypeNames, dtype); }
+const char* to_string(ParallelMode mode) { return detail::name_of(detail::kModeNames, mode); }
+const char* to_string(CommBackend backend) { return detail::name_of(detail::kBackendNames, backend); }
+
+std::string to_toml(const Config& config) {
+  std::ostringstream out;
+  for (const detail::SectionDef& section : detail::sections()) {
+    if (out.tellp() > 0) out << "\n";
+    detail::write_section(section, config, out);
+  }
+  // App tables are printed by TOML++ inside a one-key root so that their sub-tables
+  // get full headers ([model.attention]); std::map keeps the order stable. A table
+  // written inline (model = {...}) must still be printed under a header: after
+  // [logging], a plain key would land inside [logging].
+  for (const auto& [name, table] : config.app) {
+    toml::table copy = table.impl().table;
+    copy.is_inline(false);
+    toml::table root;
+    root.insert(name, std::move(copy));
+    out << "\n" << toml::toml_formatter{root} << "\n";
+  }
+  return out.str();
+}
+
+std::uint64_t config_hash(const Config& config) {
+  std::uint64_t hash = 14695981039346656037ull;  // FNV-1a 64-bit offset basis
+  for (unsigned char byte : to_toml(config)) {
+    hash ^= byte;
+    hash *= 1099511628211ull;  // FNV-1a 64-bit prime
+  }
+  return hash;
+}
+
+}  // namespace parallax

@@ -1,0 +1,350 @@
+#include "parallax/core/mpi_progress.h"
+
+#include <pthread.h>
+#include <sched.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
+
+#include <algorithm>
+#include <limits>
+
+#include "parallax/core/error.h"
+#include "parallax/core/logging.h"
+#include "parallax/core/mpi_datatypes.h"
+
+namespace parallax::detail {
+
+using Clock = std::chrono::steady_clock;
+
+/// One submitted operation. Fields below `spec` are guarded by shared->mutex, except
+/// `spec` itself, which only the progress thread touches after submit.
+struct MpiOpState {
+  MpiOpSpec spec;
+  std::shared_ptr<MpiEngineShared> shared;
+  Clock::time_point submitted;
+  Clock::time_point deadline;
+  bool completing = false;  ///< request done; `finish` is running on the thread
+  bool finished = false;    ///< succeeded or failed
+  std::string error;        ///< non-empty when failed
+};
+
+namespace {
+
+class MpiWork final : public Work {
+ public:
+  explicit MpiWork(std::shared_ptr<MpiOpState> op) : op_(std::move(op)) {}
+
+  bool is_completed() override {
+    std::lock_guard<std::mutex> lock(op_->shared->mutex);
+    return op_->finished;
+  }
+
+  void wait() override {
+    MpiEngineShared& shared = *op_->shared;
+    std::unique_lock<std::mutex> lock(shared.mutex);
+    shared.done_cv.wait_until(lock, op_->deadline,
+                              [&] { return op_->finished || op_->completing; });
+    // A completed request whose `finish` is still running (a division, a split) is not
+    // a hang: let it end rather than fail an operation that has succeeded.
+    shared.done_cv.wait(lock, [&] { return op_->finished || !op_->completing; });
+    if (!op_->finished) shared.time_out_locked(*op_);
+    if (!op_->error.empty()) throw CommError(op_->error);
+  }
+
+ private:
+  std::shared_ptr<MpiOpState> op_;
+};
+
+struct Active {
+  std::shared_ptr<MpiOpState> op;
+  MPI_Request request = MPI_REQUEST_NULL;
+};
+
+}  // namespace
+
+void MpiEngineShared::fail_locked(MpiOpState& op, const std::string& message, bool fail_group) {
+  if (!op.finished) {
+    op.finished = true;
+    op.error = message;
+  }
+  if (fail_group && failure.empty()) {
+    failure = message;
+    for (auto& queued : queue) {
+      if (!queued->finished) {
+        queued->finished = true;
+        queued->error = queued->spec.what + " was abandoned: " + failure;
+      }
+    }
+    queue.clear();
+  }
+  done_cv.notify_all();
+  queue_cv.notify_all();
+}
+
+void MpiEngineShared::time_out_locked(MpiOpState& op) {
+  if (op.finished) return;
+  fail_locked(op,
+              concat(op.spec.what, " timed out after ", op.spec.timeout.count(), " ms ", where,
+                     "; the group is now unusable"),
+              /*fail_group=*/true);
+}
+
+MpiProgressEngine::MpiProgressEngine(std::string where, Recorder recorder)
+    : shared_(std::make_shared<MpiEngineShared>()), recorder_(std::move(recorder)) {
+  shared_->where = std::move(where);
+  thread_ = std::thread([this] { run(); });
+}
+
+MpiProgressEngine::~MpiProgressEngine() { shutdown(kDefaultGrace); }
+
+WorkPtr MpiProgressEngine::submit(MpiOpSpec spec) {
+  auto op = std::make_shared<MpiOpState>();
+  // Clamp so that submit time + timeout cannot overflow the clock (1 year is forever).
+  spec.timeout = std::min<std::chrono::milliseconds>(spec.timeout, std::chrono::hours(24 * 365));
+  op->spec = std::move(spec);
+  op->shared = shared_;
+  op->submitted = Clock::now();
+  op->deadline = op->submitted + op->spec.timeout;
+  {
+    std::lock_guard<std::mutex> lock(shared_->mutex);
+    PARALLAX_CHECK(shared_->failure.empty(), CommError, op->spec.what,
+                   ": the group is unusable since an earlier operation failed: ",
+                   shared_->failure);
+    PARALLAX_ASSERT(!shared_->stopping, "submit after shutdown");
+    shared_->queue.push_back(op);
+    ++shared_->wakeups;
+  }
+  shared_->queue_cv.notify_all();
+  return std::make_shared<MpiWork>(std::move(op));
+}
+
+void MpiProgressEngine::shutdown(std::chrono::milliseconds grace) {
+  if (shut_down_) return;
+  shut_down_ = true;
+  {
+    std::lock_guard<std::mutex> lock(shared_->mutex);
+    shared_->stopping = true;
+    shared_->stop_deadline = Clock::now() + grace;
+    ++shared_->wakeups;
+  }
+  shared_->queue_cv.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void MpiProgressEngine::run() {
+#ifdef __linux__
+  // Sleeps of a few microseconds are the point of the backoff; the default 50 µs timer
+  // slack would stretch every one of them.
+  prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+  pthread_setname_np(pthread_self(), "parallax-mpi");
+#endif
+  MpiEngineShared& s = *shared_;
+  std::vector<Active> in_flight;  // started, in start order
+  std::vector<Active> abandoned;  // failed while their request was still active
+  std::vector<std::shared_ptr<MpiOpState>> to_start;
+  int idle_polls = 0;  // sleeps since the last progress
+  Clock::time_point attentive_until;
+
+  // The Work may live on; the buffers should not. Only this thread touches these fields.
+  auto release_buffers = [](MpiOpState& op) {
+    op.spec.tensors.clear();
+    op.spec.start = nullptr;
+    op.spec.finish = nullptr;
+  };
+
+  // Runs on completion of a request: `finish`, counters, then wake the waiters.
+  auto complete = [&](MpiOpState& op, const MPI_Status& status) {
+    {
+      std::lock_guard<std::mutex> lock(s.mutex);
+      if (!op.finished) op.completing = true;
+    }
+    if (!op.completing) {  // failed earlier (timed out or abandoned)
+      if (op.spec.finish_if_abandoned && op.spec.finish) {
+        try {
+          op.spec.finish(status);
+        } catch (const std::exception&) {
+        }
+      }
+      release_buffers(op);
+      return;
+    }
+    std::string error;
+    try {
+      if (op.spec.finish) op.spec.finish(status);
+    } catch (const Error& e) {
+      error = e.detail();
+    } catch (const std::exception& e) {
+      error = op.spec.what + " failed: " + e.what();
+    }
+    if (error.empty() && op.spec.counted) {
+      recorder_(op.spec.op, op.spec.bytes,
+                std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - op.submitted)
+                    .count());
+    }
+    {
+      std::lock_guard<std::mutex> lock(s.mutex);
+      op.completing = false;
+      if (!error.empty()) {
+        s.fail_locked(op, error, /*fail_group=*/false);
+      } else {
+        op.finished = true;
+        s.done_cv.notify_all();
+      }
+    }
+    release_buffers(op);
+  };
+
+  try {
+    while (true) {
+      bool progressed = false;
+      to_start.clear();
+      {
+        std::unique_lock<std::mutex> lock(s.mutex);
+        const auto now = Clock::now();
+        if (s.stopping && now >= s.stop_deadline) break;
+        if (in_flight.empty() && abandoned.empty() && s.queue.empty()) {
+          if (s.stopping) break;
+          s.queue_cv.wait(lock, [&] { return s.stopping || !s.queue.empty(); });
+          continue;
+        }
+        // Queued operations held back (in-flight limit, fence) still have deadlines.
+        auto expired = std::find_if(s.queue.begin(), s.queue.end(),
+                                    [&](const auto& queued) { return now >= queued->deadline; });
+        if (expired != s.queue.end()) {
+          const std::shared_ptr<MpiOpState> op = *expired;  // time_out_locked clears the queue
+          s.time_out_locked(*op);
+        }
+        bool fenced = std::any_of(in_flight.begin(), in_flight.end(),
+                                  [](const Active& a) { return a.op->spec.fence; });
+        while (!fenced && s.failure.empty() && !s.queue.empty() &&
+               in_flight.size() + to_start.size() < kMaxInFlight) {
+          to_start.push_back(std::move(s.queue.front()));
+          s.queue.pop_front();
+          fenced = to_start.back()->spec.fence;
+        }
+      }
+
+      for (auto& op : to_start) {
+        progressed = true;
+        {
+          std::lock_guard<std::mutex> lock(s.mutex);
+          if (!s.failure.empty()) {  // failed meanwhile: never start it
+            s.fail_locked(*op, op->spec.what + " was abandoned: " + s.failure, false);
+            continue;
+          }
+        }
+        Active active{op, MPI_REQUEST_NULL};
+        const int code = op->spec.start(&active.request);
+        if (code != MPI_SUCCESS) {
+          std::lock_guard<std::mutex> lock(s.mutex);
+          s.fail_locked(*op, concat(op->spec.what, " could not start: ", mpi_error_string(code),
+                                    " ", s.where, "; the group is now unusable"),
+                        /*fail_group=*/true);
+          continue;
+        }
+        in_flight.push_back(std::move(active));
+      }
+
+      for (std::size_t i = 0; i < in_flight.size();) {
+        Active& active = in_flight[i];
+        int flag = 0;
+        MPI_Status status;
+        const int code = MPI_Test(&active.request, &flag, &status);
+        if (code != MPI_SUCCESS) {
+          std::lock_guard<std::mutex> lock(s.mutex);
+          s.fail_locked(*active.op, concat(active.op->spec.what, " failed: ",
+                                           mpi_error_string(code), " ", s.where,
+                                           "; the group is now unusable"),
+                        /*fail_group=*/true);
+        } else if (!flag) {
+          ++i;
+          continue;
+        } else {
+          complete(*active.op, status);
+        }
+        progressed = true;
+        in_flight.erase(in_flight.begin() + static_cast<std::ptrdiff_t>(i));
+      }
+
+      {
+        std::lock_guard<std::mutex> lock(s.mutex);
+        const auto now = Clock::now();
+        for (Active& active : in_flight) {
+          if (!active.op->finished && now >= active.op->deadline) s.time_out_locked(*active.op);
+        }
+        for (std::size_t i = 0; i < in_flight.size();) {
+          MpiOpState& op = *in_flight[i].op;
+          if (!op.finished && !s.failure.empty()) {
+            s.fail_locked(op, op.spec.what + " was abandoned: " + s.failure, false);
+          }
+          if (op.finished) {  // failed while its request is active: keep the request
+            abandoned.push_back(std::move(in_flight[i]));
+            in_flight.erase(in_flight.begin() + static_cast<std::ptrdiff_t>(i));
+          } else {
+            ++i;
+          }
+        }
+      }
+
+      for (std::size_t i = 0; i < abandoned.size();) {
+        int flag = 0;
+        MPI_Status status;
+        const int code = MPI_Test(&abandoned[i].request, &flag, &status);
+        if (code == MPI_SUCCESS && !flag) {
+          ++i;
+          continue;
+        }
+        if (code == MPI_SUCCESS) complete(*abandoned[i].op, status);
+        progressed = true;
+        abandoned.erase(abandoned.begin() + static_cast<std::ptrdiff_t>(i));
+      }
+
+      if (progressed) {
+        idle_polls = 0;
+        std::int64_t bytes = 0;
+        for (const Active& active : in_flight) bytes += active.op->spec.bytes;
+        attentive_until = Clock::now() + MpiProgressEngine::kAttentiveBase +
+                          MpiProgressEngine::kAttentivePerByte * bytes;
+      } else if (Clock::now() < attentive_until) {
+        sched_yield();
+      } else {
+        const int doublings = std::min(idle_polls, 16);
+        const auto sleep = std::min<std::chrono::microseconds>(
+            std::chrono::microseconds(std::int64_t{1} << doublings),
+            MpiProgressEngine::kMaxSleep);
+        ++idle_polls;
+        std::unique_lock<std::mutex> lock(s.mutex);
+        const std::uint64_t seen = s.wakeups;
+        s.queue_cv.wait_for(lock, sleep, [&] { return s.wakeups != seen; });
+      }
+    }
+  } catch (const std::exception& e) {
+    Logger(LogLevel::kError).error("MPI progress thread stopped by an unexpected error: ", e.what());
+  }
+
+  // Stopped: fail whatever is left and leak the requests (and the buffers they use)
+  // that never completed. MPI offers no way to free them safely.
+  std::lock_guard<std::mutex> lock(s.mutex);
+  const std::string reason = "the communicator was destroyed before it completed";
+  for (auto& queued : s.queue) s.fail_locked(*queued, queued->spec.what + ": " + reason, false);
+  s.queue.clear();
+  for (Active& active : in_flight) {
+    s.fail_locked(*active.op, active.op->spec.what + ": " + reason, false);
+  }
+  leaked_ = in_flight.size() + abandoned.size();
+  if (leaked_ > 0) {
+    auto* kept = new std::vector<at::Tensor>();  // intentionally leaked, see above
+    for (auto* list : {&in_flight, &abandoned}) {
+      for (Active& active : *list) {
+        for (auto& tensor : active.op->spec.tensors) kept->push_back(tensor);
+      }
+    }
+    Logger(LogLevel::kWarn).warn("leaking ", leaked_, " MPI request(s) still active at shutdown ",
+                                 s.where, " (a peer never joined them); their communicator, ",
+                                 kept->size(), " buffer(s) and reduction ops are leaked too");
+  }
+  s.done_cv.notify_all();
+}
+
+}  // namespace parallax::detail

@@ -1,0 +1,130 @@
+#include "gpt.h"
+
+#include <cmath>
+
+#include "parallax/core/config.h"
+#include "parallax/core/error.h"
+
+namespace gpt {
+namespace {
+
+// splitmix64: a portable, stateless hash, so every rank and platform makes the same data.
+std::uint64_t mix(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+double unit(std::uint64_t h) { return static_cast<double>(h >> 11) * (1.0 / 9007199254740992.0); }
+
+}  // namespace
+
+GPTOptions GPTOptions::from_table(const parallax::AppTable& table) {
+  table.expect_only({"vocab_size", "block_size", "d_model", "n_layer", "n_head", "d_ff"});
+  GPTOptions o;
+  o.vocab_size = table.get_int("vocab_size", o.vocab_size);
+  o.block_size = table.get_int("block_size", o.block_size);
+  o.d_model = table.get_int("d_model", o.d_model);
+  o.n_layer = table.get_int("n_layer", o.n_layer);
+  o.n_head = table.get_int("n_head", o.n_head);
+  o.d_ff = table.get_int("d_ff", o.d_ff);
+  PARALLAX_CHECK(o.vocab_size >= 2 && o.block_size >= 1 && o.d_model >= 1 && o.n_layer >= 1 && o.n_head >= 1,
+                 ConfigError, "[model]: vocab_size >= 2, block_size, d_model, n_layer, n_head >= 1 expected");
+  PARALLAX_CHECK(o.d_model % o.n_head == 0, ConfigError, "model.n_head = ", o.n_head,
+                 " must divide model.d_model = ", o.d_model);
+  return o;
+}
+
+BlockImpl::BlockImpl(const GPTOptions& o) : n_head_(o.n_head) {
+  const std::int64_t d_ff = o.d_ff > 0 ? o.d_ff : 4 * o.d_model;
+  ln1_ = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.d_model})));
+  qkv_ = register_module("qkv", torch::nn::Linear(o.d_model, 3 * o.d_model));
+  attn_proj_ = register_module("attn_proj", torch::nn::Linear(o.d_model, o.d_model));
+  ln2_ = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.d_model})));
+  fc_ = register_module("fc", torch::nn::Linear(o.d_model, d_ff));
+  mlp_proj_ = register_module("mlp_proj", torch::nn::Linear(d_ff, o.d_model));
+}
+
+torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
+  const auto batch = x.size(0), seq = x.size(1), d = x.size(2), head_dim = d / n_head_;
+  auto qkv = qkv_->forward(ln1_->forward(x)).chunk(3, /*dim=*/-1);
+  auto heads = [&](const torch::Tensor& t) { return t.view({batch, seq, n_head_, head_dim}).transpose(1, 2); };
+  auto q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
+  auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim));
+  auto future = torch::ones({seq, seq}, torch::TensorOptions().dtype(torch::kBool)).triu(1);
+  auto attention = torch::softmax(scores.masked_fill(future, -INFINITY), -1);
+  auto y = torch::matmul(attention, v).transpose(1, 2).contiguous().view({batch, seq, d});
+  auto h = x + attn_proj_->forward(y);
+  return h + mlp_proj_->forward(torch::gelu(fc_->forward(ln2_->forward(h))));
+}
+
+GPTImpl::GPTImpl(const GPTOptions& o) : options_(o) {
+  token_embedding_ = register_module("token_embedding", torch::nn::Embedding(o.vocab_size, o.d_model));
+  position_embedding_ = register_module("position_embedding", torch::nn::Embedding(o.block_size, o.d_model));
+  blocks_ = register_module("blocks", torch::nn::ModuleList());
+  for (std::int64_t i = 0; i < o.n_layer; ++i) blocks_->push_back(Block(o));
+  ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.d_model})));
+  head_ = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(o.d_model, o.vocab_size).bias(false)));
+  // GPT-2 style small init keeps early losses near ln(vocab).
+  torch::NoGradGuard no_grad;
+  for (auto& p : parameters()) {
+    if (p.dim() >= 2) p.normal_(0.0, 0.02);
+  }
+}
+
+torch::Tensor GPTImpl::forward(const torch::Tensor& tokens) {
+  const auto seq = tokens.size(1);
+  auto positions = torch::arange(seq, torch::TensorOptions().dtype(torch::kLong));
+  auto x = token_embedding_->forward(tokens) + position_embedding_->forward(positions).unsqueeze(0);
+  for (const auto& block : *blocks_) x = block->as<BlockImpl>()->forward(x);
+  return head_->forward(ln_f_->forward(x));
+}
+
+torch::Tensor language_model_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
+  const auto vocab = logits.size(-1);
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, vocab}).to(torch::kFloat32),
+                                              targets.reshape({-1}));
+}
+
+SyntheticTokens::SyntheticTokens(std::int64_t vocab_size, std::int64_t block_size, std::uint64_t seed, double noise)
+    : vocab_size_(vocab_size), block_size_(block_size), seed_(seed), noise_(noise), successor_(vocab_size) {
+  // A fixed random permutation of the vocabulary (Fisher–Yates on the portable hash).
+  for (std::int64_t i = 0; i < vocab_size; ++i) successor_[i] = i;
+  for (std::int64_t i = vocab_size - 1; i > 0; --i) {
+    const auto j = static_cast<std::int64_t>(mix(seed ^ (0x5eedULL + i)) % static_cast<std::uint64_t>(i + 1));
+    std::swap(successor_[i], successor_[j]);
+  }
+}
+
+std::pair<torch::Tensor, torch::Tensor> SyntheticTokens::batch(std::int64_t first, std::int64_t count) const {
+  auto tokens = torch::empty({count, block_size_ + 1}, torch::kLong);
+  auto* out = tokens.data_ptr<std::int64_t>();
+  for (std::int64_t s = 0; s < count; ++s) {
+    const std::uint64_t sample = mix(seed_ ^ mix(static_cast<std::uint64_t>(first + s)));
+    std::int64_t token = static_cast<std::int64_t>(sample % static_cast<std::uint64_t>(vocab_size_));
+    for (std::int64_t t = 0; t <= block_size_; ++t) {
+      out[s * (block_size_ + 1) + t] = token;
+      const std::uint64_t h = mix(sample + static_cast<std::uint64_t>(t) + 1);
+      token = unit(h) < noise_ ? static_cast<std::int64_t>(mix(h) % static_cast<std::uint64_t>(vocab_size_))
+                               : successor_[token];
+    }
+  }
+  return {tokens.narrow(1, 0, block_size_).contiguous(), tokens.narrow(1, 1, block_size_).contiguous()};
+}
+
+SyntheticTokens SyntheticTokens::from_table(const parallax::AppTable& table, const GPTOptions& model,
+                                            std::uint64_t seed) {
+  table.expect_only({"noise"});
+  const double noise = table.get_double("noise", 0.1);
+  PARALLAX_CHECK(noise >= 0.0 && noise <= 1.0, ConfigError, "data.noise = ", noise, ": expected 0..1");
+  return SyntheticTokens(model.vocab_size, model.block_size, seed, noise);
+}
+
+std::int64_t first_sample(std::int64_t step, std::int64_t micro, std::int64_t dp_rank, std::int64_t dp,
+                          std::int64_t micro_batch, std::int64_t grad_accum) {
+  const std::int64_t global = micro_batch * grad_accum * dp;
+  return step * global + (micro * dp + dp_rank) * micro_batch;
+}
+
+}  // namespace gpt

@@ -1,0 +1,88 @@
+// A small decoder-only transformer (GPT) and a synthetic token stream to train it on.
+//
+// Model: token + position embeddings, n_layer pre-LayerNorm blocks (causal
+// self-attention, GELU MLP), a final LayerNorm and an LM head.
+// Data: each sample is a sequence whose next token is a fixed permutation of the
+// current one, except with probability `noise` a uniformly random token. The
+// permutation is learnable, so the loss falls from ln(vocab) towards the noise floor.
+// Samples are a pure function of (seed, index): any rank can make any sample, and a
+// single-process reference sees exactly the same global batch.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <utility>
+
+namespace parallax {
+class AppTable;
+}
+
+namespace gpt {
+
+struct GPTOptions {
+  std::int64_t vocab_size = 64;  ///< tokens, e.g. 64
+  std::int64_t block_size = 32;  ///< sequence length, e.g. 32
+  std::int64_t d_model = 64;     ///< hidden size, e.g. 64
+  std::int64_t n_layer = 2;
+  std::int64_t n_head = 4;       ///< must divide d_model
+  std::int64_t d_ff = 0;         ///< MLP hidden size; 0 = 4 × d_model
+
+  /// The [model] table: vocab_size, block_size, d_model, n_layer, n_head, d_ff.
+  static GPTOptions from_table(const parallax::AppTable& table);
+};
+
+class BlockImpl : public torch::nn::Module {
+ public:
+  explicit BlockImpl(const GPTOptions& options);
+  torch::Tensor forward(const torch::Tensor& x);
+
+ private:
+  std::int64_t n_head_;
+  torch::nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
+  torch::nn::Linear qkv_{nullptr}, attn_proj_{nullptr}, fc_{nullptr}, mlp_proj_{nullptr};
+};
+TORCH_MODULE(Block);
+
+class GPTImpl : public torch::nn::Module {
+ public:
+  explicit GPTImpl(const GPTOptions& options);
+  /// tokens [batch, seq] int64 → logits [batch, seq, vocab].
+  torch::Tensor forward(const torch::Tensor& tokens);
+  const GPTOptions& options() const { return options_; }
+
+ private:
+  GPTOptions options_;
+  torch::nn::Embedding token_embedding_{nullptr}, position_embedding_{nullptr};
+  torch::nn::ModuleList blocks_;
+  torch::nn::LayerNorm ln_f_{nullptr};
+  torch::nn::Linear head_{nullptr};
+};
+TORCH_MODULE(GPT);
+
+/// Mean next-token cross-entropy, computed in fp32 whatever the logits' dtype.
+torch::Tensor language_model_loss(const torch::Tensor& logits, const torch::Tensor& targets);
+
+class SyntheticTokens {
+ public:
+  SyntheticTokens(std::int64_t vocab_size, std::int64_t block_size, std::uint64_t seed, double noise = 0.1);
+  /// Samples [first, first + count): (inputs, targets), each [count, block_size] int64.
+  std::pair<torch::Tensor, torch::Tensor> batch(std::int64_t first, std::int64_t count) const;
+  /// The [data] table: noise (default 0.1).
+  static SyntheticTokens from_table(const parallax::AppTable& table, const GPTOptions& model, std::uint64_t seed);
+
+ private:
+  std::int64_t vocab_size_;
+  std::int64_t block_size_;
+  std::uint64_t seed_;
+  double noise_;
+  std::vector<std::int64_t> successor_;
+};
+
+/// Index of the first sample of data-parallel rank `dp_rank`'s micro-batch `micro` in
+/// optimizer step `step`: the global batch of step s is samples
+/// [s·global, (s+1)·global), laid out micro-step-major, then by dp rank.
+std::int64_t first_sample(std::int64_t step, std::int64_t micro, std::int64_t dp_rank, std::int64_t dp,
+                          std::int64_t micro_batch, std::int64_t grad_accum);
+
+}  // namespace gpt

@@ -1,0 +1,131 @@
+// The training engine: what a trainer calls around its existing loop.
+//
+//   auto engine = rt.engine(model, parallax::OptimizerSpec::from(rt.config()));
+//   for (int64_t i = 0; i < steps * grad_accum; ++i) {
+//     auto loss = loss_fn(engine.forward(input), target);
+//     engine.backward(loss);   // (loss / grad_accum).backward(); reduces on the last micro-step
+//     engine.step();           // acts at the accumulation boundary; returns true when it stepped
+//   }
+//
+// Data parallelism (this strategy): at construction, rank 0's parameters and
+// buffers are broadcast over the data-parallel group; gradients are all-reduced in
+// buckets launched from gradient-accumulator hooks during the last micro-step's
+// backward (see gradient_buckets.h); step() averages, clips by global norm, runs the
+// optimizer with the scheduled learning rate and records metrics.
+//
+// bf16 (`precision.dtype = "bf16"`): the model's parameters are cast to bf16 for
+// compute and communication; fp32 master weights and the optimizer state live beside
+// them; after each step the masters are copied back into the bf16 parameters.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+
+#include "parallax/core/metrics.h"
+#include "parallax/runtime/optimizer.h"
+#include "parallax/runtime/runtime.h"
+
+namespace parallax {
+
+class Engine {
+ public:
+  /// Collective over the mesh: broadcasts parameters and buffers from data-parallel
+  /// rank 0, casts to the compute dtype, builds buckets and the optimizer.
+  /// Throws ConfigError for a config it cannot run, UsageError for a model without
+  /// parameters.
+  Engine(Runtime& runtime, std::shared_ptr<torch::nn::Module> model, const OptimizerSpec& spec);
+  Engine(Engine&&) noexcept;
+  Engine& operator=(Engine&&) noexcept;
+  ~Engine();
+
+  /// Backward of `loss / grad_accum`. On the last micro-step of the window, gradient
+  /// buckets are reduced while backward runs. `loss` must be a scalar of this rank's
+  /// micro-batch mean.
+  void backward(const torch::Tensor& loss);
+
+  /// At the accumulation boundary: waits for the reductions, clips, updates, advances
+  /// the schedule, writes metrics and the progress line, zeroes gradients; returns true.
+  /// Before the boundary: returns false and does nothing else. Blocks; throws
+  /// CommError if a collective fails or times out.
+  bool step();
+
+  /// Completed optimizer steps.
+  std::int64_t global_step() const;
+  /// Micro-steps per optimizer step.
+  std::int64_t grad_accum() const;
+  /// Loss of the last optimizer step: the mean over the global batch.
+  double last_loss() const;
+  /// Learning rate used by the last optimizer step.
+  double last_lr() const;
+  /// Metrics of the last optimizer step (loss, lr, timings, per-rank bytes and comm).
+  const StepMetrics& last_metrics() const;
+  /// Dtype the model computes in (float32 or bfloat16).
+  torch::ScalarType compute_dtype() const;
+  /// Model-state bytes this rank holds now.
+  ModelStateBytes model_state_bytes() const;
+  /// Gradient payload bytes all-reduced per optimizer step, and bucket padding.
+  std::int64_t gradient_bytes() const;
+  std::int64_t gradient_padding_bytes() const;
+  std::size_t bucket_count() const;
+  /// Tokens in one sample, for tokens_per_s (default 1: samples per second).
+  void set_tokens_per_sample(std::int64_t tokens);
+  /// Parameters in fp32, as the optimizer sees them (the masters under bf16).
+  std::vector<torch::Tensor> master_parameters() const;
+
+ protected:
+  /// Casts floating-point inputs to the compute dtype.
+  torch::Tensor prepare_input(const torch::Tensor& input) const;
+  Tracer& tracer();
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+/// Engine that also knows the module's type, so forward() calls the model's own
+/// forward with inputs cast to the compute dtype.
+template <typename ModuleImpl>
+class ModuleEngine : public Engine {
+ public:
+  ModuleEngine(Runtime& runtime, std::shared_ptr<ModuleImpl> model, const OptimizerSpec& spec)
+      : Engine(runtime, model, spec), model_(std::move(model)) {}
+
+  template <typename... Args>
+  auto forward(Args&&... args) {
+    auto span = tracer().span("forward", "compute");
+    return model_->forward(cast(std::forward<Args>(args))...);
+  }
+
+  ModuleImpl& module() { return *model_; }
+  const std::shared_ptr<ModuleImpl>& module_ptr() const { return model_; }
+
+ private:
+  template <typename T>
+  decltype(auto) cast(T&& value) const {
+    if constexpr (std::is_convertible_v<std::decay_t<T>, torch::Tensor> &&
+                  std::is_same_v<std::decay_t<T>, torch::Tensor>) {
+      return prepare_input(value);
+    } else {
+      return std::forward<T>(value);
+    }
+  }
+
+  std::shared_ptr<ModuleImpl> model_;
+};
+
+template <typename ModuleImpl>
+ModuleEngine<ModuleImpl> Runtime::engine(std::shared_ptr<ModuleImpl> model, const OptimizerSpec& spec) {
+  return ModuleEngine<ModuleImpl>(*this, std::move(model), spec);
+}
+
+template <typename Holder>
+ModuleEngine<typename Holder::ContainedType> Runtime::engine(Holder& model, const OptimizerSpec& spec) {
+  return engine(model.ptr(), spec);
+}
+
+}  // namespace parallax

@@ -1,0 +1,147 @@
+#include "parallax/runtime/gradient_buckets.h"
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include "parallax/core/error.h"
+
+namespace parallax {
+namespace {
+
+// Runs after AccumulateGrad has added this backward's gradient into .grad.
+class GradientReadyHook : public torch::autograd::FunctionPostHook {
+ public:
+  GradientReadyHook(std::function<void()> on_ready) : on_ready_(std::move(on_ready)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list& /*inputs*/) override {
+    on_ready_();
+    return outputs;
+  }
+
+ private:
+  std::function<void()> on_ready_;
+};
+
+}  // namespace
+
+GradientBuckets::GradientBuckets(std::vector<torch::Tensor> params, std::int64_t bucket_bytes,
+                                 Communicator& comm, Tracer& tracer)
+    : params_(std::move(params)), bucket_of_param_(params_.size()), comm_(comm), tracer_(tracer) {
+  PARALLAX_CHECK(bucket_bytes > 0, UsageError, "gradient bucket size must be > 0 bytes, got ", bucket_bytes);
+  // (a) Reverse registration order; a new bucket when the dtype changes or it is full.
+  std::vector<std::vector<std::size_t>> groups;
+  std::int64_t group_bytes = 0;
+  for (std::size_t i = params_.size(); i-- > 0;) {
+    const torch::Tensor& p = params_[i];
+    PARALLAX_CHECK(p.requires_grad() && p.layout() == torch::kStrided, UsageError,
+                   "parameter ", i, " must be a dense tensor that requires grad");
+    const std::int64_t bytes = p.numel() * static_cast<std::int64_t>(p.element_size());
+    const bool dtype_change = !groups.empty() && params_[groups.back().front()].scalar_type() != p.scalar_type();
+    if (groups.empty() || dtype_change || (group_bytes > 0 && group_bytes + bytes > bucket_bytes)) {
+      groups.emplace_back();
+      group_bytes = 0;
+    }
+    groups.back().push_back(i);
+    group_bytes += bytes;
+    gradient_bytes_ += bytes;
+  }
+
+  for (auto& members : groups) {
+    const torch::Tensor& first = params_[members.front()];
+    std::int64_t numel = 0;
+    for (std::size_t i : members) numel += params_[i].numel();
+    Bucket bucket;
+    bucket.buffer = torch::zeros({numel}, first.options().requires_grad(false));
+    std::int64_t offset = 0;
+    for (std::size_t i : members) {
+      torch::Tensor& p = params_[i];
+      // The view becomes .grad: autograd accumulates into the bucket in place.
+      p.mutable_grad() = bucket.buffer.narrow(0, offset, p.numel()).view(p.sizes());
+      offset += p.numel();
+      bucket_of_param_[i] = buckets_.size();
+    }
+    bucket.params = members;
+    buffer_bytes_ += numel * static_cast<std::int64_t>(first.element_size());
+    buckets_.push_back(std::move(bucket));
+  }
+
+  // (b) One post-hook per gradient accumulator.
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    std::shared_ptr<torch::autograd::Node> accumulator = torch::autograd::impl::grad_accumulator(params_[i]);
+    PARALLAX_CHECK(accumulator != nullptr, UsageError, "parameter ", i, " is not a leaf tensor");
+    const std::uintptr_t key =
+        accumulator->add_post_hook(std::make_unique<GradientReadyHook>([this, i] { on_gradient_ready(i); }));
+    hooks_.emplace_back(std::move(accumulator), key);
+  }
+}
+
+GradientBuckets::~GradientBuckets() {
+  for (auto& [accumulator, key] : hooks_) accumulator->del_post_hook(key);
+  // Never leave a collective reading freed buffers: wait for launched work, but do not
+  // throw from a destructor (a failed communicator has already reported its error).
+  for (Bucket& bucket : buckets_) {
+    if (!bucket.work) continue;
+    try {
+      bucket.work->wait();
+    } catch (const std::exception&) {
+    }
+  }
+}
+
+void GradientBuckets::arm() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  PARALLAX_ASSERT(!armed_, "arm() called twice without finish()");
+  armed_ = true;
+  next_to_launch_ = 0;
+  for (Bucket& bucket : buckets_) {
+    bucket.pending = bucket.params.size();
+    bucket.work.reset();
+  }
+}
+
+void GradientBuckets::on_gradient_ready(std::size_t param_index) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!armed_) return;  // an accumulation micro-step: no communication
+  Bucket& bucket = buckets_[bucket_of_param_[param_index]];
+  if (bucket.pending > 0) --bucket.pending;
+  launch_ready_buckets_locked();
+}
+
+void GradientBuckets::launch_ready_buckets_locked() {
+  while (next_to_launch_ < buckets_.size() && buckets_[next_to_launch_].pending == 0) {
+    launch_locked(buckets_[next_to_launch_]);
+    ++next_to_launch_;
+  }
+}
+
+void GradientBuckets::launch_locked(Bucket& bucket) {
+  tracer_.record("all_reduce launch", "comm", tracer_.now_us(), 0);
+  bucket.work = comm_.all_reduce(bucket.buffer);
+}
+
+void GradientBuckets::finish() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    PARALLAX_ASSERT(armed_, "finish() without arm()");
+    // (c) Parameters that took no part in this forward never fired their hook.
+    while (next_to_launch_ < buckets_.size()) {
+      launch_locked(buckets_[next_to_launch_]);
+      ++next_to_launch_;
+    }
+    armed_ = false;
+  }
+  auto span = tracer_.span("gradient all_reduce wait", "comm");
+  const double scale = 1.0 / static_cast<double>(comm_.size());
+  for (Bucket& bucket : buckets_) {
+    bucket.work->wait();
+    bucket.work.reset();
+    if (comm_.size() > 1) bucket.buffer.mul_(scale);
+  }
+}
+
+void GradientBuckets::zero() {
+  for (Bucket& bucket : buckets_) bucket.buffer.zero_();
+}
+
+}  // namespace parallax

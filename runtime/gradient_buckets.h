@@ -1,0 +1,96 @@
+// Bucketed gradient reduction for data parallelism, overlapped with backward.
+//
+// Protocol (every rank of the data-parallel group runs the same steps):
+//  a. At construction, parameters are grouped into buckets of at most `bucket_bytes`
+//     in reverse registration order (roughly the order backward produces gradients),
+//     never mixing dtypes. Each bucket owns one flat tensor; every parameter's .grad is
+//     a view into its bucket, so autograd accumulates straight into the buffer.
+//  b. A post-hook on each parameter's gradient accumulator reports "gradient ready".
+//     Only on the last micro-step of an accumulation window (arm()), a bucket whose
+//     parameters are all ready is all-reduced asynchronously — strictly in bucket
+//     order, so every rank issues the same collectives in the same order even if
+//     hooks fire in a different order.
+//  c. finish() launches the buckets that never became ready (parameters unused in this
+//     forward), waits for all, and divides by the group size: .grad then holds the
+//     mean gradient over the group's global batch.
+//  d. zero() clears the buffers in place (never re-allocating, which would break the
+//     views) before the next accumulation window.
+//
+//   GradientBuckets buckets(params, 25 << 20, dp_comm);
+//   buckets.arm();  loss.backward();  buckets.finish();   // grads averaged
+//   optimizer.step(); buckets.zero();
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "parallax/core/communicator.h"
+#include "parallax/core/trace.h"
+
+namespace torch::autograd {
+struct Node;
+}
+
+namespace parallax {
+
+class GradientBuckets {
+ public:
+  /// `params` must require grad and be dense; `bucket_bytes` > 0. The communicator
+  /// and tracer must outlive this object. Does not communicate.
+  GradientBuckets(std::vector<torch::Tensor> params, std::int64_t bucket_bytes, Communicator& comm,
+                  Tracer& tracer);
+  GradientBuckets(const GradientBuckets&) = delete;
+  GradientBuckets& operator=(const GradientBuckets&) = delete;
+  ~GradientBuckets();
+
+  /// The next backward is the last of the accumulation window: reduce as gradients
+  /// become ready.
+  void arm();
+  /// Completes the reduction started by arm() (see the protocol). Blocks; throws
+  /// CommError on a failed or timed-out collective.
+  void finish();
+  /// Zeroes every bucket in place.
+  void zero();
+
+  std::size_t bucket_count() const { return buckets_.size(); }
+  /// Bytes of gradient payload (sum over parameters of numel × element size).
+  std::int64_t gradient_bytes() const { return gradient_bytes_; }
+  /// Bytes of the bucket buffers beyond the gradients (alignment). All-reduced bytes per
+  /// window = gradient_bytes() + padding_bytes().
+  std::int64_t padding_bytes() const { return buffer_bytes_ - gradient_bytes_; }
+  /// Bytes held by the bucket buffers.
+  std::int64_t buffer_bytes() const { return buffer_bytes_; }
+
+ private:
+  struct Bucket {
+    torch::Tensor buffer;
+    std::vector<std::size_t> params;  ///< indices into params_
+    std::size_t pending = 0;          ///< gradients not yet ready in this window
+    WorkPtr work;
+  };
+
+  void on_gradient_ready(std::size_t param_index);
+  void launch_ready_buckets_locked();
+  void launch_locked(Bucket& bucket);
+
+  std::vector<torch::Tensor> params_;
+  std::vector<std::size_t> bucket_of_param_;
+  std::vector<Bucket> buckets_;
+  /// The parameters' gradient accumulators (kept alive: autograd holds them weakly) and
+  /// the keys of our hooks on them, removed on destruction.
+  std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, std::uintptr_t>> hooks_;
+  Communicator& comm_;
+  Tracer& tracer_;
+  std::int64_t gradient_bytes_ = 0;
+  std::int64_t buffer_bytes_ = 0;
+
+  std::mutex mutex_;  ///< hooks may run on autograd device threads
+  bool armed_ = false;
+  std::size_t next_to_launch_ = 0;
+};
+
+}  // namespace parallax

@@ -1,0 +1,9 @@
+// The one header a trainer includes: init, the runtime, the engine, the optimizer spec.
+#pragma once
+
+#include "parallax/core/config.h"
+#include "parallax/core/error.h"
+#include "parallax/core/metrics.h"
+#include "parallax/runtime/engine.h"
+#include "parallax/runtime/optimizer.h"
+#include "parallax/runtime/runtime.h"

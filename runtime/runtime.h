@@ -1,0 +1,97 @@
+// parallax::init: the composition root's entry point.
+//
+//   int main(int argc, char** argv) {
+//     auto rt = parallax::init(argc, argv, {.app_tables = {"model", "data"}});
+//     auto engine = rt.engine(model, parallax::OptimizerSpec::from(rt.config()));
+//     ...
+//   }
+//
+// init runs, in order, on every rank (it is collective):
+//  1. World: MPI with MPI_THREAD_MULTIPLE (a world of one without mpirun).
+//  2. Config: --config FILE... and --set k=v from argv, strictly validated. Ranks agree
+//     on success (one failing rank fails all, each with a clear message), then compare
+//     config hashes; a mismatch names the ranks that differ.
+//  3. Resolve: dp and the omitted batch value from the world size.
+//  4. Topology: each rank discovers its node with hwloc; the cluster is gathered.
+//  5. Mesh: (tp, pp, dp) placed on the cluster; one communicator per group.
+//  6. Rank 0 prints the resolved config, the cluster, the mesh, the plan and the BLAS.
+// Every failure throws a parallax::Error on every rank that sees it; none hangs.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "parallax/core/config.h"
+#include "parallax/core/logging.h"
+#include "parallax/core/trace.h"
+
+namespace parallax {
+
+class World;
+class Mesh;
+class Communicator;
+class Cluster;
+struct OptimizerSpec;
+template <typename ModuleImpl>
+class ModuleEngine;
+
+struct InitOptions {
+  /// Tables the application owns (e.g. {"model", "data"}); any other unknown table is
+  /// an error. Default: none.
+  std::vector<std::string> app_tables;
+  /// Print the resolved config, cluster and mesh on rank 0. Default: true.
+  bool print_summary = true;
+};
+
+class Runtime {
+ public:
+  /// Steps 1–6 with the config read from argv (--config, --set).
+  Runtime(int& argc, char**& argv, const InitOptions& options);
+  /// Steps 1 and 3–6 with a config the caller loaded (tests, embedding applications);
+  /// MPI may already be initialized by the caller. Still checks that ranks agree.
+  Runtime(Config config, const InitOptions& options);
+  Runtime(Runtime&&) noexcept;
+  Runtime& operator=(Runtime&&) noexcept;
+  /// Writes the trace file (if configured), releases the communicators, then the World
+  /// (see World::~World for the bounded shutdown).
+  ~Runtime();
+
+  /// The training engine for `model` (a torch::nn::Module shared_ptr or ModuleHolder);
+  /// defined in engine.h. Collective: broadcasts rank 0's parameters.
+  template <typename ModuleImpl>
+  ModuleEngine<ModuleImpl> engine(std::shared_ptr<ModuleImpl> model, const OptimizerSpec& spec);
+  template <typename Holder>
+  ModuleEngine<typename Holder::ContainedType> engine(Holder& model, const OptimizerSpec& spec);
+
+  const Config& config() const;
+  World& world();
+  Mesh& mesh();
+  const Cluster& cluster() const;
+  const Logger& logger() const;
+  Tracer& tracer();
+  /// A communicator over all ranks reserved for per-step telemetry (loss, metrics), so
+  /// its traffic never shows in the counters of the groups that train.
+  Communicator& telemetry();
+  /// Command-line arguments that were not --config/--set (argv[0] first).
+  const std::vector<std::string>& args() const;
+  /// The resolved plan, as Protobuf text.
+  std::string plan_text() const;
+  /// Shared library that provides BLAS to LibTorch in this process, e.g.
+  /// "libopenblas.so.0 (pthread)", or "unknown".
+  const std::string& blas() const;
+
+ private:
+  struct State;
+  void start(const InitOptions& options);
+  std::unique_ptr<State> state_;
+};
+
+/// Brings the runtime up; see the protocol above. Throws parallax::Error.
+Runtime init(int& argc, char**& argv, const InitOptions& options = {});
+
+/// For the application's catch block: prints `error` to stderr (with the rank) and
+/// returns the process exit code to use (1).
+int report_error(const std::exception& error);
+
+}  // namespace parallax

@@ -1,0 +1,112 @@
+#include "parallax/runtime/step_telemetry.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cstdio>
+
+#include "parallax/core/mesh.h"
+#include "parallax/core/world.h"
+
+namespace parallax {
+namespace {
+
+constexpr std::int64_t kFieldsPerRank = 4 + 2 * static_cast<std::int64_t>(kCommOpCount);
+
+std::string human_rate(double per_second) {
+  char text[32];
+  if (per_second >= 1e6) {
+    std::snprintf(text, sizeof(text), "%.2fM", per_second / 1e6);
+  } else if (per_second >= 1e3) {
+    std::snprintf(text, sizeof(text), "%.1fk", per_second / 1e3);
+  } else {
+    std::snprintf(text, sizeof(text), "%.1f", per_second);
+  }
+  return text;
+}
+
+}  // namespace
+
+StepTelemetry::StepTelemetry(Runtime& runtime) : runtime_(runtime) {
+  Mesh& mesh = runtime.mesh();
+  for (Communicator* c : {&mesh.world(), &mesh.dp(), &mesh.tp(), &mesh.pp()}) {
+    if (std::find(training_comms_.begin(), training_comms_.end(), c) == training_comms_.end()) {
+      training_comms_.push_back(c);
+    }
+  }
+  const std::string& path = runtime.config().logging.metrics_file;
+  if (!path.empty() && runtime.world().rank() == 0) writer_ = std::make_unique<MetricsWriter>(path);
+}
+
+StepTelemetry::~StepTelemetry() = default;
+
+CommCounters StepTelemetry::training_counters() const {
+  CommCounters total;
+  for (const Communicator* c : training_comms_) total += c->counters();
+  return total;
+}
+
+void StepTelemetry::begin_window_if_needed() {
+  if (window_open_) return;
+  window_open_ = true;
+  window_start_ = std::chrono::steady_clock::now();
+  counters_at_start_ = training_counters();
+}
+
+StepMetrics StepTelemetry::end_window(std::int64_t step, double local_loss, double lr,
+                                      const ModelStateBytes& state) {
+  const CommCounters delta = training_counters().since(counters_at_start_);
+  window_open_ = false;
+
+  at::Tensor mine = at::empty({kFieldsPerRank}, at::kDouble);
+  double* m = mine.data_ptr<double>();
+  m[0] = local_loss;
+  m[1] = static_cast<double>(state.params);
+  m[2] = static_cast<double>(state.grads);
+  m[3] = static_cast<double>(state.optimizer);
+  for (std::size_t op = 0; op < kCommOpCount; ++op) {
+    m[4 + 2 * op] = static_cast<double>(delta.ops[op].calls);
+    m[5 + 2 * op] = static_cast<double>(delta.ops[op].bytes);
+  }
+  Communicator& telemetry = runtime_.telemetry();
+  const int ranks = telemetry.size();
+  at::Tensor all = at::empty({ranks * kFieldsPerRank}, at::kDouble);
+  telemetry.all_gather(all, mine)->wait();
+
+  StepMetrics metrics;
+  metrics.step = step;
+  metrics.lr = lr;
+  const double* a = all.data_ptr<double>();
+  double loss_sum = 0.0;
+  for (int r = 0; r < ranks; ++r) {
+    const double* f = a + r * kFieldsPerRank;
+    loss_sum += f[0];
+    metrics.model_state_bytes.push_back({static_cast<std::int64_t>(f[1]), static_cast<std::int64_t>(f[2]),
+                                         static_cast<std::int64_t>(f[3])});
+    CommCounters counters;
+    for (std::size_t op = 0; op < kCommOpCount; ++op) {
+      counters.ops[op].calls = static_cast<std::int64_t>(f[4 + 2 * op]);
+      counters.ops[op].bytes = static_cast<std::int64_t>(f[5 + 2 * op]);
+    }
+    metrics.comm.push_back(counters);
+  }
+  metrics.loss = loss_sum / ranks;
+  const auto elapsed = std::chrono::steady_clock::now() - window_start_;
+  metrics.step_ms = std::chrono::duration<double, std::milli>(elapsed).count();
+  const double samples = static_cast<double>(runtime_.config().train.global_batch_size);
+  metrics.tokens_per_s = metrics.step_ms > 0 ? samples * tokens_per_sample_ * 1000.0 / metrics.step_ms : 0.0;
+
+  if (writer_) writer_->write(metrics);
+  const LoggingOptions& logging = runtime_.config().logging;
+  const std::int64_t total = runtime_.config().train.steps;
+  if (logging.every > 0 && (step % logging.every == 0 || step == total || step == 1)) {
+    char line[256];
+    std::snprintf(line, sizeof(line), "step %lld/%lld | loss %.4f | lr %.3e | %.1f ms/step | %s tok/s",
+                  static_cast<long long>(step), static_cast<long long>(total), metrics.loss, lr, metrics.step_ms,
+                  human_rate(metrics.tokens_per_s).c_str());
+    runtime_.logger().summary(line);
+  }
+  return metrics;
+}
+
+}  // namespace parallax

@@ -1,0 +1,49 @@
+// Per-step bookkeeping shared by the engines: timing, the loss over the global batch,
+// per-rank model-state bytes and communication counters, the metrics file and the
+// progress line.
+//
+// Protocol at the end of each optimizer step (collective over all ranks):
+//  1. Each rank packs [local mean loss, params, grads, optimizer bytes, and for each op
+//     kind the calls and bytes its training communicators did during the step].
+//  2. One all_gather on the runtime's telemetry communicator (not counted in the
+//     training groups' counters).
+//  3. Every rank computes the global mean loss (the mean of the ranks' means: every
+//     rank's micro-batches are equal in size); rank 0 writes the metrics line and,
+//     every `logging.every` steps, the progress line.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "parallax/core/metrics.h"
+#include "parallax/runtime/runtime.h"
+
+namespace parallax {
+
+class StepTelemetry {
+ public:
+  explicit StepTelemetry(Runtime& runtime);
+  ~StepTelemetry();
+
+  /// Marks the start of an accumulation window (the step timer) if none is open.
+  void begin_window_if_needed();
+  /// Closes the window: the collective above. Returns the step's metrics.
+  StepMetrics end_window(std::int64_t step, double local_loss, double lr, const ModelStateBytes& state);
+
+  void set_tokens_per_sample(std::int64_t tokens) { tokens_per_sample_ = tokens; }
+
+ private:
+  CommCounters training_counters() const;
+
+  Runtime& runtime_;
+  std::vector<Communicator*> training_comms_;
+  CommCounters counters_at_start_;
+  bool window_open_ = false;
+  std::chrono::steady_clock::time_point window_start_;
+  std::int64_t tokens_per_sample_ = 1;
+  std::unique_ptr<MetricsWriter> writer_;
+};
+
+}  // namespace parallax

@@ -1,0 +1,394 @@
+// Tests of the MPI communicator, run on 1, 2 and 4 ranks (mpirun). Inputs are small
+// integers so every reduction is exact in every dtype (bfloat16 included) and in any
+// order: rank r contributes (r + 1) × a pattern.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "parallax/core/communicator.h"
+#include "parallax/core/error.h"
+#include "parallax/core/mpi_communicator.h"
+
+namespace parallax {
+namespace {
+
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+const std::vector<at::ScalarType> kDtypes = {at::kFloat, at::kDouble, at::kBFloat16, at::kLong,
+                                             at::kHalf,  at::kInt,    at::kByte};
+const std::vector<at::ScalarType> kFloatDtypes = {at::kFloat, at::kDouble, at::kBFloat16,
+                                                  at::kHalf};
+
+// 1, 2, ..., period, 1, 2, ... (n elements, int64).
+at::Tensor pattern(std::int64_t n, std::int64_t period) {
+  return at::remainder(at::arange(n, at::kLong), period).add(1);
+}
+
+::testing::AssertionResult same_values(const at::Tensor& actual, const at::Tensor& expected) {
+  if (actual.sizes() == expected.sizes() &&
+      at::equal(actual.to(at::kDouble), expected.to(at::kDouble))) {
+    return ::testing::AssertionSuccess();
+  }
+  return ::testing::AssertionFailure() << "got " << actual.to(at::kDouble).slice(0, 0, 8)
+                                       << "\nexpected " << expected.to(at::kDouble).slice(0, 0, 8);
+}
+
+class CommTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    world_ = create_mpi_world_communicator();
+    world_->set_default_timeout(milliseconds(30'000));  // a failing test errors, never hangs
+  }
+  int rank() const { return world_->rank(); }
+  int size() const { return world_->size(); }
+  // Sum over ranks of (r + 1).
+  std::int64_t rank_sum() const { return static_cast<std::int64_t>(size()) * (size() + 1) / 2; }
+
+  std::unique_ptr<Communicator> world_;
+};
+
+TEST_F(CommTest, WorldIdentity) {
+  int mpi_rank = -1;
+  int mpi_size = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &mpi_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &mpi_size);
+  EXPECT_EQ(world_->rank(), mpi_rank);
+  EXPECT_EQ(world_->size(), mpi_size);
+  EXPECT_EQ(world_->name(), "world");
+  EXPECT_STREQ(world_->backend(), "mpi");
+  EXPECT_EQ(world_->default_timeout(), milliseconds(30'000));
+}
+
+TEST_F(CommTest, AllReduceSumEveryDtype) {
+  for (auto dtype : kDtypes) {
+    SCOPED_TRACE(c10::toString(dtype));
+    at::Tensor tensor = pattern(1000, 7).mul(rank() + 1).to(dtype);
+    world_->all_reduce(tensor)->wait();
+    EXPECT_TRUE(same_values(tensor, pattern(1000, 7).mul(rank_sum())));
+  }
+}
+
+TEST_F(CommTest, AllReduceAvgMaxMin) {
+  for (auto dtype : kFloatDtypes) {
+    SCOPED_TRACE(c10::toString(dtype));
+    at::Tensor tensor = pattern(999, 7).mul(rank() + 1).to(dtype);
+    world_->all_reduce(tensor, {ReduceOp::kAvg})->wait();
+    // mean of (r + 1) = (size + 1) / 2: halves are exact in every float dtype.
+    EXPECT_TRUE(same_values(tensor, pattern(999, 7).to(at::kDouble).mul((size() + 1) / 2.0)));
+  }
+  for (auto dtype : kDtypes) {
+    SCOPED_TRACE(c10::toString(dtype));
+    at::Tensor high = pattern(500, 5).mul(rank() + 1).to(dtype);
+    at::Tensor low = high.clone();
+    auto high_work = world_->all_reduce(high, {ReduceOp::kMax});
+    auto low_work = world_->all_reduce(low, {ReduceOp::kMin});
+    high_work->wait();
+    low_work->wait();
+    EXPECT_TRUE(same_values(high, pattern(500, 5).mul(size())));
+    EXPECT_TRUE(same_values(low, pattern(500, 5)));
+  }
+}
+
+TEST_F(CommTest, EmptyTensorIsFine) {
+  at::Tensor empty = at::zeros({0}, at::kFloat);
+  world_->all_reduce(empty)->wait();
+  world_->broadcast(empty, 0)->wait();
+  EXPECT_EQ(empty.numel(), 0);
+}
+
+TEST_F(CommTest, ReduceScatter) {
+  const std::int64_t shard = 300;
+  for (auto dtype : kDtypes) {
+    SCOPED_TRACE(c10::toString(dtype));
+    // Chunk c of rank r holds (r + 1) × (c + pattern).
+    at::Tensor input = at::empty({size() * shard}, at::kLong);
+    for (int c = 0; c < size(); ++c) input.narrow(0, c * shard, shard).copy_(pattern(shard, 3).add(c));
+    input = input.mul(rank() + 1).to(dtype);
+    at::Tensor output = at::zeros({shard}, dtype);
+    world_->reduce_scatter(output, input)->wait();
+    EXPECT_TRUE(same_values(output, pattern(shard, 3).add(rank()).mul(rank_sum())));
+  }
+  at::Tensor input = at::ones({size() * shard}, at::kFloat).mul(rank() + 1);
+  at::Tensor output = at::zeros({shard}, at::kFloat);
+  world_->reduce_scatter(output, input, {ReduceOp::kAvg})->wait();
+  EXPECT_TRUE(same_values(output, at::full({shard}, (size() + 1) / 2.0, at::kDouble)));
+}
+
+TEST_F(CommTest, AllGather) {
+  const std::int64_t shard = 257;
+  for (auto dtype : kDtypes) {
+    SCOPED_TRACE(c10::toString(dtype));
+    at::Tensor input = pattern(shard, 8).add(8 * rank()).to(dtype);
+    at::Tensor output = at::zeros({size() * shard}, dtype);
+    world_->all_gather(output, input)->wait();
+    for (int q = 0; q < size(); ++q) {
+      EXPECT_TRUE(same_values(output.narrow(0, q * shard, shard), pattern(shard, 8).add(8 * q)));
+    }
+  }
+  // In place: this rank's input is already its chunk of the output.
+  at::Tensor output = at::zeros({size() * shard}, at::kDouble);
+  at::Tensor own = output.narrow(0, rank() * shard, shard);
+  own.copy_(pattern(shard, 8).add(8 * rank()));
+  world_->all_gather(output, own)->wait();
+  for (int q = 0; q < size(); ++q) {
+    EXPECT_TRUE(same_values(output.narrow(0, q * shard, shard), pattern(shard, 8).add(8 * q)));
+  }
+}
+
+TEST_F(CommTest, BroadcastFromEveryRoot) {
+  for (int root = 0; root < size(); ++root) {
+    for (auto dtype : {at::kFloat, at::kBFloat16, at::kLong}) {
+      at::Tensor tensor = rank() == root ? pattern(100, 9).add(root).to(dtype) : at::zeros({100}, dtype);
+      world_->broadcast(tensor, root)->wait();
+      EXPECT_TRUE(same_values(tensor, pattern(100, 9).add(root)));
+    }
+  }
+}
+
+TEST_F(CommTest, SendRecvRing) {
+  const int next = (rank() + 1) % size();
+  const int prev = (rank() + size() - 1) % size();
+  for (auto dtype : {at::kFloat, at::kBFloat16, at::kLong}) {
+    at::Tensor out = pattern(4096, 11).add(rank()).to(dtype);
+    at::Tensor in = at::zeros({4096}, dtype);
+    auto sent = world_->send(out, next, /*tag=*/3);
+    auto received = world_->recv(in, prev, /*tag=*/3);
+    received->wait();
+    sent->wait();
+    EXPECT_TRUE(same_values(in, pattern(4096, 11).add(prev)));
+  }
+  // Tags keep messages apart: two messages posted in one order, received in the other.
+  at::Tensor a = at::full({64}, 10.0 + rank());
+  at::Tensor b = at::full({128}, 20.0 + rank());
+  at::Tensor got_a = at::zeros({64});
+  at::Tensor got_b = at::zeros({128});
+  auto send_a = world_->send(a, next, 1);
+  auto send_b = world_->send(b, next, 2);
+  auto recv_b = world_->recv(got_b, prev, 2);
+  auto recv_a = world_->recv(got_a, prev, 1);
+  recv_a->wait();
+  recv_b->wait();
+  send_b->wait();
+  send_a->wait();
+  EXPECT_TRUE(same_values(got_a, at::full({64}, 10.0 + prev)));
+  EXPECT_TRUE(same_values(got_b, at::full({128}, 20.0 + prev)));
+}
+
+TEST_F(CommTest, ManyOpsInFlightWaitedOutOfOrder) {
+  // More operations than the engine keeps in flight at once, waited in reverse.
+  std::vector<at::Tensor> tensors;
+  std::vector<WorkPtr> works;
+  for (int i = 0; i < 100; ++i) {
+    tensors.push_back(at::full({i + 1}, static_cast<double>(i + rank()), at::kDouble));
+    works.push_back(world_->all_reduce(tensors.back()));
+  }
+  at::Tensor broadcasted = rank() == 0 ? at::full({33}, 7, at::kLong) : at::zeros({33}, at::kLong);
+  works.push_back(world_->broadcast(broadcasted, 0));
+  for (auto it = works.rbegin(); it != works.rend(); ++it) (*it)->wait();
+  for (int i = 0; i < 100; ++i) {
+    // sum over r of (i + r) = size × i + size(size - 1)/2
+    const double expected = static_cast<double>(size()) * i + size() * (size() - 1) / 2.0;
+    EXPECT_TRUE(same_values(tensors[i], at::full({i + 1}, expected, at::kDouble))) << i;
+  }
+  EXPECT_TRUE(same_values(broadcasted, at::full({33}, 7, at::kLong)));
+  for (auto& work : works) EXPECT_TRUE(work->is_completed());
+}
+
+TEST_F(CommTest, BigAllReduceProgressesWhileCallerComputes) {
+  at::Tensor big = at::ones({4 << 20}, at::kFloat).mul(rank() + 1);  // 16 MiB
+  auto work = world_->all_reduce(big);
+  // The caller never enters the communicator: only the progress thread moves data.
+  at::Tensor a = at::rand({64, 64});
+  const auto give_up = Clock::now() + std::chrono::seconds(20);
+  int rounds = 0;
+  while (!work->is_completed() && Clock::now() < give_up) {
+    a = at::matmul(a, a).div_(64);
+    ++rounds;
+    std::this_thread::sleep_for(milliseconds(1));
+  }
+  EXPECT_TRUE(work->is_completed()) << "after " << rounds << " rounds of caller work";
+  work->wait();
+  EXPECT_TRUE(same_values(big.slice(0, 0, 16), at::full({16}, rank_sum(), at::kDouble)));
+  EXPECT_EQ(big.sum().item<double>(), static_cast<double>(rank_sum()) * (4 << 20));
+}
+
+TEST_F(CommTest, SplitEvenOdd) {
+  auto half = world_->split(rank() % 2, rank(), rank() % 2 == 0 ? "even" : "odd");
+  const int members = (size() + 1 - rank() % 2) / 2;
+  EXPECT_EQ(half->size(), members);
+  EXPECT_EQ(half->rank(), rank() / 2);
+  EXPECT_EQ(half->name(), rank() % 2 == 0 ? "even" : "odd");
+  EXPECT_EQ(half->default_timeout(), world_->default_timeout());
+  at::Tensor tensor = at::full({10}, rank() + 1, at::kLong);
+  half->all_reduce(tensor)->wait();
+  std::int64_t expected = 0;
+  for (int r = rank() % 2; r < size(); r += 2) expected += r + 1;
+  EXPECT_TRUE(same_values(tensor, at::full({10}, expected, at::kLong)));
+  // Collectives on the parent still work, interleaved with the child's.
+  at::Tensor whole = at::full({3}, 1.0);
+  auto parent_work = world_->all_reduce(whole);
+  auto child_work = half->barrier();
+  parent_work->wait();
+  child_work->wait();
+  EXPECT_TRUE(same_values(whole, at::full({3}, static_cast<double>(size()))));
+  // key orders the new ranks: reversed keys reverse them.
+  auto reversed = world_->split(0, size() - rank(), "reversed");
+  EXPECT_EQ(reversed->rank(), size() - 1 - rank());
+  at::Tensor root_value = at::full({1}, reversed->rank() == 0 ? 42.0 : 0.0);
+  reversed->broadcast(root_value, 0)->wait();
+  EXPECT_EQ(root_value.item<double>(), 42.0);
+  EXPECT_EQ(world_->counters()[CommOp::kBarrier].calls, 0) << "split must not count as a barrier";
+}
+
+TEST_F(CommTest, CountersAreExact) {
+  const int n = size();
+  at::Tensor f32 = at::ones({1000}, at::kFloat);
+  world_->all_reduce(f32)->wait();
+  world_->all_reduce(f32, {ReduceOp::kMax})->wait();
+  at::Tensor rs_in = at::ones({n * 10}, at::kDouble);
+  at::Tensor rs_out = at::zeros({10}, at::kDouble);
+  world_->reduce_scatter(rs_out, rs_in)->wait();
+  at::Tensor ag_in = at::ones({10}, at::kLong);
+  at::Tensor ag_out = at::zeros({n * 10}, at::kLong);
+  world_->all_gather(ag_out, ag_in)->wait();
+  at::Tensor bc = at::ones({7}, at::kBFloat16);
+  world_->broadcast(bc, 0)->wait();
+  at::Tensor message = at::ones({5}, at::kInt);
+  at::Tensor inbox = at::zeros({5}, at::kInt);
+  auto s = world_->send(message, (rank() + 1) % n, 0);
+  world_->recv(inbox, (rank() + n - 1) % n, 0)->wait();
+  s->wait();
+  for (int i = 0; i < 3; ++i) world_->barrier()->wait();
+  // Rejected calls are not counted.
+  EXPECT_THROW(world_->broadcast(bc, n), UsageError);
+
+  const CommCounters c = world_->counters();
+  EXPECT_EQ(c[CommOp::kAllReduce].calls, 2);
+  EXPECT_EQ(c[CommOp::kAllReduce].bytes, 2 * 4000);
+  EXPECT_EQ(c[CommOp::kReduceScatter].calls, 1);
+  EXPECT_EQ(c[CommOp::kReduceScatter].bytes, n * 10 * 8);
+  EXPECT_EQ(c[CommOp::kAllGather].calls, 1);
+  EXPECT_EQ(c[CommOp::kAllGather].bytes, n * 10 * 8);
+  EXPECT_EQ(c[CommOp::kBroadcast].calls, 1);
+  EXPECT_EQ(c[CommOp::kBroadcast].bytes, 14);
+  EXPECT_EQ(c[CommOp::kSend].calls, 1);
+  EXPECT_EQ(c[CommOp::kSend].bytes, 20);
+  EXPECT_EQ(c[CommOp::kRecv].calls, 1);
+  EXPECT_EQ(c[CommOp::kRecv].bytes, 20);
+  EXPECT_EQ(c[CommOp::kBarrier].calls, 3);
+  EXPECT_EQ(c[CommOp::kBarrier].bytes, 0);
+  for (const OpCounter& op : c.ops) EXPECT_GT(op.nanoseconds, 0);
+
+  world_->all_reduce(f32)->wait();
+  const CommCounters delta = world_->counters().since(c);
+  EXPECT_EQ(delta[CommOp::kAllReduce].calls, 1);
+  EXPECT_EQ(delta[CommOp::kAllReduce].bytes, 4000);
+  EXPECT_EQ(delta[CommOp::kBroadcast].calls, 0);
+}
+
+TEST_F(CommTest, BadArgumentsThrow) {
+  const int n = size();
+  at::Tensor matrix = at::zeros({4, 6});
+  at::Tensor strided = matrix.t();
+  EXPECT_THROW(world_->all_reduce(strided), UsageError);
+  at::Tensor undefined;
+  EXPECT_THROW(world_->all_reduce(undefined), UsageError);
+  at::Tensor flags = at::zeros({4}, at::kBool);
+  EXPECT_THROW(world_->all_reduce(flags), UsageError);
+  at::Tensor ints = at::zeros({4}, at::kLong);
+  EXPECT_THROW(world_->all_reduce(ints, {ReduceOp::kAvg}), UsageError);
+
+  at::Tensor out = at::zeros({10});
+  EXPECT_THROW(world_->reduce_scatter(out, at::zeros({n * 10 + 1})), UsageError);
+  EXPECT_THROW(world_->reduce_scatter(out, at::zeros({n * 10}, at::kDouble)), UsageError);
+  at::Tensor gathered = at::zeros({n * 10 + 1});
+  EXPECT_THROW(world_->all_gather(gathered, at::zeros({10})), UsageError);
+  at::Tensor gathered_d = at::zeros({n * 10}, at::kDouble);
+  EXPECT_THROW(world_->all_gather(gathered_d, at::zeros({10})), UsageError);
+  if (n > 1) {  // an input overlapping the output, but not as this rank's chunk
+    at::Tensor buffer = at::zeros({n * 10});
+    at::Tensor wrong_chunk = buffer.narrow(0, rank() == 0 ? 1 : 0, 10);
+    EXPECT_THROW(world_->all_gather(buffer, wrong_chunk), UsageError);
+  }
+
+  at::Tensor t = at::zeros({3});
+  EXPECT_THROW(world_->broadcast(t, -1), UsageError);
+  EXPECT_THROW(world_->broadcast(t, n), UsageError);
+  EXPECT_THROW(world_->send(t, n, 0), UsageError);
+  EXPECT_THROW(world_->recv(t, -1, 0), UsageError);
+  EXPECT_THROW(world_->send(t, 0, -5), UsageError);
+  EXPECT_THROW(world_->split(-1, 0, "bad"), UsageError);
+  try {
+    world_->reduce_scatter(out, at::zeros({n * 10 + 1}));
+    ADD_FAILURE() << "no throw";
+  } catch (const UsageError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("reduce_scatter on group 'world'"), std::string::npos) << message;
+    EXPECT_NE(message.find(std::to_string(n * 10 + 1)), std::string::npos) << message;
+  }
+
+  // Argument errors leave the group usable.
+  at::Tensor ok = at::ones({2});
+  world_->all_reduce(ok)->wait();
+  EXPECT_TRUE(same_values(ok, at::full({2}, static_cast<double>(n))));
+}
+
+// Rank 0 of each pair calls all_reduce with a 500 ms timeout; rank 1 joins only after
+// rank 0 has seen the CommError, so rank 0's abandoned request completes late and the
+// communicator is destroyed without hanging or leaking.
+TEST_F(CommTest, TimeoutMakesGroupUnusable) {
+  if (size() < 2) GTEST_SKIP() << "needs a peer";
+  const int pair = rank() / 2;
+  const bool has_peer = pair * 2 + 1 < size();
+  auto group = world_->split(has_peer ? pair : size(), rank(), "pair" + std::to_string(pair));
+  at::Tensor first = at::full({1024}, rank() + 1.0);  // 4096 bytes
+  at::Tensor second = at::full({16}, rank() + 1.0);
+  if (has_peer && group->rank() == 0) {
+    const auto start = Clock::now();
+    auto timed = group->all_reduce(first, {ReduceOp::kSum, milliseconds(500)});
+    auto behind = group->all_reduce(second);  // default timeout: fails with the group
+    try {
+      timed->wait();
+      ADD_FAILURE() << "all_reduce without a peer did not time out";
+    } catch (const CommError& e) {
+      const std::string message = e.what();
+      for (const std::string& part :
+           {std::string("all_reduce"), "group 'pair" + std::to_string(pair) + "'",
+            std::string("4096 bytes"), std::string("float32"), std::string("500 ms"),
+            std::string("on rank 0"), std::string("unusable")}) {
+        EXPECT_NE(message.find(part), std::string::npos) << part << " missing in: " << message;
+      }
+    }
+    const auto waited = Clock::now() - start;
+    EXPECT_GE(waited, milliseconds(450));
+    EXPECT_LT(waited, milliseconds(5000));
+    EXPECT_THROW(behind->wait(), CommError);
+    EXPECT_TRUE(timed->is_completed());
+    const auto later = Clock::now();
+    at::Tensor again = at::ones({4});
+    EXPECT_THROW(group->all_reduce(again), CommError);
+    EXPECT_THROW(group->barrier(), CommError);
+    EXPECT_LT(Clock::now() - later, milliseconds(100)) << "later calls must fail at once";
+    EXPECT_EQ(group->counters()[CommOp::kAllReduce].calls, 0);
+  }
+  world_->barrier()->wait();  // rank 1 of each pair joins only now
+  if (has_peer && group->rank() == 1) {
+    group->all_reduce(first)->wait();
+    group->all_reduce(second)->wait();
+    // Rank 0's abandoned requests still carried its data.
+    EXPECT_TRUE(same_values(first, at::full({1024}, 2.0 * rank() + 1.0)));
+    EXPECT_TRUE(same_values(second, at::full({16}, 2.0 * rank() + 1.0)));
+  }
+  const auto teardown = Clock::now();
+  group.reset();
+  EXPECT_LT(Clock::now() - teardown, milliseconds(4000)) << "destructor waited out its grace";
+  world_->barrier()->wait();
+}
+
+}  // namespace
+}  // namespace parallax

@@ -1,0 +1,227 @@
+// Unit tests of core/topology: hwloc discovery from synthetic descriptions, XML files and
+// the live machine; serialization; Cluster construction and description.
+#include "parallax/core/topology.h"
+
+#include <gtest/gtest.h>
+#include <hwloc.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "parallax/core/error.h"
+
+namespace parallax {
+namespace {
+
+// Runs `body`, expects a TopologyError, and returns its message.
+template <typename Body>
+std::string topology_error(Body body) {
+  try {
+    body();
+  } catch (const TopologyError& error) {
+    return error.what();
+  }
+  ADD_FAILURE() << "expected a TopologyError";
+  return "";
+}
+
+std::string temp_path(const std::string& name) {
+  return ::testing::TempDir() + "parallax_topology_" + std::to_string(getpid()) + "_" + name;
+}
+
+TEST(NodeTopology, SyntheticCounts) {
+  NodeTopology node = NodeTopology::from_synthetic("pack:2 numa:1 core:8 pu:2");
+  EXPECT_EQ(node.packages, 2);
+  EXPECT_EQ(node.numa_nodes, 2);
+  EXPECT_EQ(node.cores, 16);
+  EXPECT_EQ(node.pus, 32);
+  EXPECT_TRUE(node.gpus.empty());
+  EXPECT_TRUE(node.nics.empty());
+  EXPECT_EQ(node.hostname, "synthetic");
+  EXPECT_EQ(node.source, "synthetic:pack:2 numa:1 core:8 pu:2");
+}
+
+TEST(NodeTopology, SyntheticGpusAreDealtOverNumaNodes) {
+  NodeTopology node = NodeTopology::from_synthetic("pack:2 numa:1 core:4 pu:1 gpu:4");
+  EXPECT_EQ(node.cores, 8);
+  ASSERT_EQ(node.gpus.size(), 4u);
+  EXPECT_EQ(node.gpus[0].name, "gpu0");
+  EXPECT_EQ(node.gpus[3].name, "gpu3");
+  EXPECT_EQ(node.gpus[0].subtype, "synthetic");
+  EXPECT_EQ(node.gpus[0].numa_node, 0);
+  EXPECT_EQ(node.gpus[1].numa_node, 0);
+  EXPECT_EQ(node.gpus[2].numa_node, 1);
+  EXPECT_EQ(node.gpus[3].numa_node, 1);
+  EXPECT_EQ(node.gpus[0].cpuset, "0-3");
+  EXPECT_EQ(node.gpus[3].cpuset, "4-7");
+  // The token may stand anywhere.
+  EXPECT_EQ(NodeTopology::from_synthetic("gpu:2 pack:1 core:2 pu:1").gpus.size(), 2u);
+}
+
+TEST(NodeTopology, XmlRoundTrip) {
+  const std::string description = "pack:2 numa:2 core:3 pu:2";
+  const std::string path = temp_path("roundtrip.xml");
+  {
+    hwloc_topology_t topo;
+    ASSERT_EQ(hwloc_topology_init(&topo), 0);
+    ASSERT_EQ(hwloc_topology_set_synthetic(topo, description.c_str()), 0);
+    ASSERT_EQ(hwloc_topology_load(topo), 0);
+    ASSERT_EQ(hwloc_topology_export_xml(topo, path.c_str(), 0), 0);
+    hwloc_topology_destroy(topo);
+  }
+  NodeTopology synthetic = NodeTopology::from_synthetic(description);
+  NodeTopology loaded = NodeTopology::from_xml(path);
+  std::remove(path.c_str());
+  EXPECT_EQ(loaded.packages, synthetic.packages);
+  EXPECT_EQ(loaded.numa_nodes, synthetic.numa_nodes);
+  EXPECT_EQ(loaded.cores, synthetic.cores);
+  EXPECT_EQ(loaded.pus, synthetic.pus);
+  EXPECT_EQ(loaded.numa_nodes, 4);
+  EXPECT_EQ(loaded.cores, 12);
+  EXPECT_EQ(loaded.source, "xml:" + path);
+  EXPECT_FALSE(loaded.hostname.empty());
+}
+
+TEST(NodeTopology, LiveDiscovery) {
+  NodeTopology node = NodeTopology::discover();
+  EXPECT_GE(node.cores, 1);
+  EXPECT_GE(node.pus, node.cores);
+  EXPECT_GE(node.numa_nodes, 1);
+  EXPECT_FALSE(node.hostname.empty());
+  EXPECT_EQ(node.source, "live");
+  for (const auto& gpu : node.gpus) EXPECT_FALSE(gpu.name.empty());
+  // What this machine looks like, for the log.
+  std::cout << node.describe() << '\n';
+}
+
+TEST(NodeTopology, LiveXmlKeepsDevices) {
+  // `lstopo node.xml` on this machine, then load it: the same node, I/O devices included.
+  const std::string path = temp_path("live.xml");
+  {
+    hwloc_topology_t topo;
+    ASSERT_EQ(hwloc_topology_init(&topo), 0);
+    hwloc_topology_set_io_types_filter(topo, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
+    ASSERT_EQ(hwloc_topology_load(topo), 0);
+    ASSERT_EQ(hwloc_topology_export_xml(topo, path.c_str(), 0), 0);
+    hwloc_topology_destroy(topo);
+  }
+  NodeTopology live = NodeTopology::discover();
+  NodeTopology loaded = NodeTopology::from_xml(path);
+  std::remove(path.c_str());
+  EXPECT_EQ(loaded.hostname, live.hostname);
+  EXPECT_EQ(loaded.cores, live.cores);
+  EXPECT_EQ(loaded.pus, live.pus);
+  EXPECT_EQ(loaded.gpus, live.gpus);
+  EXPECT_EQ(loaded.nics, live.nics);
+}
+
+TEST(NodeTopology, BadInputsNameTheInput) {
+  EXPECT_NE(topology_error([] { NodeTopology::from_xml("/nonexistent/dir/node.xml"); })
+                .find("'/nonexistent/dir/node.xml'"),
+            std::string::npos);
+
+  const std::string garbage = temp_path("garbage.xml");
+  std::ofstream(garbage) << "this is not an hwloc topology\n";
+  EXPECT_NE(topology_error([&] { NodeTopology::from_xml(garbage); }).find(garbage),
+            std::string::npos);
+  std::remove(garbage.c_str());
+
+  EXPECT_NE(topology_error([] { NodeTopology::from_synthetic("pack:two core:8"); })
+                .find("'pack:two core:8'"),
+            std::string::npos);
+  EXPECT_NE(topology_error([] { NodeTopology::from_synthetic("pack:2 core:8 gpu:x"); })
+                .find("gpu:x"),
+            std::string::npos);
+  EXPECT_NE(topology_error([] { NodeTopology::from_synthetic("gpu:2 gpu:4 pack:1"); })
+                .find("repeats"),
+            std::string::npos);
+  EXPECT_NE(topology_error([] { NodeTopology::from_synthetic("gpu:2"); }).find("no hwloc levels"),
+            std::string::npos);
+}
+
+TEST(NodeTopology, SerializeParseRoundTrip) {
+  NodeTopology node = NodeTopology::from_synthetic("pack:2 numa:2 core:4 pu:2 gpu:8");
+  node.hostname = "dgx-07";
+  node.nics.push_back(DeviceInfo{"mlx5_0", "OpenFabrics", "0000:0c:00.0", 1, "8-15"});
+  node.gpus[0].pci_bus_id = "0000:3b:00.0";
+  NodeTopology back = NodeTopology::parse(node.serialize());
+  EXPECT_EQ(back, node);
+  EXPECT_THROW(NodeTopology::parse("\xff\xff\xff garbage"), TopologyError);
+}
+
+TEST(NodeTopology, Describe) {
+  NodeTopology node = NodeTopology::from_synthetic("pack:2 numa:1 core:4 pu:2 gpu:2");
+  node.hostname = "alpha";
+  const std::string text = node.describe();
+  EXPECT_NE(text.find("alpha: 2 packages, 2 NUMA, 8 cores, 16 PUs"), std::string::npos) << text;
+  EXPECT_NE(text.find("2 GPUs [gpu0@numa0 gpu1@numa1]"), std::string::npos) << text;
+  EXPECT_NE(text.find("0 NICs"), std::string::npos) << text;
+}
+
+TEST(Cluster, SyntheticContiguous) {
+  Cluster cluster = Cluster::synthetic(2, 4);
+  ASSERT_EQ(cluster.num_nodes(), 2);
+  ASSERT_EQ(cluster.world_size(), 8);
+  for (int rank = 0; rank < 8; ++rank) {
+    EXPECT_EQ(cluster.node_of(rank), rank / 4);
+    EXPECT_EQ(cluster.location(rank).local, rank % 4);
+  }
+  EXPECT_EQ(cluster.ranks_on(1), (std::vector<int>{4, 5, 6, 7}));
+  EXPECT_EQ(cluster.nodes()[0].hostname, "node0");
+  EXPECT_EQ(cluster.nodes()[1].hostname, "node1");
+  EXPECT_EQ(cluster.nodes()[1].gpus.size(), 4u);
+  EXPECT_TRUE(cluster.node_contiguous());
+}
+
+TEST(Cluster, SyntheticRoundRobin) {
+  Cluster cluster = Cluster::synthetic(3, 2, RankOrder::kRoundRobin);
+  ASSERT_EQ(cluster.world_size(), 6);
+  for (int rank = 0; rank < 6; ++rank) {
+    EXPECT_EQ(cluster.node_of(rank), rank % 3);
+    EXPECT_EQ(cluster.location(rank).local, rank / 3);
+  }
+  EXPECT_EQ(cluster.ranks_on(0), (std::vector<int>{0, 3}));
+  EXPECT_EQ(cluster.ranks_on(2), (std::vector<int>{2, 5}));
+  EXPECT_FALSE(cluster.node_contiguous());
+  EXPECT_THROW(cluster.location(6), UsageError);
+  EXPECT_THROW(Cluster::synthetic(0, 4), UsageError);
+  EXPECT_THROW(Cluster::synthetic(2, 4, RankOrder::kContiguous, "pack:x"), TopologyError);
+}
+
+TEST(Cluster, DescribeShowsHostsAndRanks) {
+  const std::string text = Cluster::synthetic(2, 4, RankOrder::kRoundRobin).describe();
+  EXPECT_NE(text.find("cluster: 2 nodes, 8 ranks"), std::string::npos) << text;
+  EXPECT_NE(text.find("node0: 2 packages, 2 NUMA, 16 cores, 32 PUs, 4 GPUs"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("ranks {0,2,4,6}"), std::string::npos) << text;
+  EXPECT_NE(text.find("node1:"), std::string::npos) << text;
+  EXPECT_NE(text.find("ranks {1,3,5,7}"), std::string::npos) << text;
+}
+
+TEST(Cluster, FromRankTopologiesGroupsByHostname) {
+  NodeTopology a = NodeTopology::from_synthetic("pack:1 core:4 pu:1");
+  a.hostname = "a";
+  NodeTopology b = NodeTopology::from_synthetic("pack:2 core:4 pu:1");
+  b.hostname = "b";
+  Cluster cluster = Cluster::from_rank_topologies({b, a, b, a, a});
+  ASSERT_EQ(cluster.num_nodes(), 2);
+  EXPECT_EQ(cluster.nodes()[0].hostname, "b");  // first seen (rank 0) comes first
+  EXPECT_EQ(cluster.nodes()[0].packages, 2);
+  EXPECT_EQ(cluster.ranks_on(0), (std::vector<int>{0, 2}));
+  EXPECT_EQ(cluster.ranks_on(1), (std::vector<int>{1, 3, 4}));
+  EXPECT_EQ(cluster.location(4).local, 2);
+}
+
+TEST(Cluster, ConstructorValidates) {
+  NodeTopology n = NodeTopology::from_synthetic("pack:1 core:2 pu:1");
+  EXPECT_THROW(Cluster({n}, {{1, 0}}), TopologyError);          // no node 1
+  EXPECT_THROW(Cluster({n}, {{0, 0}, {0, 0}}), TopologyError);  // local index repeats
+  EXPECT_THROW(Cluster({n, n}, {{0, 0}}), TopologyError);       // node 1 hosts no rank
+  EXPECT_THROW(Cluster({n}, {}), TopologyError);
+  EXPECT_NO_THROW(Cluster({n, n}, {{1, 0}, {0, 0}, {1, 1}}));
+}
+
+}  // namespace
+}  // namespace parallax
