@@ -30,11 +30,11 @@
 namespace {
 
 struct Options {
-  double bucket_mb = 25;    ///< bucket size in MiB, as `[zero] bucket_mb`
-  int iters = 0;            ///< timed iterations per size; 0 = by size (20 ≤ 1 MiB, fewer above)
-  int warmup = 2;           ///< untimed iterations per size
-  std::int64_t min_kb = 4;  ///< smallest buffer, KiB
-  std::int64_t max_mb = 64; ///< largest buffer, MiB
+  double bucket_mb = 25;     ///< bucket size in MiB, as `[zero] bucket_mb`
+  int iters = 0;             ///< timed iterations per size; 0 = by size (20 ≤ 1 MiB, fewer above)
+  int warmup = 2;            ///< untimed iterations per size
+  std::int64_t min_kb = 4;   ///< smallest buffer, KiB
+  std::int64_t max_mb = 64;  ///< largest buffer, MiB
 };
 
 Options parse(int argc, char** argv) {
@@ -110,10 +110,10 @@ int main(int argc, char** argv) {
     const std::int64_t bucket_elements =
         std::max<std::int64_t>(1, static_cast<std::int64_t>(options.bucket_mb * (1 << 20)) / 4);
     if (lead) {
-      std::printf("all_reduce fp32 on %d ranks, buckets of %g MiB, median of the slowest rank\n",
-                  n, options.bucket_mb);
-      std::printf("%10s %8s %6s %16s %14s %8s\n", "size", "buckets", "iters",
-                  "parallax GB/s", "MPI GB/s", "ratio");
+      std::printf("all_reduce fp32 on %d ranks, buckets of %g MiB, median of the slowest rank\n", n,
+                  options.bucket_mb);
+      std::printf("%10s %8s %6s %16s %14s %8s\n", "size", "buckets", "iters", "parallax GB/s",
+                  "MPI GB/s", "ratio");
     }
     for (std::int64_t bytes = options.min_kb * 1024; bytes <= options.max_mb * (1 << 20);
          bytes *= 2) {
@@ -131,10 +131,10 @@ int main(int argc, char** argv) {
         for (auto& work : works) work->wait();
       });
       const double mpi_s = median_seconds(options.warmup, iters, [&] {
-        parallax::check_mpi(MPI_Allreduce(MPI_IN_PLACE, buffer.data_ptr(),
-                                          static_cast<int>(elements), MPI_FLOAT, MPI_SUM,
-                                          MPI_COMM_WORLD),
-                            "MPI_Allreduce");
+        parallax::check_mpi(
+            MPI_Allreduce(MPI_IN_PLACE, buffer.data_ptr(), static_cast<int>(elements), MPI_FLOAT,
+                          MPI_SUM, MPI_COMM_WORLD),
+            "MPI_Allreduce");
       });
       const double factor = n > 1 ? 2.0 * (n - 1) / n : 1.0;
       const double parallax_bw = factor * static_cast<double>(bytes) / parallax_s / 1e9;

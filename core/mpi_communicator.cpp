@@ -94,9 +94,9 @@ class MpiCommunicator final : public Communicator {
     check_tensor(op, input, "input");
     check_same_dtype(op, output, input);
     check_reduce(op, output, options.reduce_op);
-    PARALLAX_CHECK(input.numel() == size_ * output.numel(), UsageError, prefix(op),
-                   "input has ", input.numel(), " elements but must hold size() (", size_,
-                   ") × output (", output.numel(), ") = ", size_ * output.numel());
+    PARALLAX_CHECK(input.numel() == size_ * output.numel(), UsageError, prefix(op), "input has ",
+                   input.numel(), " elements but must hold size() (", size_, ") × output (",
+                   output.numel(), ") = ", size_ * output.numel());
     PARALLAX_CHECK(!overlaps(output, input), UsageError, prefix(op),
                    "output overlaps input; MPI needs separate buffers");
     const void* in = input.data_ptr();
@@ -120,9 +120,9 @@ class MpiCommunicator final : public Communicator {
     check_tensor(op, output, "output");
     check_tensor(op, input, "input");
     check_same_dtype(op, output, input);
-    PARALLAX_CHECK(output.numel() == size_ * input.numel(), UsageError, prefix(op),
-                   "output has ", output.numel(), " elements but must hold size() (", size_,
-                   ") × input (", input.numel(), ") = ", size_ * input.numel());
+    PARALLAX_CHECK(output.numel() == size_ * input.numel(), UsageError, prefix(op), "output has ",
+                   output.numel(), " elements but must hold size() (", size_, ") × input (",
+                   input.numel(), ") = ", size_ * input.numel());
     const int count = static_cast<int>(input.numel());
     const auto* own_chunk = static_cast<const char*>(output.data_ptr()) +
                             static_cast<std::int64_t>(rank_) * payload_bytes(input);
@@ -247,8 +247,8 @@ class MpiCommunicator final : public Communicator {
                               const CollectiveOptions& options) const {
     detail::MpiOpSpec spec;
     spec.op = op;
-    spec.what = detail::concat(to_string(op), " on group '", name_, "' (", size_, " ranks, ",
-                               bytes, " bytes, ", detail::dtype_name(tensor.scalar_type()), ")");
+    spec.what = detail::concat(to_string(op), " on group '", name_, "' (", size_, " ranks, ", bytes,
+                               " bytes, ", detail::dtype_name(tensor.scalar_type()), ")");
     spec.bytes = bytes;
     spec.timeout = timeout_for(options);
     spec.tensors.push_back(tensor);
@@ -265,16 +265,16 @@ class MpiCommunicator final : public Communicator {
   void check_tensor(CommOp op, const at::Tensor& tensor, const char* role) const {
     PARALLAX_CHECK(tensor.defined(), UsageError, prefix(op), role, " is an undefined tensor");
     PARALLAX_CHECK(tensor.device().is_cpu() && tensor.layout() == at::kStrided, UsageError,
-                   prefix(op), role, " is on ", tensor.device(), " with layout ",
-                   tensor.layout(), "; the MPI communicator moves dense CPU tensors only");
+                   prefix(op), role, " is on ", tensor.device(), " with layout ", tensor.layout(),
+                   "; the MPI communicator moves dense CPU tensors only");
     PARALLAX_CHECK(tensor.is_contiguous(), UsageError, prefix(op), role,
                    " is not contiguous (sizes ", tensor.sizes(), ", strides ", tensor.strides(),
                    "); pass tensor.contiguous() and copy the result back");
-    PARALLAX_CHECK(detail::is_supported_dtype(tensor.scalar_type()), UsageError, prefix(op),
-                   role, " has dtype ", tensor.scalar_type(),
+    PARALLAX_CHECK(detail::is_supported_dtype(tensor.scalar_type()), UsageError, prefix(op), role,
+                   " has dtype ", tensor.scalar_type(),
                    "; supported: float32, float64, bfloat16, float16, int32, int64, uint8");
-    PARALLAX_CHECK(tensor.numel() <= INT_MAX, UsageError, prefix(op), role, " has ",
-                   tensor.numel(), " elements; one MPI operation moves at most ", INT_MAX,
+    PARALLAX_CHECK(tensor.numel() <= INT_MAX, UsageError, prefix(op), role, " has ", tensor.numel(),
+                   " elements; one MPI operation moves at most ", INT_MAX,
                    " (split it into buckets)");
   }
 

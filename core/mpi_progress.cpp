@@ -109,8 +109,7 @@ WorkPtr MpiProgressEngine::submit(MpiOpSpec spec) {
   {
     std::lock_guard<std::mutex> lock(shared_->mutex);
     PARALLAX_CHECK(shared_->failure.empty(), CommError, op->spec.what,
-                   ": the group is unusable since an earlier operation failed: ",
-                   shared_->failure);
+                   ": the group is unusable since an earlier operation failed: ", shared_->failure);
     PARALLAX_ASSERT(!shared_->stopping, "submit after shutdown");
     shared_->queue.push_back(op);
     ++shared_->wakeups;
@@ -238,8 +237,9 @@ void MpiProgressEngine::run() {
         const int code = op->spec.start(&active.request);
         if (code != MPI_SUCCESS) {
           std::lock_guard<std::mutex> lock(s.mutex);
-          s.fail_locked(*op, concat(op->spec.what, " could not start: ", mpi_error_string(code),
-                                    " ", s.where, "; the group is now unusable"),
+          s.fail_locked(*op,
+                        concat(op->spec.what, " could not start: ", mpi_error_string(code), " ",
+                               s.where, "; the group is now unusable"),
                         /*fail_group=*/true);
           continue;
         }
@@ -253,9 +253,9 @@ void MpiProgressEngine::run() {
         const int code = MPI_Test(&active.request, &flag, &status);
         if (code != MPI_SUCCESS) {
           std::lock_guard<std::mutex> lock(s.mutex);
-          s.fail_locked(*active.op, concat(active.op->spec.what, " failed: ",
-                                           mpi_error_string(code), " ", s.where,
-                                           "; the group is now unusable"),
+          s.fail_locked(*active.op,
+                        concat(active.op->spec.what, " failed: ", mpi_error_string(code), " ",
+                               s.where, "; the group is now unusable"),
                         /*fail_group=*/true);
         } else if (!flag) {
           ++i;
@@ -311,8 +311,7 @@ void MpiProgressEngine::run() {
       } else {
         const int doublings = std::min(idle_polls, 16);
         const auto sleep = std::min<std::chrono::microseconds>(
-            std::chrono::microseconds(std::int64_t{1} << doublings),
-            MpiProgressEngine::kMaxSleep);
+            std::chrono::microseconds(std::int64_t{1} << doublings), MpiProgressEngine::kMaxSleep);
         ++idle_polls;
         std::unique_lock<std::mutex> lock(s.mutex);
         const std::uint64_t seen = s.wakeups;
@@ -320,7 +319,8 @@ void MpiProgressEngine::run() {
       }
     }
   } catch (const std::exception& e) {
-    Logger(LogLevel::kError).error("MPI progress thread stopped by an unexpected error: ", e.what());
+    Logger(LogLevel::kError)
+        .error("MPI progress thread stopped by an unexpected error: ", e.what());
   }
 
   // Stopped: fail whatever is left and leak the requests (and the buffers they use)
@@ -340,9 +340,10 @@ void MpiProgressEngine::run() {
         for (auto& tensor : active.op->spec.tensors) kept->push_back(tensor);
       }
     }
-    Logger(LogLevel::kWarn).warn("leaking ", leaked_, " MPI request(s) still active at shutdown ",
-                                 s.where, " (a peer never joined them); their communicator, ",
-                                 kept->size(), " buffer(s) and reduction ops are leaked too");
+    Logger(LogLevel::kWarn)
+        .warn("leaking ", leaked_, " MPI request(s) still active at shutdown ", s.where,
+              " (a peer never joined them); their communicator, ", kept->size(),
+              " buffer(s) and reduction ops are leaked too");
   }
   s.done_cv.notify_all();
 }

@@ -1,11 +1,6 @@
 // NcclCommunicator: see nccl_communicator.h for the contract (streams, timeouts, p2p).
 #include "parallax/core/nccl_communicator.h"
 
-#include <cuda_runtime_api.h>
-#include <nccl.h>
-#include <sched.h>
-#include <unistd.h>
-
 #include <ATen/ATen.h>
 
 #ifdef PARALLAX_TORCH_CUDA
@@ -17,245 +12,39 @@
 #include <deque>
 #include <functional>
 #include <mutex>
-#include <thread>
 #include <vector>
 
 #include "parallax/core/error.h"
 #include "parallax/core/logging.h"
+#include "parallax/core/mpi_datatypes.h"  // dtype names, shared with the MPI backend
+#include "parallax/core/nccl_work.h"
 
 namespace parallax {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::string host_name() {
-  char host[256] = {};
-  if (gethostname(host, sizeof(host) - 1) != 0) return "unknown host";
-  return host;
-}
-
-std::string where_am_i() {
-  return detail::concat("host ", host_name(), ", rank ", process_rank());
-}
-
-void check_cuda(cudaError_t code, const char* call, const char* file, int line) {
-  if (code == cudaSuccess) return;
-  cudaGetLastError();  // clear the sticky-free error state so later calls are not blamed
-  throw CommError(detail::concat(call, " failed at ", file, ":", line, ": ",
-                                 cudaGetErrorName(code), " (", cudaGetErrorString(code), ") on ",
-                                 where_am_i()));
-}
-
-void check_nccl(ncclResult_t code, const char* call, const char* file, int line,
-                ncclComm_t comm = nullptr) {
-  if (code == ncclSuccess) return;
-  std::string detail = ncclGetErrorString(code);
-  const char* last = ncclGetLastError(comm);
-  if (last != nullptr && *last != '\0') detail += std::string(": ") + last;
-  throw CommError(detail::concat(call, " failed at ", file, ":", line, ": ", detail, " on ",
-                                 where_am_i()));
-}
-
-#define PARALLAX_CUDA_CHECK(call) check_cuda((call), #call, __FILE__, __LINE__)
-#define PARALLAX_NCCL_CHECK(call) check_nccl((call), #call, __FILE__, __LINE__)
-#define PARALLAX_NCCL_CHECK_COMM(call, comm) check_nccl((call), #call, __FILE__, __LINE__, (comm))
-
-// Makes `device` current for the scope; restores the caller's device after.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    PARALLAX_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != device) PARALLAX_CUDA_CHECK(cudaSetDevice(device));
-  }
-  ~DeviceGuard() { cudaSetDevice(previous_); }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = 0;
-};
-
-const char* dtype_name(at::ScalarType dtype) {
-  switch (dtype) {
-    case at::kFloat: return "float32";
-    case at::kDouble: return "float64";
-    case at::kBFloat16: return "bfloat16";
-    case at::kHalf: return "float16";
-    case at::kInt: return "int32";
-    case at::kLong: return "int64";
-    case at::kByte: return "uint8";
-    default: return c10::toString(dtype);
-  }
-}
-
-bool is_floating(at::ScalarType dtype) {
-  return dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16 ||
-         dtype == at::kHalf;
-}
-
-ncclDataType_t nccl_datatype(at::ScalarType dtype) {
-  switch (dtype) {
-    case at::kFloat: return ncclFloat32;
-    case at::kDouble: return ncclFloat64;
-    case at::kBFloat16: return ncclBfloat16;
-    case at::kHalf: return ncclFloat16;
-    case at::kInt: return ncclInt32;
-    case at::kLong: return ncclInt64;
-    case at::kByte: return ncclUint8;
-    default: break;
-  }
-  throw UsageError(detail::concat("dtype ", c10::toString(dtype),
-                                  " is not supported by the NCCL communicator; use float32, "
-                                  "float64, bfloat16, float16, int32, int64 or uint8"));
-}
-
-ncclRedOp_t nccl_op(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum: return ncclSum;
-    case ReduceOp::kAvg: return ncclAvg;
-    case ReduceOp::kMax: return ncclMax;
-    case ReduceOp::kMin: return ncclMin;
-  }
-  return ncclSum;
-}
-
-// Polls that found nothing: sched_yield first, then sleeps growing to 128 µs.
-void back_off(int& idle) {
-  if (idle < 64) {
-    sched_yield();
-  } else {
-    std::this_thread::sleep_for(std::chrono::microseconds(1 << std::min(idle - 64, 7)));
-  }
-  ++idle;
-}
-
-/// What the communicator and its Works share; Works may outlive the communicator.
-struct NcclShared {
-  std::mutex mutex;
-  ncclComm_t comm = nullptr;  ///< null once aborted or destroyed
-  std::string failure;        ///< non-empty once the group is unusable
-  std::string where;          ///< "on rank 1 (world rank 3, host node07)"
-  std::function<void(CommOp, std::int64_t, std::int64_t)> recorder;  ///< null after destruction
-
-  /// Aborts the NCCL communicator (its kernels stop) and fails the group. Holds `mutex`.
-  void fail_group_locked(const std::string& message) {
-    if (failure.empty()) failure = message;
-    if (comm != nullptr) {
-      ncclCommAbort(comm);
-      comm = nullptr;
-    }
-  }
-};
-
-class NcclWork final : public Work {
- public:
-  NcclWork(std::shared_ptr<NcclShared> shared, CommOp op, std::string what, std::int64_t bytes,
-           std::chrono::milliseconds timeout, std::vector<at::Tensor> tensors)
-      : shared_(std::move(shared)), op_(op), what_(std::move(what)), bytes_(bytes),
-        timeout_(timeout), deadline_(Clock::now() + timeout), tensors_(std::move(tensors)) {
-    PARALLAX_CUDA_CHECK(cudaEventCreate(&start_));
-    PARALLAX_CUDA_CHECK(cudaEventCreate(&done_));
-  }
-  ~NcclWork() override {
-    cudaEventDestroy(start_);
-    cudaEventDestroy(done_);
-  }
-  cudaEvent_t start_event() const { return start_; }
-  cudaEvent_t done_event() const { return done_; }
-
-  bool is_completed() override {
-    std::lock_guard<std::mutex> lock(shared_->mutex);
-    return poll_locked();
-  }
-
-  void wait() override {
-    int idle = 0;
-    while (true) {
-      {
-        std::lock_guard<std::mutex> lock(shared_->mutex);
-        if (poll_locked()) break;
-        if (Clock::now() >= deadline_) {
-          fail_locked(detail::concat(what_, " timed out after ", timeout_.count(), " ms ",
-                                     shared_->where, "; the group is now unusable"));
-          shared_->fail_group_locked(error_);
-          break;
-        }
-      }
-      back_off(idle);
-    }
-    if (!error_.empty()) throw CommError(error_);
-  }
-
-  /// True once finished; records counters on success. Caller holds shared_->mutex.
-  bool poll_locked() {
-    if (finished_) return true;
-    if (shared_->comm == nullptr) {
-      fail_locked(what_ + " was abandoned: " +
-                  (shared_->failure.empty() ? std::string("the communicator was destroyed")
-                                            : shared_->failure));
-      return true;
-    }
-    const cudaError_t state = cudaEventQuery(done_);
-    if (state == cudaSuccess) {
-      float ms = 0;
-      cudaEventElapsedTime(&ms, start_, done_);
-      if (shared_->recorder) shared_->recorder(op_, bytes_, static_cast<std::int64_t>(ms * 1e6));
-      finished_ = true;
-      tensors_.clear();
-      return true;
-    }
-    if (state != cudaErrorNotReady) {
-      cudaGetLastError();
-      fail_locked(detail::concat(what_, " failed: ", cudaGetErrorName(state), " (",
-                                 cudaGetErrorString(state), ") ", shared_->where,
-                                 "; the group is now unusable"));
-      shared_->fail_group_locked(error_);
-      return true;
-    }
-    ncclResult_t async = ncclSuccess;
-    if (ncclCommGetAsyncError(shared_->comm, &async) == ncclSuccess && async != ncclSuccess &&
-        async != ncclInProgress) {
-      fail_locked(detail::concat(what_, " failed: ", ncclGetErrorString(async), " ",
-                                 shared_->where, "; the group is now unusable"));
-      shared_->fail_group_locked(error_);
-      return true;
-    }
-    return false;
-  }
-
- private:
-  void fail_locked(const std::string& message) {
-    if (finished_) return;
-    finished_ = true;
-    error_ = message;
-    tensors_.clear();  // the communicator is aborted (its kernels stopped) or never ran them
-  }
-
-  std::shared_ptr<NcclShared> shared_;
-  CommOp op_;
-  std::string what_;
-  std::int64_t bytes_;
-  std::chrono::milliseconds timeout_;
-  Clock::time_point deadline_;
-  std::vector<at::Tensor> tensors_;  ///< kept alive until the GPU is done with them
-  cudaEvent_t start_ = nullptr;
-  cudaEvent_t done_ = nullptr;
-  bool finished_ = false;
-  std::string error_;
-};
+using detail::back_off;
+using detail::DeviceGuard;
+using detail::dtype_name;
+using detail::nccl_datatype;
+using detail::nccl_op;
+using detail::NcclShared;
+using detail::NcclWork;
 
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(ncclComm_t comm, int device, std::string name,
                    std::chrono::milliseconds default_timeout, Communicator* bootstrap)
-      : shared_(std::make_shared<NcclShared>()), device_(device), name_(std::move(name)),
+      : shared_(std::make_shared<NcclShared>()),
+        device_(device),
+        name_(std::move(name)),
         bootstrap_(bootstrap) {
     shared_->comm = comm;
     PARALLAX_NCCL_CHECK_COMM(ncclCommUserRank(comm, &rank_), comm);
     PARALLAX_NCCL_CHECK_COMM(ncclCommCount(comm, &size_), comm);
     set_default_timeout(default_timeout);
-    shared_->where = detail::concat("on rank ", rank_, " (world rank ", process_rank(), ", host ",
-                                    host_name(), ", cuda:", device_, ")");
+    shared_->where =
+        detail::concat("on rank ", rank_, " (", detail::nccl_where_am_i(), ", cuda:", device_, ")");
     shared_->recorder = [this](CommOp op, std::int64_t bytes, std::int64_t ns) {
       record(op, bytes, ns);
     };
@@ -275,9 +64,9 @@ class NcclCommunicator final : public Communicator {
       if (outstanding_.empty()) {
         ncclCommDestroy(shared_->comm);
       } else {
-        Logger(LogLevel::kWarn).warn("NCCL communicator '", name_, "' destroyed with ",
-                                     outstanding_.size(), " unfinished operation(s) ",
-                                     shared_->where, "; aborting it");
+        Logger(LogLevel::kWarn)
+            .warn("NCCL communicator '", name_, "' destroyed with ", outstanding_.size(),
+                  " unfinished operation(s) ", shared_->where, "; aborting it");
         ncclCommAbort(shared_->comm);
       }
       shared_->comm = nullptr;
@@ -302,8 +91,8 @@ class NcclCommunicator final : public Communicator {
     const auto count = static_cast<std::size_t>(tensor.numel());
     const ncclDataType_t type = nccl_datatype(tensor.scalar_type());
     const ncclRedOp_t reduce = nccl_op(options.reduce_op);
-    return launch(op, describe(op, tensor, payload_bytes(tensor)), payload_bytes(tensor),
-                  options, {tensor}, [=](ncclComm_t comm, cudaStream_t stream) {
+    return launch(op, describe(op, tensor, payload_bytes(tensor)), payload_bytes(tensor), options,
+                  {tensor}, [=](ncclComm_t comm, cudaStream_t stream) {
                     return ncclAllReduce(data, data, count, type, reduce, comm, stream);
                   });
   }
@@ -315,9 +104,9 @@ class NcclCommunicator final : public Communicator {
     check_tensor(op, input, "input");
     check_same_dtype(op, output, input);
     check_reduce(op, output, options.reduce_op);
-    PARALLAX_CHECK(input.numel() == size_ * output.numel(), UsageError, prefix(op),
-                   "input has ", input.numel(), " elements but must hold size() (", size_,
-                   ") × output (", output.numel(), ") = ", size_ * output.numel());
+    PARALLAX_CHECK(input.numel() == size_ * output.numel(), UsageError, prefix(op), "input has ",
+                   input.numel(), " elements but must hold size() (", size_, ") × output (",
+                   output.numel(), ") = ", size_ * output.numel());
     const void* in = input.data_ptr();
     void* out = output.data_ptr();
     const auto count = static_cast<std::size_t>(output.numel());
@@ -335,15 +124,15 @@ class NcclCommunicator final : public Communicator {
     check_tensor(op, output, "output");
     check_tensor(op, input, "input");
     check_same_dtype(op, output, input);
-    PARALLAX_CHECK(output.numel() == size_ * input.numel(), UsageError, prefix(op),
-                   "output has ", output.numel(), " elements but must hold size() (", size_,
-                   ") × input (", input.numel(), ") = ", size_ * input.numel());
+    PARALLAX_CHECK(output.numel() == size_ * input.numel(), UsageError, prefix(op), "output has ",
+                   output.numel(), " elements but must hold size() (", size_, ") × input (",
+                   input.numel(), ") = ", size_ * input.numel());
     const void* in = input.data_ptr();
     void* out = output.data_ptr();
     const auto count = static_cast<std::size_t>(input.numel());
     const ncclDataType_t type = nccl_datatype(input.scalar_type());
-    return launch(op, describe(op, output, payload_bytes(output)), payload_bytes(output),
-                  options, {input, output}, [=](ncclComm_t comm, cudaStream_t stream) {
+    return launch(op, describe(op, output, payload_bytes(output)), payload_bytes(output), options,
+                  {input, output}, [=](ncclComm_t comm, cudaStream_t stream) {
                     return ncclAllGather(in, out, count, type, comm, stream);
                   });
   }
@@ -355,11 +144,11 @@ class NcclCommunicator final : public Communicator {
     void* data = tensor.data_ptr();
     const auto count = static_cast<std::size_t>(tensor.numel());
     const ncclDataType_t type = nccl_datatype(tensor.scalar_type());
-    return launch(op, describe(op, tensor, payload_bytes(tensor)) + detail::concat(" from root ", root),
-                  payload_bytes(tensor), options, {tensor},
-                  [=](ncclComm_t comm, cudaStream_t stream) {
-                    return ncclBroadcast(data, data, count, type, root, comm, stream);
-                  });
+    return launch(
+        op, describe(op, tensor, payload_bytes(tensor)) + detail::concat(" from root ", root),
+        payload_bytes(tensor), options, {tensor}, [=](ncclComm_t comm, cudaStream_t stream) {
+          return ncclBroadcast(data, data, count, type, root, comm, stream);
+        });
   }
 
   WorkPtr send(const at::Tensor& tensor, int dst, int tag,
@@ -371,11 +160,11 @@ class NcclCommunicator final : public Communicator {
     const void* data = tensor.data_ptr();
     const auto count = static_cast<std::size_t>(tensor.numel());
     const ncclDataType_t type = nccl_datatype(tensor.scalar_type());
-    return launch(op, describe(op, tensor, payload_bytes(tensor)) + detail::concat(" to rank ", dst),
-                  payload_bytes(tensor), options, {tensor},
-                  [=](ncclComm_t comm, cudaStream_t stream) {
-                    return ncclSend(data, count, type, dst, comm, stream);
-                  });
+    return launch(
+        op, describe(op, tensor, payload_bytes(tensor)) + detail::concat(" to rank ", dst),
+        payload_bytes(tensor), options, {tensor}, [=](ncclComm_t comm, cudaStream_t stream) {
+          return ncclSend(data, count, type, dst, comm, stream);
+        });
   }
 
   WorkPtr recv(at::Tensor& tensor, int src, int tag, const CollectiveOptions& options) override {
@@ -386,17 +175,18 @@ class NcclCommunicator final : public Communicator {
     void* data = tensor.data_ptr();
     const auto count = static_cast<std::size_t>(tensor.numel());
     const ncclDataType_t type = nccl_datatype(tensor.scalar_type());
-    return launch(op, describe(op, tensor, payload_bytes(tensor)) + detail::concat(" from rank ", src),
-                  payload_bytes(tensor), options, {tensor},
-                  [=](ncclComm_t comm, cudaStream_t stream) {
-                    return ncclRecv(data, count, type, src, comm, stream);
-                  });
+    return launch(
+        op, describe(op, tensor, payload_bytes(tensor)) + detail::concat(" from rank ", src),
+        payload_bytes(tensor), options, {tensor}, [=](ncclComm_t comm, cudaStream_t stream) {
+          return ncclRecv(data, count, type, src, comm, stream);
+        });
   }
 
   WorkPtr barrier(const CollectiveOptions& options) override {
     void* data = barrier_buffer_;
-    return launch(CommOp::kBarrier, detail::concat("barrier on group '", name_, "' (", size_, " ranks)"),
-                  0, options, {}, [=](ncclComm_t comm, cudaStream_t stream) {
+    return launch(CommOp::kBarrier,
+                  detail::concat("barrier on group '", name_, "' (", size_, " ranks)"), 0, options,
+                  {}, [=](ncclComm_t comm, cudaStream_t stream) {
                     return ncclAllReduce(data, data, 1, ncclFloat32, ncclSum, comm, stream);
                   });
   }
@@ -415,16 +205,19 @@ class NcclCommunicator final : public Communicator {
     }
     return std::make_unique<NcclCommunicator>(child, device_, name, default_timeout(), nullptr);
 #else
-    PARALLAX_CHECK(bootstrap_ != nullptr, UsageError, "split of NCCL group '", name_,
-                   "': NCCL ", NCCL_MAJOR, ".", NCCL_MINOR,
+    PARALLAX_CHECK(bootstrap_ != nullptr, UsageError, "split of NCCL group '", name_, "': NCCL ",
+                   NCCL_MAJOR, ".", NCCL_MINOR,
                    " lacks ncclCommSplit and this group has no bootstrap communicator");
     auto child_bootstrap = bootstrap_->split(color, key, name + "/bootstrap");
-    auto child = create_nccl_communicator(*child_bootstrap, device_, name);
+    auto child = create(*child_bootstrap, device_, name);
     child->set_default_timeout(default_timeout());
-    owned_bootstraps_.push_back(std::move(child_bootstrap));  // must outlive `child`'s splits
+    child->owned_bootstrap_ = std::move(child_bootstrap);  // the child's own, for its splits
     return child;
 #endif
   }
+
+  static std::unique_ptr<NcclCommunicator> create(Communicator& bootstrap, int cuda_device,
+                                                  const std::string& name);
 
  private:
   using Launcher = std::function<ncclResult_t(ncclComm_t, cudaStream_t)>;
@@ -438,15 +231,14 @@ class NcclCommunicator final : public Communicator {
 #endif
   }
 
-  WorkPtr launch(CommOp op, std::string what, std::int64_t bytes,
-                 const CollectiveOptions& options, std::vector<at::Tensor> tensors,
-                 const Launcher& call) {
+  WorkPtr launch(CommOp op, std::string what, std::int64_t bytes, const CollectiveOptions& options,
+                 std::vector<at::Tensor> tensors, const Launcher& call) {
     std::lock_guard<std::mutex> lock(shared_->mutex);
     check_usable_locked(what);
     sweep_locked();
+    DeviceGuard guard(device_);  // events belong to the device current at creation
     auto work = std::make_shared<NcclWork>(shared_, op, std::move(what), bytes,
                                            timeout_for(options), std::move(tensors));
-    DeviceGuard guard(device_);
     PARALLAX_CUDA_CHECK(cudaEventRecord(ready_, producer_stream()));
     PARALLAX_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
     PARALLAX_CUDA_CHECK(cudaEventRecord(work->start_event(), stream_));
@@ -466,8 +258,7 @@ class NcclCommunicator final : public Communicator {
 
   void check_usable_locked(const std::string& what) const {
     PARALLAX_CHECK(shared_->failure.empty() && shared_->comm != nullptr, CommError, what,
-                   ": the group is unusable since an earlier operation failed: ",
-                   shared_->failure);
+                   ": the group is unusable since an earlier operation failed: ", shared_->failure);
   }
 
   std::string prefix(CommOp op) const {
@@ -481,10 +272,10 @@ class NcclCommunicator final : public Communicator {
 
   void check_tensor(CommOp op, const at::Tensor& tensor, const char* role) const {
     PARALLAX_CHECK(tensor.defined(), UsageError, prefix(op), role, " is an undefined tensor");
-    PARALLAX_CHECK(tensor.is_cuda() && tensor.device().index() == device_ &&
-                       tensor.layout() == at::kStrided,
-                   UsageError, prefix(op), role, " is on ", tensor.device(),
-                   "; the NCCL communicator moves dense tensors on cuda:", device_, " only");
+    PARALLAX_CHECK(
+        tensor.is_cuda() && tensor.device().index() == device_ && tensor.layout() == at::kStrided,
+        UsageError, prefix(op), role, " is on ", tensor.device(),
+        "; the NCCL communicator moves dense tensors on cuda:", device_, " only");
     PARALLAX_CHECK(tensor.is_contiguous(), UsageError, prefix(op), role,
                    " is not contiguous (sizes ", tensor.sizes(), ", strides ", tensor.strides(),
                    ")");
@@ -498,9 +289,9 @@ class NcclCommunicator final : public Communicator {
   }
 
   void check_reduce(CommOp op, const at::Tensor& tensor, ReduceOp reduce) const {
-    PARALLAX_CHECK(reduce != ReduceOp::kAvg || is_floating(tensor.scalar_type()), UsageError,
-                   prefix(op), "avg of an integer tensor (", dtype_name(tensor.scalar_type()),
-                   ") is not supported; use sum and divide");
+    PARALLAX_CHECK(reduce != ReduceOp::kAvg || detail::is_floating_dtype(tensor.scalar_type()),
+                   UsageError, prefix(op), "avg of an integer tensor (",
+                   dtype_name(tensor.scalar_type()), ") is not supported; use sum and divide");
   }
 
   void check_peer(CommOp op, int peer, const char* role) const {
@@ -517,14 +308,12 @@ class NcclCommunicator final : public Communicator {
   cudaEvent_t ready_ = nullptr;
   void* barrier_buffer_ = nullptr;
   std::deque<std::shared_ptr<NcclWork>> outstanding_;  ///< launched, not yet seen finished
-  Communicator* bootstrap_ = nullptr;  ///< for split without ncclCommSplit; may be null
-  std::vector<std::unique_ptr<Communicator>> owned_bootstraps_;
+  Communicator* bootstrap_ = nullptr;              ///< for split without ncclCommSplit; may be null
+  std::unique_ptr<Communicator> owned_bootstrap_;  ///< a split's bootstrap, owned here
 };
 
-}  // namespace
-
-std::unique_ptr<Communicator> create_nccl_communicator(Communicator& bootstrap, int cuda_device,
-                                                       const std::string& name) {
+std::unique_ptr<NcclCommunicator> NcclCommunicator::create(Communicator& bootstrap, int cuda_device,
+                                                           const std::string& name) {
   // a. Each rank checks its device; b. all ranks agree (a rank without a GPU must not
   // leave the others waiting in the id broadcast); c. rank 0 makes the id, broadcast
   // over the bootstrap group; d. ncclCommInitRank with the bootstrap's rank numbers.
@@ -534,13 +323,13 @@ std::unique_ptr<Communicator> create_nccl_communicator(Communicator& bootstrap, 
   if (code != cudaSuccess || count == 0) {
     cudaGetLastError();
     problem = detail::concat(
-        "no CUDA device visible on ", where_am_i(), " (cudaGetDeviceCount: ",
+        "no CUDA device visible on ", detail::nccl_where_am_i(), " (cudaGetDeviceCount: ",
         code == cudaSuccess ? std::string("0 devices") : std::string(cudaGetErrorString(code)),
         "); the NCCL communicator '", name,
         "' needs one GPU per rank: use [comm] backend = \"mpi\" on machines without GPUs");
   } else if (cuda_device < 0 || cuda_device >= count) {
-    problem = detail::concat("cuda_device ", cuda_device, " is out of range on ", where_am_i(),
-                             ": ", count, " CUDA device(s) visible");
+    problem = detail::concat("cuda_device ", cuda_device, " is out of range on ",
+                             detail::nccl_where_am_i(), ": ", count, " CUDA device(s) visible");
   }
   at::Tensor ok = at::full({1}, problem.empty() ? 1 : 0, at::kInt);
   bootstrap.all_reduce(ok, {ReduceOp::kMin})->wait();
@@ -566,6 +355,13 @@ std::unique_ptr<Communicator> create_nccl_communicator(Communicator& bootstrap, 
   }
   return std::make_unique<NcclCommunicator>(comm, cuda_device, name, bootstrap.default_timeout(),
                                             &bootstrap);
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> create_nccl_communicator(Communicator& bootstrap, int cuda_device,
+                                                       const std::string& name) {
+  return NcclCommunicator::create(bootstrap, cuda_device, name);
 }
 
 }  // namespace parallax

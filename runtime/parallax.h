@@ -3,7 +3,9 @@
 
 #include "parallax/core/config.h"
 #include "parallax/core/error.h"
+#include "parallax/core/mesh.h"
 #include "parallax/core/metrics.h"
+#include "parallax/core/world.h"
 #include "parallax/runtime/engine.h"
 #include "parallax/runtime/optimizer.h"
 #include "parallax/runtime/runtime.h"

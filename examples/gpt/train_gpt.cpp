@@ -6,8 +6,6 @@
 #include <cstdio>
 
 #include "gpt.h"
-#include "parallax/core/mesh.h"
-#include "parallax/core/world.h"
 #include "parallax/runtime/parallax.h"
 
 int main(int argc, char** argv) {

@@ -107,7 +107,8 @@ TEST_F(CommTest, ReduceScatter) {
     SCOPED_TRACE(c10::toString(dtype));
     // Chunk c of rank r holds (r + 1) × (c + pattern).
     at::Tensor input = at::empty({size() * shard}, at::kLong);
-    for (int c = 0; c < size(); ++c) input.narrow(0, c * shard, shard).copy_(pattern(shard, 3).add(c));
+    for (int c = 0; c < size(); ++c)
+      input.narrow(0, c * shard, shard).copy_(pattern(shard, 3).add(c));
     input = input.mul(rank() + 1).to(dtype);
     at::Tensor output = at::zeros({shard}, dtype);
     world_->reduce_scatter(output, input)->wait();
@@ -143,7 +144,8 @@ TEST_F(CommTest, AllGather) {
 TEST_F(CommTest, BroadcastFromEveryRoot) {
   for (int root = 0; root < size(); ++root) {
     for (auto dtype : {at::kFloat, at::kBFloat16, at::kLong}) {
-      at::Tensor tensor = rank() == root ? pattern(100, 9).add(root).to(dtype) : at::zeros({100}, dtype);
+      at::Tensor tensor =
+          rank() == root ? pattern(100, 9).add(root).to(dtype) : at::zeros({100}, dtype);
       world_->broadcast(tensor, root)->wait();
       EXPECT_TRUE(same_values(tensor, pattern(100, 9).add(root)));
     }

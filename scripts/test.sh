@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds everything (Release, into ${BUILD_DIR:-build}) and runs
+# the whole CTest suite except the tests labelled "gpu". Extra arguments go to ctest,
+# e.g. scripts/test.sh -R config_test
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source scripts/common.sh
+
+ensure_dependencies
+# With a CUDA toolkit on the PATH, the NCCL communicator must compile and link (nothing
+# runs it without a GPU); otherwise it is built only when LibTorch has CUDA.
+nccl=AUTO
+if command -v nvcc >/dev/null; then nccl=ON; fi
+configure_and_build -DPARALLAX_BUILD_TESTS=ON -DPARALLAX_BUILD_EXAMPLES=ON \
+  -DPARALLAX_BUILD_BENCHMARKS=ON -DPARALLAX_WITH_NCCL="$nccl"
+cd "${BUILD_DIR:-build}"
+ctest --output-on-failure --timeout 600 -LE gpu "$@"

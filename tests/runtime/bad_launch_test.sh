@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Bad launches fail fast and clearly on every rank: each case must exit non-zero within
+# its time limit (never hang) and print the expected error from every rank named.
+# Usage: bad_launch_test.sh <mpiexec> <train_gpt> <configs-dir>
+set -u
+mpiexec=$1 train=$2 configs=$3
+launch=("$mpiexec" --oversubscribe --bind-to none)
+failures=0
+
+# expect_failure <name> <pattern-per-rank...> -- <mpirun arguments...>
+expect_failure() {
+  local name=$1; shift
+  local patterns=()
+  while [ "$1" != "--" ]; do patterns+=("$1"); shift; done
+  shift
+  local output rc
+  output=$(timeout 120 "${launch[@]}" "$@" 2>&1); rc=$?
+  if [ "$rc" -eq 0 ]; then
+    echo "FAIL $name: exit status 0, expected a failure"; failures=$((failures + 1)); return
+  fi
+  if [ "$rc" -eq 124 ]; then
+    echo "FAIL $name: timed out (a hang)"; failures=$((failures + 1)); return
+  fi
+  for pattern in "${patterns[@]}"; do
+    if ! grep -qE -- "$pattern" <<<"$output"; then
+      echo "FAIL $name: no line matches /$pattern/ in:"; echo "$output" | tail -20
+      failures=$((failures + 1)); return
+    fi
+  done
+  echo "ok   $name (exit $rc)"
+}
+
+# Degrees that do not divide the world: every rank says so.
+expect_failure "tp does not divide world" \
+  '\[rank 0\] ConfigError: .*parallel.tp \(2\)' '\[rank 1\] ConfigError: .*parallel.tp \(2\)' '\[rank 2\] ConfigError: .*parallel.tp \(2\)' -- \
+  -np 3 "$train" --config "$configs/dp.toml" --set parallel.tp=2
+
+# The batch does not split over the ranks: 32 samples over 3 data-parallel ranks.
+expect_failure "batch does not divide" \
+  '\[rank 0\] ConfigError: .*global_batch_size' '\[rank 2\] ConfigError: .*global_batch_size' -- \
+  -np 3 "$train" --config "$configs/dp.toml"
+
+# Ranks launched with different configs: every rank reports the mismatch.
+expect_failure "configs differ across ranks" \
+  '\[rank 0\] ConfigError: ranks hold different configurations' \
+  '\[rank 1\] ConfigError: ranks hold different configurations' -- \
+  -np 1 "$train" --config "$configs/dp.toml" --set train.steps=3 : \
+  -np 1 "$train" --config "$configs/dp.toml" --set train.steps=4
+
+# One rank cannot read its config: it names the file, the others say why they stop.
+expect_failure "config missing on one rank" \
+  '\[rank 1\] ConfigError: .*/no/such/config.toml' '\[rank 0\] ConfigError: .*failed to load on 1 other rank' -- \
+  -np 1 "$train" --config "$configs/dp.toml" : -np 1 "$train" --config /no/such/config.toml
+
+if [ "$failures" -ne 0 ]; then
+  echo "$failures bad-launch case(s) failed"; exit 1
+fi
+echo "all bad-launch cases failed cleanly, as they should"
