@@ -1,0 +1,131 @@
+// The engine's parts on one rank: the learning-rate schedule, optimizer-state
+// accounting, gradient-bucket layout and the BLAS report.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "parallax/core/world.h"
+#include "parallax/runtime/blas_info.h"
+#include "parallax/runtime/gradient_buckets.h"
+#include "parallax/runtime/optimizer.h"
+
+namespace parallax {
+namespace {
+
+OptimizerSpec spec_with(SchedulerType type, std::int64_t warmup) {
+  OptimizerSpec spec;
+  spec.optimizer.lr = 1.0;
+  spec.scheduler.type = type;
+  spec.scheduler.warmup_steps = warmup;
+  spec.scheduler.min_lr = 0.1;
+  spec.total_steps = 14;
+  return spec;
+}
+
+TEST(Schedule, WarmupRisesLinearlyToThePeak) {
+  const auto spec = spec_with(SchedulerType::kConstant, 4);
+  EXPECT_DOUBLE_EQ(scheduled_lr(spec, 0), 0.25);
+  EXPECT_DOUBLE_EQ(scheduled_lr(spec, 3), 1.0);
+  EXPECT_DOUBLE_EQ(scheduled_lr(spec, 13), 1.0);
+}
+
+TEST(Schedule, LinearAndCosineDecayToTheFloorAtTheLastStep) {
+  const auto linear = spec_with(SchedulerType::kLinear, 4);
+  EXPECT_DOUBLE_EQ(scheduled_lr(linear, 4), 1.0);
+  EXPECT_DOUBLE_EQ(scheduled_lr(linear, 9), 0.55);  // halfway through 10 decay steps
+  EXPECT_DOUBLE_EQ(scheduled_lr(linear, 14), 0.1);
+  const auto cosine = spec_with(SchedulerType::kCosine, 4);
+  EXPECT_DOUBLE_EQ(scheduled_lr(cosine, 4), 1.0);
+  EXPECT_NEAR(scheduled_lr(cosine, 9), 0.55, 1e-12);
+  EXPECT_NEAR(scheduled_lr(cosine, 14), 0.1, 1e-12);
+  EXPECT_NEAR(scheduled_lr(cosine, 100), 0.1, 1e-12);  // stays at the floor past the end
+  EXPECT_THROW(scheduled_lr(cosine, -1), UsageError);
+}
+
+TEST(Optimizer, StateBytesCountAdamMomentsAndSgdMomentum) {
+  auto weight = torch::zeros({10, 10}, torch::requires_grad());
+  weight.mutable_grad() = torch::ones({10, 10});
+  OptimizerOptions adam;
+  adam.type = OptimizerType::kAdamW;
+  auto optimizer = make_optimizer(adam, {weight});
+  EXPECT_EQ(optimizer_state_bytes(*optimizer), 0);  // LibTorch allocates moments lazily
+  optimizer->step();
+  EXPECT_EQ(optimizer_state_bytes(*optimizer), 2 * 100 * 4);
+
+  OptimizerOptions sgd;
+  sgd.type = OptimizerType::kSgd;
+  sgd.momentum = 0.9;
+  auto momentum = make_optimizer(sgd, {weight});
+  momentum->step();
+  EXPECT_EQ(optimizer_state_bytes(*momentum), 100 * 4);
+  set_learning_rate(*momentum, 0.5);
+  EXPECT_DOUBLE_EQ(momentum->param_groups()[0].options().get_lr(), 0.5);
+}
+
+class GradientBucketsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int argc = 0;
+    char** argv = nullptr;
+    world_ = std::make_unique<World>(argc, argv);
+  }
+  std::unique_ptr<World> world_;
+  Tracer tracer_{false};
+};
+
+TEST_F(GradientBucketsTest, BucketsFollowReverseOrderSizeCapAndDtype) {
+  // 4 parameters of 100 floats (400 bytes) with a 1000-byte cap: the last two share a
+  // bucket, then the first two; a bf16 parameter never shares with fp32.
+  std::vector<torch::Tensor> params;
+  for (int i = 0; i < 4; ++i) params.push_back(torch::zeros({100}, torch::requires_grad()));
+  params.push_back(torch::zeros({10}, torch::TensorOptions().dtype(torch::kBFloat16).requires_grad(true)));
+  GradientBuckets buckets(params, 1000, world_->communicator(), tracer_);
+  EXPECT_EQ(buckets.bucket_count(), 3u);
+  EXPECT_EQ(buckets.gradient_bytes(), 4 * 400 + 20);
+  EXPECT_EQ(buckets.padding_bytes(), 0);
+  // .grad of parameters 2 and 3 are adjacent views of one buffer (3 first: reverse order).
+  EXPECT_EQ(static_cast<char*>(params[2].grad().data_ptr()) - static_cast<char*>(params[3].grad().data_ptr()), 400);
+}
+
+TEST_F(GradientBucketsTest, BackwardAccumulatesIntoTheBucketsAndReducesOnlyWhenArmed) {
+  auto weight = torch::ones({3}, torch::requires_grad());
+  auto bias = torch::ones({3}, torch::requires_grad());
+  GradientBuckets buckets({weight, bias}, 1 << 20, world_->communicator(), tracer_);
+  const auto before = world_->communicator().counters()[CommOp::kAllReduce].calls;
+  (weight * 2 + bias).sum().backward();  // micro-step 1: accumulate only
+  EXPECT_EQ(world_->communicator().counters()[CommOp::kAllReduce].calls, before);
+  buckets.arm();
+  (weight * 2 + bias).sum().backward();  // micro-step 2: reduce as gradients arrive
+  buckets.finish();
+  EXPECT_EQ(world_->communicator().counters()[CommOp::kAllReduce].calls, before + 1);
+  EXPECT_TRUE(torch::equal(weight.grad(), torch::full({3}, 4.0)));
+  EXPECT_TRUE(torch::equal(bias.grad(), torch::full({3}, 2.0)));
+  buckets.zero();
+  EXPECT_TRUE(torch::equal(weight.grad(), torch::zeros({3})));
+}
+
+TEST_F(GradientBucketsTest, UnusedParametersStillReduceInBucketOrder) {
+  auto used = torch::ones({2}, torch::requires_grad());
+  auto unused = torch::ones({2}, torch::requires_grad());
+  GradientBuckets buckets({used, unused}, 8, world_->communicator(), tracer_);  // one per bucket
+  ASSERT_EQ(buckets.bucket_count(), 2u);
+  buckets.arm();
+  (used * 3).sum().backward();
+  buckets.finish();  // launches the unused parameter's bucket too; must not hang
+  EXPECT_TRUE(torch::equal(used.grad(), torch::full({2}, 3.0)));
+  EXPECT_TRUE(torch::equal(unused.grad(), torch::zeros({2})));
+}
+
+TEST(Blas, TheLoadedBlasIsNamed) {
+  auto a = torch::ones({64, 64});
+  (void)torch::mm(a, a);
+  const std::string blas = describe_loaded_blas();
+  EXPECT_NE(blas, "unknown");
+  EXPECT_TRUE(is_reference_blas("reference BLAS (/usr/lib/x86_64-linux-gnu/blas/libblas.so.3)"));
+  EXPECT_FALSE(is_reference_blas("OpenBLAS 0.3.21 (x)"));
+  std::printf("[ blas     ] %s\n", blas.c_str());
+}
+
+}  // namespace
+}  // namespace parallax
