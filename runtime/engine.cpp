@@ -86,7 +86,8 @@ Engine::Engine(Runtime& runtime, std::shared_ptr<torch::nn::Module> model, const
     }
   }
   const auto bucket_bytes = static_cast<std::int64_t>(config.zero.bucket_mb * 1024.0 * 1024.0);
-  s.buckets = std::make_unique<GradientBuckets>(s.params, bucket_bytes, dp, runtime.tracer());
+  s.buckets =
+      std::make_unique<GradientBuckets>(s.params, bucket_bytes, dp, runtime.tracer(), config.zero.overlap_comm);
   s.optimizer = make_optimizer(spec.optimizer, s.optimized());
   s.telemetry = std::make_unique<StepTelemetry>(runtime);
   s.loss_sum = torch::zeros({}, torch::kFloat64);

@@ -26,8 +26,12 @@ class GradientReadyHook : public torch::autograd::FunctionPostHook {
 }  // namespace
 
 GradientBuckets::GradientBuckets(std::vector<torch::Tensor> params, std::int64_t bucket_bytes,
-                                 Communicator& comm, Tracer& tracer)
-    : params_(std::move(params)), bucket_of_param_(params_.size()), comm_(comm), tracer_(tracer) {
+                                 Communicator& comm, Tracer& tracer, bool overlap)
+    : params_(std::move(params)),
+      bucket_of_param_(params_.size()),
+      comm_(comm),
+      tracer_(tracer),
+      overlap_(overlap) {
   PARALLAX_CHECK(bucket_bytes > 0, UsageError, "gradient bucket size must be > 0 bytes, got ", bucket_bytes);
   // (a) Reverse registration order; a new bucket when the dtype changes or it is full.
   std::vector<std::vector<std::size_t>> groups;
@@ -105,7 +109,7 @@ void GradientBuckets::on_gradient_ready(std::size_t param_index) {
   if (!armed_) return;  // an accumulation micro-step: no communication
   Bucket& bucket = buckets_[bucket_of_param_[param_index]];
   if (bucket.pending > 0) --bucket.pending;
-  launch_ready_buckets_locked();
+  if (overlap_) launch_ready_buckets_locked();
 }
 
 void GradientBuckets::launch_ready_buckets_locked() {

@@ -39,10 +39,12 @@ namespace parallax {
 
 class GradientBuckets {
  public:
-  /// `params` must require grad and be dense; `bucket_bytes` > 0. The communicator
-  /// and tracer must outlive this object. Does not communicate.
+  /// `params` must require grad and be dense; `bucket_bytes` > 0. With `overlap`
+  /// false (`zero.overlap_comm = false`) nothing is launched during backward: finish()
+  /// launches every bucket. The communicator and tracer must outlive this object. Does
+  /// not communicate.
   GradientBuckets(std::vector<torch::Tensor> params, std::int64_t bucket_bytes, Communicator& comm,
-                  Tracer& tracer);
+                  Tracer& tracer, bool overlap = true);
   GradientBuckets(const GradientBuckets&) = delete;
   GradientBuckets& operator=(const GradientBuckets&) = delete;
   ~GradientBuckets();
@@ -88,6 +90,7 @@ class GradientBuckets {
   std::int64_t gradient_bytes_ = 0;
   std::int64_t buffer_bytes_ = 0;
 
+  bool overlap_ = true;
   std::mutex mutex_;  ///< hooks may run on autograd device threads
   bool armed_ = false;
   std::size_t next_to_launch_ = 0;

@@ -105,6 +105,18 @@ TEST_F(GradientBucketsTest, BackwardAccumulatesIntoTheBucketsAndReducesOnlyWhenA
   EXPECT_TRUE(torch::equal(weight.grad(), torch::zeros({3})));
 }
 
+TEST_F(GradientBucketsTest, WithoutOverlapNothingIsLaunchedBeforeFinish) {
+  auto weight = torch::ones({3}, torch::requires_grad());
+  GradientBuckets buckets({weight}, 1 << 20, world_->communicator(), tracer_, /*overlap=*/false);
+  const auto before = world_->communicator().counters()[CommOp::kAllReduce].calls;
+  buckets.arm();
+  (weight * 5).sum().backward();
+  EXPECT_EQ(world_->communicator().counters()[CommOp::kAllReduce].calls, before);
+  buckets.finish();
+  EXPECT_EQ(world_->communicator().counters()[CommOp::kAllReduce].calls, before + 1);
+  EXPECT_TRUE(torch::equal(weight.grad(), torch::full({3}, 5.0)));
+}
+
 TEST_F(GradientBucketsTest, UnusedParametersStillReduceInBucketOrder) {
   auto used = torch::ones({2}, torch::requires_grad());
   auto unused = torch::ones({2}, torch::requires_grad());
