@@ -1,7 +1,6 @@
 // Trains the small GPT on the synthetic token stream with whatever strategy the config
 // chooses. Usage:
-//   mpirun -np 4 ./train_gpt --config configs/gpt_base.toml --config configs/dp.toml \
-//       [--set train.steps=50]...
+//   mpirun -np 4 ./train_gpt --config configs/dp.toml [--set train.steps=50]...
 #include <chrono>
 #include <cstdio>
 

@@ -1,6 +1,6 @@
 // The installed-package consumer: a tiny trainer built outside the Parallax tree against
-// `find_package(Parallax)`. Fits a torch::nn::Linear to y = 2x - 1 for train.steps steps
-// with the engine and prints each step's loss on rank 0.
+// `find_package(Parallax)`. Fits a torch::nn::Linear to y = 2·sum(x) - 1 on one fixed
+// batch for train.steps steps with the engine and prints each step's loss on rank 0.
 //
 //   mpirun -np 2 ./consumer --config tiny.toml
 #include <torch/torch.h>
@@ -13,10 +13,11 @@ int main(int argc, char** argv) try {
   auto model = torch::nn::Linear(4, 1);
   auto engine = rt.engine(model, parallax::OptimizerSpec::from(rt.config()));
   const auto& train = rt.config().train;
+  const auto x = torch::randn({train.micro_batch_size, 4});
+  const auto y = 2 * x.sum(1, true) - 1;
   for (std::int64_t step = 0; step < train.steps; ++step) {
     for (std::int64_t micro = 0; micro < engine.grad_accum(); ++micro) {
-      auto x = torch::randn({train.micro_batch_size, 4});
-      auto loss = torch::mse_loss(engine.forward(x), 2 * x.sum(1, true) - 1);
+      auto loss = torch::mse_loss(engine.forward(x), y);
       engine.backward(loss);
       engine.step();
     }
