@@ -21,16 +21,22 @@ namespace {
 
 std::string host_name() {
   char host[256] = {};
-  if (gethostname(host, sizeof(host) - 1) != 0) return "unknown host";
+  if (gethostname(host, sizeof(host) - 1) != 0) {
+    return "unknown host";
+  }
   return host;
 }
 
 const char* reduce_op_name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kAvg: return "avg";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kMin: return "min";
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAvg:
+      return "avg";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kMin:
+      return "min";
   }
   return "?";
 }
@@ -59,8 +65,12 @@ class MpiCommunicator final : public Communicator {
     engine_->shutdown(detail::MpiProgressEngine::kDefaultGrace);
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (finalized) return;
-    if (engine_->leaked() > 0) return;  // requests may still use the communicator and ops
+    if (finalized) {
+      return;
+    }
+    if (engine_->leaked() > 0) {
+      return;  // requests may still use the communicator and ops
+    }
     ops_.release();
     MPI_Comm_free(&comm_);
   }
@@ -87,16 +97,15 @@ class MpiCommunicator final : public Communicator {
     return engine_->submit(std::move(spec));
   }
 
-  WorkPtr reduce_scatter(at::Tensor& output, const at::Tensor& input,
-                         const CollectiveOptions& options) override {
+  WorkPtr reduce_scatter(at::Tensor& output, const at::Tensor& input, const CollectiveOptions& options) override {
     const CommOp op = CommOp::kReduceScatter;
     check_tensor(op, output, "output");
     check_tensor(op, input, "input");
     check_same_dtype(op, output, input);
     check_reduce(op, output, options.reduce_op);
-    PARALLAX_CHECK(input.numel() == size_ * output.numel(), UsageError, prefix(op), "input has ",
-                   input.numel(), " elements but must hold size() (", size_, ") × output (",
-                   output.numel(), ") = ", size_ * output.numel());
+    PARALLAX_CHECK(input.numel() == size_ * output.numel(), UsageError, prefix(op), "input has ", input.numel(),
+                   " elements but must hold size() (", size_, ") × output (", output.numel(),
+                   ") = ", size_ * output.numel());
     PARALLAX_CHECK(!overlaps(output, input), UsageError, prefix(op),
                    "output overlaps input; MPI needs separate buffers");
     const void* in = input.data_ptr();
@@ -114,21 +123,19 @@ class MpiCommunicator final : public Communicator {
     return engine_->submit(std::move(spec));
   }
 
-  WorkPtr all_gather(at::Tensor& output, const at::Tensor& input,
-                     const CollectiveOptions& options) override {
+  WorkPtr all_gather(at::Tensor& output, const at::Tensor& input, const CollectiveOptions& options) override {
     const CommOp op = CommOp::kAllGather;
     check_tensor(op, output, "output");
     check_tensor(op, input, "input");
     check_same_dtype(op, output, input);
-    PARALLAX_CHECK(output.numel() == size_ * input.numel(), UsageError, prefix(op), "output has ",
-                   output.numel(), " elements but must hold size() (", size_, ") × input (",
-                   input.numel(), ") = ", size_ * input.numel());
+    PARALLAX_CHECK(output.numel() == size_ * input.numel(), UsageError, prefix(op), "output has ", output.numel(),
+                   " elements but must hold size() (", size_, ") × input (", input.numel(),
+                   ") = ", size_ * input.numel());
     const int count = static_cast<int>(input.numel());
-    const auto* own_chunk = static_cast<const char*>(output.data_ptr()) +
-                            static_cast<std::int64_t>(rank_) * payload_bytes(input);
+    const auto* own_chunk =
+        static_cast<const char*>(output.data_ptr()) + static_cast<std::int64_t>(rank_) * payload_bytes(input);
     // Input already sitting in this rank's chunk of output is MPI_IN_PLACE.
-    const bool in_place =
-        input.numel() > 0 && input.data_ptr() == static_cast<const void*>(own_chunk);
+    const bool in_place = input.numel() > 0 && input.data_ptr() == static_cast<const void*>(own_chunk);
     PARALLAX_CHECK(in_place || !overlaps(output, input), UsageError, prefix(op),
                    "input overlaps output other than as this rank's chunk (rank ", rank_, ")");
     const void* in = in_place ? MPI_IN_PLACE : input.data_ptr();
@@ -137,9 +144,7 @@ class MpiCommunicator final : public Communicator {
     MPI_Comm comm = comm_;
     detail::MpiOpSpec spec = make_spec(op, output, payload_bytes(output), options);
     spec.tensors.push_back(input);
-    spec.start = [=](MPI_Request* request) {
-      return MPI_Iallgather(in, count, type, out, count, type, comm, request);
-    };
+    spec.start = [=](MPI_Request* request) { return MPI_Iallgather(in, count, type, out, count, type, comm, request); };
     return engine_->submit(std::move(spec));
   }
 
@@ -153,14 +158,11 @@ class MpiCommunicator final : public Communicator {
     MPI_Comm comm = comm_;
     detail::MpiOpSpec spec = make_spec(op, tensor, payload_bytes(tensor), options);
     spec.what += detail::concat(" from root ", root);
-    spec.start = [=](MPI_Request* request) {
-      return MPI_Ibcast(data, count, type, root, comm, request);
-    };
+    spec.start = [=](MPI_Request* request) { return MPI_Ibcast(data, count, type, root, comm, request); };
     return engine_->submit(std::move(spec));
   }
 
-  WorkPtr send(const at::Tensor& tensor, int dst, int tag,
-               const CollectiveOptions& options) override {
+  WorkPtr send(const at::Tensor& tensor, int dst, int tag, const CollectiveOptions& options) override {
     const CommOp op = CommOp::kSend;
     check_tensor(op, tensor, "tensor");
     check_peer(op, dst, "dst");
@@ -171,9 +173,7 @@ class MpiCommunicator final : public Communicator {
     MPI_Comm comm = comm_;
     detail::MpiOpSpec spec = make_spec(op, tensor, payload_bytes(tensor), options);
     spec.what += detail::concat(" to rank ", dst, " (tag ", tag, ")");
-    spec.start = [=](MPI_Request* request) {
-      return MPI_Isend(data, count, type, dst, tag, comm, request);
-    };
+    spec.start = [=](MPI_Request* request) { return MPI_Isend(data, count, type, dst, tag, comm, request); };
     return engine_->submit(std::move(spec));
   }
 
@@ -188,16 +188,14 @@ class MpiCommunicator final : public Communicator {
     MPI_Comm comm = comm_;
     detail::MpiOpSpec spec = make_spec(op, tensor, payload_bytes(tensor), options);
     spec.what += detail::concat(" from rank ", src, " (tag ", tag, ")");
-    spec.start = [=](MPI_Request* request) {
-      return MPI_Irecv(data, count, type, src, tag, comm, request);
-    };
+    spec.start = [=](MPI_Request* request) { return MPI_Irecv(data, count, type, src, tag, comm, request); };
     const std::string what = spec.what;
     spec.finish = [=](const MPI_Status& status) {
       int received = 0;
       MPI_Status copy = status;
       check_mpi(MPI_Get_count(&copy, type, &received), "MPI_Get_count");
-      PARALLAX_CHECK(received == count, CommError, what, ": expected ", count,
-                     " elements but the message held ", received);
+      PARALLAX_CHECK(received == count, CommError, what, ": expected ", count, " elements but the message held ",
+                     received);
     };
     return engine_->submit(std::move(spec));
   }
@@ -218,14 +216,14 @@ class MpiCommunicator final : public Communicator {
   // meanwhile (a fence), so all collectives on comm_ keep one order on every rank;
   // (c) the caller wraps the new MPI communicator.
   std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override {
-    PARALLAX_CHECK(color >= 0, UsageError, "split of group '", name_, "' into '", name,
-                   "': color must be >= 0, got ", color);
+    PARALLAX_CHECK(color >= 0, UsageError, "split of group '", name_, "' into '", name, "': color must be >= 0, got ",
+                   color);
     auto result = std::make_shared<MPI_Comm>(MPI_COMM_NULL);
     MPI_Comm comm = comm_;
     detail::MpiOpSpec spec;
     spec.op = CommOp::kBarrier;
-    spec.what = detail::concat("split of group '", name_, "' (", size_, " ranks) into '", name,
-                               "' (color ", color, ", key ", key, ")");
+    spec.what = detail::concat("split of group '", name_, "' (", size_, " ranks) into '", name, "' (color ", color,
+                               ", key ", key, ")");
     spec.counted = false;
     spec.fence = true;
     spec.finish_if_abandoned = true;
@@ -239,55 +237,52 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
-  std::string prefix(CommOp op) const {
-    return detail::concat(to_string(op), " on group '", name_, "': ");
-  }
+  std::string prefix(CommOp op) const { return detail::concat(to_string(op), " on group '", name_, "': "); }
 
-  detail::MpiOpSpec make_spec(CommOp op, const at::Tensor& tensor, std::int64_t bytes,
+  detail::MpiOpSpec make_spec(CommOp op,
+                              const at::Tensor& tensor,
+                              std::int64_t bytes,
                               const CollectiveOptions& options) const {
     detail::MpiOpSpec spec;
     spec.op = op;
-    spec.what = detail::concat(to_string(op), " on group '", name_, "' (", size_, " ranks, ", bytes,
-                               " bytes, ", detail::dtype_name(tensor.scalar_type()), ")");
+    spec.what = detail::concat(to_string(op), " on group '", name_, "' (", size_, " ranks, ", bytes, " bytes, ",
+                               detail::dtype_name(tensor.scalar_type()), ")");
     spec.bytes = bytes;
     spec.timeout = timeout_for(options);
     spec.tensors.push_back(tensor);
     return spec;
   }
 
-  std::function<void(const MPI_Status&)> average_finisher(const at::Tensor& tensor,
-                                                          ReduceOp op) const {
-    if (op != ReduceOp::kAvg || size_ == 1) return nullptr;
+  std::function<void(const MPI_Status&)> average_finisher(const at::Tensor& tensor, ReduceOp op) const {
+    if (op != ReduceOp::kAvg || size_ == 1) {
+      return nullptr;
+    }
     const int size = size_;
     return [tensor, size](const MPI_Status&) { tensor.div_(size); };
   }
 
   void check_tensor(CommOp op, const at::Tensor& tensor, const char* role) const {
     PARALLAX_CHECK(tensor.defined(), UsageError, prefix(op), role, " is an undefined tensor");
-    PARALLAX_CHECK(tensor.device().is_cpu() && tensor.layout() == at::kStrided, UsageError,
-                   prefix(op), role, " is on ", tensor.device(), " with layout ", tensor.layout(),
+    PARALLAX_CHECK(tensor.device().is_cpu() && tensor.layout() == at::kStrided, UsageError, prefix(op), role, " is on ",
+                   tensor.device(), " with layout ", tensor.layout(),
                    "; the MPI communicator moves dense CPU tensors only");
-    PARALLAX_CHECK(tensor.is_contiguous(), UsageError, prefix(op), role,
-                   " is not contiguous (sizes ", tensor.sizes(), ", strides ", tensor.strides(),
-                   "); pass tensor.contiguous() and copy the result back");
-    PARALLAX_CHECK(detail::is_supported_dtype(tensor.scalar_type()), UsageError, prefix(op), role,
-                   " has dtype ", tensor.scalar_type(),
-                   "; supported: float32, float64, bfloat16, float16, int32, int64, uint8");
+    PARALLAX_CHECK(tensor.is_contiguous(), UsageError, prefix(op), role, " is not contiguous (sizes ", tensor.sizes(),
+                   ", strides ", tensor.strides(), "); pass tensor.contiguous() and copy the result back");
+    PARALLAX_CHECK(detail::is_supported_dtype(tensor.scalar_type()), UsageError, prefix(op), role, " has dtype ",
+                   tensor.scalar_type(), "; supported: float32, float64, bfloat16, float16, int32, int64, uint8");
     PARALLAX_CHECK(tensor.numel() <= INT_MAX, UsageError, prefix(op), role, " has ", tensor.numel(),
-                   " elements; one MPI operation moves at most ", INT_MAX,
-                   " (split it into buckets)");
+                   " elements; one MPI operation moves at most ", INT_MAX, " (split it into buckets)");
   }
 
   void check_same_dtype(CommOp op, const at::Tensor& output, const at::Tensor& input) const {
-    PARALLAX_CHECK(output.scalar_type() == input.scalar_type(), UsageError, prefix(op),
-                   "output dtype ", detail::dtype_name(output.scalar_type()),
-                   " differs from input dtype ", detail::dtype_name(input.scalar_type()));
+    PARALLAX_CHECK(output.scalar_type() == input.scalar_type(), UsageError, prefix(op), "output dtype ",
+                   detail::dtype_name(output.scalar_type()), " differs from input dtype ",
+                   detail::dtype_name(input.scalar_type()));
   }
 
   void check_reduce(CommOp op, const at::Tensor& tensor, ReduceOp reduce) const {
-    PARALLAX_CHECK(reduce != ReduceOp::kAvg || detail::is_floating_dtype(tensor.scalar_type()),
-                   UsageError, prefix(op), reduce_op_name(reduce), " of an integer tensor (",
-                   detail::dtype_name(tensor.scalar_type()),
+    PARALLAX_CHECK(reduce != ReduceOp::kAvg || detail::is_floating_dtype(tensor.scalar_type()), UsageError, prefix(op),
+                   reduce_op_name(reduce), " of an integer tensor (", detail::dtype_name(tensor.scalar_type()),
                    ") is not supported; use sum and divide");
   }
 
@@ -301,8 +296,7 @@ class MpiCommunicator final : public Communicator {
     int found = 0;
     MPI_Comm_get_attr(comm_, MPI_TAG_UB, &upper, &found);
     const int tag_ub = found && upper ? *upper : 32767;
-    PARALLAX_CHECK(tag >= 0 && tag <= tag_ub, UsageError, prefix(op), "tag ", tag,
-                   " is out of range 0..", tag_ub);
+    PARALLAX_CHECK(tag >= 0 && tag <= tag_ub, UsageError, prefix(op), "tag ", tag, " is out of range 0..", tag_ub);
   }
 
   MPI_Comm comm_;
@@ -323,13 +317,17 @@ std::unique_ptr<Communicator> create_mpi_world_communicator() {
 }
 
 void check_mpi(int code, const char* call) {
-  if (code == MPI_SUCCESS) return;
+  if (code == MPI_SUCCESS) {
+    return;
+  }
   int rank = -1;
   int initialized = 0;
   MPI_Initialized(&initialized);
-  if (initialized) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  throw CommError(detail::concat(call, " failed: ", detail::mpi_error_string(code), " (host ",
-                                 host_name(), ", rank ", rank, ")"));
+  if (initialized) {
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  }
+  throw CommError(
+      detail::concat(call, " failed: ", detail::mpi_error_string(code), " (host ", host_name(), ", rank ", rank, ")"));
 }
 
 }  // namespace parallax

@@ -33,9 +33,12 @@ void reduce_half(void* in, void* inout, int* length, MPI_Datatype* /*type*/) {
 int reduce_index(ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
-    case ReduceOp::kAvg: return 0;
-    case ReduceOp::kMax: return 1;
-    case ReduceOp::kMin: return 2;
+    case ReduceOp::kAvg:
+      return 0;
+    case ReduceOp::kMax:
+      return 1;
+    case ReduceOp::kMin:
+      return 2;
   }
   return 0;
 }
@@ -44,14 +47,21 @@ int reduce_index(ReduceOp op) {
 
 MPI_Datatype mpi_datatype(at::ScalarType dtype) {
   switch (dtype) {
-    case at::kFloat: return MPI_FLOAT;
-    case at::kDouble: return MPI_DOUBLE;
+    case at::kFloat:
+      return MPI_FLOAT;
+    case at::kDouble:
+      return MPI_DOUBLE;
     case at::kBFloat16:
-    case at::kHalf: return MPI_UINT16_T;
-    case at::kInt: return MPI_INT32_T;
-    case at::kLong: return MPI_INT64_T;
-    case at::kByte: return MPI_UINT8_T;
-    default: break;
+    case at::kHalf:
+      return MPI_UINT16_T;
+    case at::kInt:
+      return MPI_INT32_T;
+    case at::kLong:
+      return MPI_INT64_T;
+    case at::kByte:
+      return MPI_UINT8_T;
+    default:
+      break;
   }
   throw UsageError(concat("dtype ", c10::toString(dtype),
                           " is not supported by the MPI communicator; use float32, float64, "
@@ -60,20 +70,27 @@ MPI_Datatype mpi_datatype(at::ScalarType dtype) {
 
 const char* dtype_name(at::ScalarType dtype) {
   switch (dtype) {
-    case at::kFloat: return "float32";
-    case at::kDouble: return "float64";
-    case at::kBFloat16: return "bfloat16";
-    case at::kHalf: return "float16";
-    case at::kInt: return "int32";
-    case at::kLong: return "int64";
-    case at::kByte: return "uint8";
-    default: return c10::toString(dtype);
+    case at::kFloat:
+      return "float32";
+    case at::kDouble:
+      return "float64";
+    case at::kBFloat16:
+      return "bfloat16";
+    case at::kHalf:
+      return "float16";
+    case at::kInt:
+      return "int32";
+    case at::kLong:
+      return "int64";
+    case at::kByte:
+      return "uint8";
+    default:
+      return c10::toString(dtype);
   }
 }
 
 bool is_floating_dtype(at::ScalarType dtype) {
-  return dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16 ||
-         dtype == at::kHalf;
+  return dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16 || dtype == at::kHalf;
 }
 
 bool is_supported_dtype(at::ScalarType dtype) {
@@ -86,14 +103,12 @@ std::string mpi_error_string(int code) {
   if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) {
     return "MPI error code " + std::to_string(code);
   }
-  return std::string(text, static_cast<std::size_t>(length)) + " (code " + std::to_string(code) +
-         ")";
+  return std::string(text, static_cast<std::size_t>(length)) + " (code " + std::to_string(code) + ")";
 }
 
 MpiReduceOps::MpiReduceOps() {
   MPI_User_function* functions[2][3] = {
-      {reduce_half<c10::BFloat16, Sum>, reduce_half<c10::BFloat16, Max>,
-       reduce_half<c10::BFloat16, Min>},
+      {reduce_half<c10::BFloat16, Sum>, reduce_half<c10::BFloat16, Max>, reduce_half<c10::BFloat16, Min>},
       {reduce_half<c10::Half, Sum>, reduce_half<c10::Half, Max>, reduce_half<c10::Half, Min>}};
   for (int type = 0; type < 2; ++type) {
     for (int op = 0; op < 3; ++op) {
@@ -105,26 +120,39 @@ MpiReduceOps::MpiReduceOps() {
 }
 
 MPI_Op MpiReduceOps::get(at::ScalarType dtype, ReduceOp op) const {
-  if (dtype == at::kBFloat16) return half_ops_[0][reduce_index(op)];
-  if (dtype == at::kHalf) return half_ops_[1][reduce_index(op)];
+  if (dtype == at::kBFloat16) {
+    return half_ops_[0][reduce_index(op)];
+  }
+  if (dtype == at::kHalf) {
+    return half_ops_[1][reduce_index(op)];
+  }
   switch (op) {
     case ReduceOp::kSum:
-    case ReduceOp::kAvg: return MPI_SUM;
-    case ReduceOp::kMax: return MPI_MAX;
-    case ReduceOp::kMin: return MPI_MIN;
+    case ReduceOp::kAvg:
+      return MPI_SUM;
+    case ReduceOp::kMax:
+      return MPI_MAX;
+    case ReduceOp::kMin:
+      return MPI_MIN;
   }
   return MPI_SUM;
 }
 
 void MpiReduceOps::release() {
-  if (released_) return;
+  if (released_) {
+    return;
+  }
   released_ = true;
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (finalized) return;
+  if (finalized) {
+    return;
+  }
   for (auto& row : half_ops_) {
     for (MPI_Op& op : row) {
-      if (op != MPI_OP_NULL) MPI_Op_free(&op);
+      if (op != MPI_OP_NULL) {
+        MPI_Op_free(&op);
+      }
     }
   }
 }

@@ -7,7 +7,6 @@
 #endif
 
 #include <algorithm>
-#include <limits>
 
 #include "parallax/core/error.h"
 #include "parallax/core/logging.h"
@@ -17,8 +16,9 @@ namespace parallax::detail {
 
 using Clock = std::chrono::steady_clock;
 
-/// One submitted operation. Fields below `spec` are guarded by shared->mutex, except
-/// `spec` itself, which only the progress thread touches after submit.
+/// One submitted operation. The fields after `deadline` are guarded by shared->mutex.
+/// `spec.what` and `spec.timeout` are immutable after submit; the rest of `spec` (the
+/// buffers and callbacks) belongs to the progress thread.
 struct MpiOpState {
   MpiOpSpec spec;
   std::shared_ptr<MpiEngineShared> shared;
@@ -43,13 +43,17 @@ class MpiWork final : public Work {
   void wait() override {
     MpiEngineShared& shared = *op_->shared;
     std::unique_lock<std::mutex> lock(shared.mutex);
-    shared.done_cv.wait_until(lock, op_->deadline,
-                              [&] { return op_->finished || op_->completing; });
+    shared.done_cv.wait_until(lock, op_->deadline, [&] { return op_->finished || op_->completing; });
     // A completed request whose `finish` is still running (a division, a split) is not
-    // a hang: let it end rather than fail an operation that has succeeded.
-    shared.done_cv.wait(lock, [&] { return op_->finished || !op_->completing; });
-    if (!op_->finished) shared.time_out_locked(*op_);
-    if (!op_->error.empty()) throw CommError(op_->error);
+    // a hang: give it a grace period rather than fail an operation that has succeeded.
+    shared.done_cv.wait_until(lock, Clock::now() + MpiProgressEngine::kDefaultGrace,
+                              [&] { return op_->finished || !op_->completing; });
+    if (!op_->finished) {
+      shared.time_out_locked(*op_);
+    }
+    if (!op_->error.empty()) {
+      throw CommError(op_->error);
+    }
   }
 
  private:
@@ -83,11 +87,13 @@ void MpiEngineShared::fail_locked(MpiOpState& op, const std::string& message, bo
 }
 
 void MpiEngineShared::time_out_locked(MpiOpState& op) {
-  if (op.finished) return;
-  fail_locked(op,
-              concat(op.spec.what, " timed out after ", op.spec.timeout.count(), " ms ", where,
-                     "; the group is now unusable"),
-              /*fail_group=*/true);
+  if (op.finished) {
+    return;
+  }
+  fail_locked(
+      op,
+      concat(op.spec.what, " timed out after ", op.spec.timeout.count(), " ms ", where, "; the group is now unusable"),
+      /*fail_group=*/true);
 }
 
 MpiProgressEngine::MpiProgressEngine(std::string where, Recorder recorder)
@@ -96,7 +102,9 @@ MpiProgressEngine::MpiProgressEngine(std::string where, Recorder recorder)
   thread_ = std::thread([this] { run(); });
 }
 
-MpiProgressEngine::~MpiProgressEngine() { shutdown(kDefaultGrace); }
+MpiProgressEngine::~MpiProgressEngine() {
+  shutdown(kDefaultGrace);
+}
 
 WorkPtr MpiProgressEngine::submit(MpiOpSpec spec) {
   auto op = std::make_shared<MpiOpState>();
@@ -119,7 +127,9 @@ WorkPtr MpiProgressEngine::submit(MpiOpSpec spec) {
 }
 
 void MpiProgressEngine::shutdown(std::chrono::milliseconds grace) {
-  if (shut_down_) return;
+  if (shut_down_) {
+    return;
+  }
   shut_down_ = true;
   {
     std::lock_guard<std::mutex> lock(shared_->mutex);
@@ -128,7 +138,9 @@ void MpiProgressEngine::shutdown(std::chrono::milliseconds grace) {
     ++shared_->wakeups;
   }
   shared_->queue_cv.notify_all();
-  if (thread_.joinable()) thread_.join();
+  if (thread_.joinable()) {
+    thread_.join();
+  }
 }
 
 void MpiProgressEngine::run() {
@@ -156,7 +168,9 @@ void MpiProgressEngine::run() {
   auto complete = [&](MpiOpState& op, const MPI_Status& status) {
     {
       std::lock_guard<std::mutex> lock(s.mutex);
-      if (!op.finished) op.completing = true;
+      if (!op.finished) {
+        op.completing = true;
+      }
     }
     if (!op.completing) {  // failed earlier (timed out or abandoned)
       if (op.spec.finish_if_abandoned && op.spec.finish) {
@@ -170,7 +184,9 @@ void MpiProgressEngine::run() {
     }
     std::string error;
     try {
-      if (op.spec.finish) op.spec.finish(status);
+      if (op.spec.finish) {
+        op.spec.finish(status);
+      }
     } catch (const Error& e) {
       error = e.detail();
     } catch (const std::exception& e) {
@@ -178,8 +194,7 @@ void MpiProgressEngine::run() {
     }
     if (error.empty() && op.spec.counted) {
       recorder_(op.spec.op, op.spec.bytes,
-                std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - op.submitted)
-                    .count());
+                std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - op.submitted).count());
     }
     {
       std::lock_guard<std::mutex> lock(s.mutex);
@@ -201,23 +216,25 @@ void MpiProgressEngine::run() {
       {
         std::unique_lock<std::mutex> lock(s.mutex);
         const auto now = Clock::now();
-        if (s.stopping && now >= s.stop_deadline) break;
+        if (s.stopping && now >= s.stop_deadline) {
+          break;
+        }
         if (in_flight.empty() && abandoned.empty() && s.queue.empty()) {
-          if (s.stopping) break;
+          if (s.stopping) {
+            break;
+          }
           s.queue_cv.wait(lock, [&] { return s.stopping || !s.queue.empty(); });
           continue;
         }
         // Queued operations held back (in-flight limit, fence) still have deadlines.
-        auto expired = std::find_if(s.queue.begin(), s.queue.end(),
-                                    [&](const auto& queued) { return now >= queued->deadline; });
+        auto expired =
+            std::find_if(s.queue.begin(), s.queue.end(), [&](const auto& queued) { return now >= queued->deadline; });
         if (expired != s.queue.end()) {
           const std::shared_ptr<MpiOpState> op = *expired;  // time_out_locked clears the queue
           s.time_out_locked(*op);
         }
-        bool fenced = std::any_of(in_flight.begin(), in_flight.end(),
-                                  [](const Active& a) { return a.op->spec.fence; });
-        while (!fenced && s.failure.empty() && !s.queue.empty() &&
-               in_flight.size() + to_start.size() < kMaxInFlight) {
+        bool fenced = std::any_of(in_flight.begin(), in_flight.end(), [](const Active& a) { return a.op->spec.fence; });
+        while (!fenced && s.failure.empty() && !s.queue.empty() && in_flight.size() + to_start.size() < kMaxInFlight) {
           to_start.push_back(std::move(s.queue.front()));
           s.queue.pop_front();
           fenced = to_start.back()->spec.fence;
@@ -238,8 +255,8 @@ void MpiProgressEngine::run() {
         if (code != MPI_SUCCESS) {
           std::lock_guard<std::mutex> lock(s.mutex);
           s.fail_locked(*op,
-                        concat(op->spec.what, " could not start: ", mpi_error_string(code), " ",
-                               s.where, "; the group is now unusable"),
+                        concat(op->spec.what, " could not start: ", mpi_error_string(code), " ", s.where,
+                               "; the group is now unusable"),
                         /*fail_group=*/true);
           continue;
         }
@@ -254,8 +271,8 @@ void MpiProgressEngine::run() {
         if (code != MPI_SUCCESS) {
           std::lock_guard<std::mutex> lock(s.mutex);
           s.fail_locked(*active.op,
-                        concat(active.op->spec.what, " failed: ", mpi_error_string(code), " ",
-                               s.where, "; the group is now unusable"),
+                        concat(active.op->spec.what, " failed: ", mpi_error_string(code), " ", s.where,
+                               "; the group is now unusable"),
                         /*fail_group=*/true);
         } else if (!flag) {
           ++i;
@@ -271,7 +288,9 @@ void MpiProgressEngine::run() {
         std::lock_guard<std::mutex> lock(s.mutex);
         const auto now = Clock::now();
         for (Active& active : in_flight) {
-          if (!active.op->finished && now >= active.op->deadline) s.time_out_locked(*active.op);
+          if (!active.op->finished && now >= active.op->deadline) {
+            s.time_out_locked(*active.op);
+          }
         }
         for (std::size_t i = 0; i < in_flight.size();) {
           MpiOpState& op = *in_flight[i].op;
@@ -295,7 +314,9 @@ void MpiProgressEngine::run() {
           ++i;
           continue;
         }
-        if (code == MPI_SUCCESS) complete(*abandoned[i].op, status);
+        if (code == MPI_SUCCESS) {
+          complete(*abandoned[i].op, status);
+        }
         progressed = true;
         abandoned.erase(abandoned.begin() + static_cast<std::ptrdiff_t>(i));
       }
@@ -303,15 +324,17 @@ void MpiProgressEngine::run() {
       if (progressed) {
         idle_polls = 0;
         std::int64_t bytes = 0;
-        for (const Active& active : in_flight) bytes += active.op->spec.bytes;
-        attentive_until = Clock::now() + MpiProgressEngine::kAttentiveBase +
-                          MpiProgressEngine::kAttentivePerByte * bytes;
+        for (const Active& active : in_flight) {
+          bytes += active.op->spec.bytes;
+        }
+        attentive_until =
+            Clock::now() + MpiProgressEngine::kAttentiveBase + MpiProgressEngine::kAttentivePerByte * bytes;
       } else if (Clock::now() < attentive_until) {
         sched_yield();
       } else {
         const int doublings = std::min(idle_polls, 16);
-        const auto sleep = std::min<std::chrono::microseconds>(
-            std::chrono::microseconds(std::int64_t{1} << doublings), MpiProgressEngine::kMaxSleep);
+        const auto sleep = std::min<std::chrono::microseconds>(std::chrono::microseconds(std::int64_t{1} << doublings),
+                                                               MpiProgressEngine::kMaxSleep);
         ++idle_polls;
         std::unique_lock<std::mutex> lock(s.mutex);
         const std::uint64_t seen = s.wakeups;
@@ -319,15 +342,20 @@ void MpiProgressEngine::run() {
       }
     }
   } catch (const std::exception& e) {
-    Logger(LogLevel::kError)
-        .error("MPI progress thread stopped by an unexpected error: ", e.what());
+    Logger(LogLevel::kError).error("MPI progress thread stopped by an unexpected error: ", e.what());
+    std::lock_guard<std::mutex> lock(s.mutex);
+    if (s.failure.empty()) {
+      s.failure = std::string("the progress thread failed: ") + e.what();
+    }
   }
 
   // Stopped: fail whatever is left and leak the requests (and the buffers they use)
   // that never completed. MPI offers no way to free them safely.
   std::lock_guard<std::mutex> lock(s.mutex);
   const std::string reason = "the communicator was destroyed before it completed";
-  for (auto& queued : s.queue) s.fail_locked(*queued, queued->spec.what + ": " + reason, false);
+  for (auto& queued : s.queue) {
+    s.fail_locked(*queued, queued->spec.what + ": " + reason, false);
+  }
   s.queue.clear();
   for (Active& active : in_flight) {
     s.fail_locked(*active.op, active.op->spec.what + ": " + reason, false);
@@ -337,7 +365,9 @@ void MpiProgressEngine::run() {
     auto* kept = new std::vector<at::Tensor>();  // intentionally leaked, see above
     for (auto* list : {&in_flight, &abandoned}) {
       for (Active& active : *list) {
-        for (auto& tensor : active.op->spec.tensors) kept->push_back(tensor);
+        for (auto& tensor : active.op->spec.tensors) {
+          kept->push_back(tensor);
+        }
       }
     }
     Logger(LogLevel::kWarn)

@@ -33,25 +33,20 @@ using detail::NcclWork;
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(ncclComm_t comm, int device, std::string name,
-                   std::chrono::milliseconds default_timeout, Communicator* bootstrap)
-      : shared_(std::make_shared<NcclShared>()),
-        device_(device),
-        name_(std::move(name)),
-        bootstrap_(bootstrap) {
+  NcclCommunicator(
+      ncclComm_t comm, int device, std::string name, std::chrono::milliseconds default_timeout, Communicator* bootstrap)
+      : shared_(std::make_shared<NcclShared>()), device_(device), name_(std::move(name)), bootstrap_(bootstrap) {
     shared_->comm = comm;
     PARALLAX_NCCL_CHECK_COMM(ncclCommUserRank(comm, &rank_), comm);
     PARALLAX_NCCL_CHECK_COMM(ncclCommCount(comm, &size_), comm);
     set_default_timeout(default_timeout);
-    shared_->where =
-        detail::concat("on rank ", rank_, " (", detail::nccl_where_am_i(), ", cuda:", device_, ")");
-    shared_->recorder = [this](CommOp op, std::int64_t bytes, std::int64_t ns) {
-      record(op, bytes, ns);
-    };
+    shared_->where = detail::concat("on rank ", rank_, " (", detail::nccl_where_am_i(), ", cuda:", device_, ")");
+    shared_->recorder = [this](CommOp op, std::int64_t bytes, std::int64_t ns) { record(op, bytes, ns); };
     DeviceGuard guard(device_);
     PARALLAX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     PARALLAX_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
     PARALLAX_CUDA_CHECK(cudaMalloc(&barrier_buffer_, sizeof(float)));
+    PARALLAX_CUDA_CHECK(cudaMemset(barrier_buffer_, 0, sizeof(float)));
   }
 
   ~NcclCommunicator() override {
@@ -59,20 +54,24 @@ class NcclCommunicator final : public Communicator {
     // Let outstanding operations finish for a bounded grace period, then abort.
     const auto give_up = Clock::now() + std::chrono::seconds(5);
     int idle = 0;
-    while (sweep_locked() && Clock::now() < give_up) back_off(idle);
+    while (sweep_locked() && Clock::now() < give_up) {
+      back_off(idle);
+    }
     if (shared_->comm != nullptr) {
       if (outstanding_.empty()) {
         ncclCommDestroy(shared_->comm);
       } else {
         Logger(LogLevel::kWarn)
-            .warn("NCCL communicator '", name_, "' destroyed with ", outstanding_.size(),
-                  " unfinished operation(s) ", shared_->where, "; aborting it");
+            .warn("NCCL communicator '", name_, "' destroyed with ", outstanding_.size(), " unfinished operation(s) ",
+                  shared_->where, "; aborting it");
         ncclCommAbort(shared_->comm);
       }
       shared_->comm = nullptr;
     }
     shared_->recorder = nullptr;
-    if (shared_->failure.empty()) shared_->failure = "the communicator was destroyed";
+    if (shared_->failure.empty()) {
+      shared_->failure = "the communicator was destroyed";
+    }
     cudaFree(barrier_buffer_);
     cudaEventDestroy(ready_);
     cudaStreamDestroy(stream_);
@@ -91,50 +90,47 @@ class NcclCommunicator final : public Communicator {
     const auto count = static_cast<std::size_t>(tensor.numel());
     const ncclDataType_t type = nccl_datatype(tensor.scalar_type());
     const ncclRedOp_t reduce = nccl_op(options.reduce_op);
-    return launch(op, describe(op, tensor, payload_bytes(tensor)), payload_bytes(tensor), options,
-                  {tensor}, [=](ncclComm_t comm, cudaStream_t stream) {
+    return launch(op, describe(op, tensor, payload_bytes(tensor)), payload_bytes(tensor), options, {tensor},
+                  [=](ncclComm_t comm, cudaStream_t stream) {
                     return ncclAllReduce(data, data, count, type, reduce, comm, stream);
                   });
   }
 
-  WorkPtr reduce_scatter(at::Tensor& output, const at::Tensor& input,
-                         const CollectiveOptions& options) override {
+  WorkPtr reduce_scatter(at::Tensor& output, const at::Tensor& input, const CollectiveOptions& options) override {
     const CommOp op = CommOp::kReduceScatter;
     check_tensor(op, output, "output");
     check_tensor(op, input, "input");
     check_same_dtype(op, output, input);
     check_reduce(op, output, options.reduce_op);
-    PARALLAX_CHECK(input.numel() == size_ * output.numel(), UsageError, prefix(op), "input has ",
-                   input.numel(), " elements but must hold size() (", size_, ") × output (",
-                   output.numel(), ") = ", size_ * output.numel());
+    PARALLAX_CHECK(input.numel() == size_ * output.numel(), UsageError, prefix(op), "input has ", input.numel(),
+                   " elements but must hold size() (", size_, ") × output (", output.numel(),
+                   ") = ", size_ * output.numel());
     const void* in = input.data_ptr();
     void* out = output.data_ptr();
     const auto count = static_cast<std::size_t>(output.numel());
     const ncclDataType_t type = nccl_datatype(output.scalar_type());
     const ncclRedOp_t reduce = nccl_op(options.reduce_op);
-    return launch(op, describe(op, input, payload_bytes(input)), payload_bytes(input), options,
-                  {input, output}, [=](ncclComm_t comm, cudaStream_t stream) {
+    return launch(op, describe(op, input, payload_bytes(input)), payload_bytes(input), options, {input, output},
+                  [=](ncclComm_t comm, cudaStream_t stream) {
                     return ncclReduceScatter(in, out, count, type, reduce, comm, stream);
                   });
   }
 
-  WorkPtr all_gather(at::Tensor& output, const at::Tensor& input,
-                     const CollectiveOptions& options) override {
+  WorkPtr all_gather(at::Tensor& output, const at::Tensor& input, const CollectiveOptions& options) override {
     const CommOp op = CommOp::kAllGather;
     check_tensor(op, output, "output");
     check_tensor(op, input, "input");
     check_same_dtype(op, output, input);
-    PARALLAX_CHECK(output.numel() == size_ * input.numel(), UsageError, prefix(op), "output has ",
-                   output.numel(), " elements but must hold size() (", size_, ") × input (",
-                   input.numel(), ") = ", size_ * input.numel());
+    PARALLAX_CHECK(output.numel() == size_ * input.numel(), UsageError, prefix(op), "output has ", output.numel(),
+                   " elements but must hold size() (", size_, ") × input (", input.numel(),
+                   ") = ", size_ * input.numel());
     const void* in = input.data_ptr();
     void* out = output.data_ptr();
     const auto count = static_cast<std::size_t>(input.numel());
     const ncclDataType_t type = nccl_datatype(input.scalar_type());
-    return launch(op, describe(op, output, payload_bytes(output)), payload_bytes(output), options,
-                  {input, output}, [=](ncclComm_t comm, cudaStream_t stream) {
-                    return ncclAllGather(in, out, count, type, comm, stream);
-                  });
+    return launch(
+        op, describe(op, output, payload_bytes(output)), payload_bytes(output), options, {input, output},
+        [=](ncclComm_t comm, cudaStream_t stream) { return ncclAllGather(in, out, count, type, comm, stream); });
   }
 
   WorkPtr broadcast(at::Tensor& tensor, int root, const CollectiveOptions& options) override {
@@ -144,15 +140,13 @@ class NcclCommunicator final : public Communicator {
     void* data = tensor.data_ptr();
     const auto count = static_cast<std::size_t>(tensor.numel());
     const ncclDataType_t type = nccl_datatype(tensor.scalar_type());
-    return launch(
-        op, describe(op, tensor, payload_bytes(tensor)) + detail::concat(" from root ", root),
-        payload_bytes(tensor), options, {tensor}, [=](ncclComm_t comm, cudaStream_t stream) {
-          return ncclBroadcast(data, data, count, type, root, comm, stream);
-        });
+    return launch(op, describe(op, tensor, payload_bytes(tensor)) + detail::concat(" from root ", root),
+                  payload_bytes(tensor), options, {tensor}, [=](ncclComm_t comm, cudaStream_t stream) {
+                    return ncclBroadcast(data, data, count, type, root, comm, stream);
+                  });
   }
 
-  WorkPtr send(const at::Tensor& tensor, int dst, int tag,
-               const CollectiveOptions& options) override {
+  WorkPtr send(const at::Tensor& tensor, int dst, int tag, const CollectiveOptions& options) override {
     const CommOp op = CommOp::kSend;
     check_tensor(op, tensor, "tensor");
     check_peer(op, dst, "dst");
@@ -160,11 +154,9 @@ class NcclCommunicator final : public Communicator {
     const void* data = tensor.data_ptr();
     const auto count = static_cast<std::size_t>(tensor.numel());
     const ncclDataType_t type = nccl_datatype(tensor.scalar_type());
-    return launch(
-        op, describe(op, tensor, payload_bytes(tensor)) + detail::concat(" to rank ", dst),
-        payload_bytes(tensor), options, {tensor}, [=](ncclComm_t comm, cudaStream_t stream) {
-          return ncclSend(data, count, type, dst, comm, stream);
-        });
+    return launch(op, describe(op, tensor, payload_bytes(tensor)) + detail::concat(" to rank ", dst),
+                  payload_bytes(tensor), options, {tensor},
+                  [=](ncclComm_t comm, cudaStream_t stream) { return ncclSend(data, count, type, dst, comm, stream); });
   }
 
   WorkPtr recv(at::Tensor& tensor, int src, int tag, const CollectiveOptions& options) override {
@@ -175,39 +167,34 @@ class NcclCommunicator final : public Communicator {
     void* data = tensor.data_ptr();
     const auto count = static_cast<std::size_t>(tensor.numel());
     const ncclDataType_t type = nccl_datatype(tensor.scalar_type());
-    return launch(
-        op, describe(op, tensor, payload_bytes(tensor)) + detail::concat(" from rank ", src),
-        payload_bytes(tensor), options, {tensor}, [=](ncclComm_t comm, cudaStream_t stream) {
-          return ncclRecv(data, count, type, src, comm, stream);
-        });
+    return launch(op, describe(op, tensor, payload_bytes(tensor)) + detail::concat(" from rank ", src),
+                  payload_bytes(tensor), options, {tensor},
+                  [=](ncclComm_t comm, cudaStream_t stream) { return ncclRecv(data, count, type, src, comm, stream); });
   }
 
   WorkPtr barrier(const CollectiveOptions& options) override {
     void* data = barrier_buffer_;
-    return launch(CommOp::kBarrier,
-                  detail::concat("barrier on group '", name_, "' (", size_, " ranks)"), 0, options,
+    return launch(CommOp::kBarrier, detail::concat("barrier on group '", name_, "' (", size_, " ranks)"), 0, options,
                   {}, [=](ncclComm_t comm, cudaStream_t stream) {
                     return ncclAllReduce(data, data, 1, ncclFloat32, ncclSum, comm, stream);
                   });
   }
 
   std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override {
-    PARALLAX_CHECK(color >= 0, UsageError, "split of group '", name_, "' into '", name,
-                   "': color must be >= 0, got ", color);
+    PARALLAX_CHECK(color >= 0, UsageError, "split of group '", name_, "' into '", name, "': color must be >= 0, got ",
+                   color);
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0)
     ncclComm_t child = nullptr;
     {
       std::lock_guard<std::mutex> lock(shared_->mutex);
       check_usable_locked(detail::concat("split of group '", name_, "' into '", name, "'"));
       DeviceGuard guard(device_);
-      PARALLAX_NCCL_CHECK_COMM(ncclCommSplit(shared_->comm, color, key, &child, nullptr),
-                               shared_->comm);
+      PARALLAX_NCCL_CHECK_COMM(ncclCommSplit(shared_->comm, color, key, &child, nullptr), shared_->comm);
     }
     return std::make_unique<NcclCommunicator>(child, device_, name, default_timeout(), nullptr);
 #else
-    PARALLAX_CHECK(bootstrap_ != nullptr, UsageError, "split of NCCL group '", name_, "': NCCL ",
-                   NCCL_MAJOR, ".", NCCL_MINOR,
-                   " lacks ncclCommSplit and this group has no bootstrap communicator");
+    PARALLAX_CHECK(bootstrap_ != nullptr, UsageError, "split of NCCL group '", name_, "': NCCL ", NCCL_MAJOR, ".",
+                   NCCL_MINOR, " lacks ncclCommSplit and this group has no bootstrap communicator");
     auto child_bootstrap = bootstrap_->split(color, key, name + "/bootstrap");
     auto child = create(*child_bootstrap, device_, name);
     child->set_default_timeout(default_timeout());
@@ -216,8 +203,7 @@ class NcclCommunicator final : public Communicator {
 #endif
   }
 
-  static std::unique_ptr<NcclCommunicator> create(Communicator& bootstrap, int cuda_device,
-                                                  const std::string& name);
+  static std::unique_ptr<NcclCommunicator> create(Communicator& bootstrap, int cuda_device, const std::string& name);
 
  private:
   using Launcher = std::function<ncclResult_t(ncclComm_t, cudaStream_t)>;
@@ -231,14 +217,18 @@ class NcclCommunicator final : public Communicator {
 #endif
   }
 
-  WorkPtr launch(CommOp op, std::string what, std::int64_t bytes, const CollectiveOptions& options,
-                 std::vector<at::Tensor> tensors, const Launcher& call) {
+  WorkPtr launch(CommOp op,
+                 std::string what,
+                 std::int64_t bytes,
+                 const CollectiveOptions& options,
+                 std::vector<at::Tensor> tensors,
+                 const Launcher& call) {
     std::lock_guard<std::mutex> lock(shared_->mutex);
     check_usable_locked(what);
     sweep_locked();
     DeviceGuard guard(device_);  // events belong to the device current at creation
-    auto work = std::make_shared<NcclWork>(shared_, op, std::move(what), bytes,
-                                           timeout_for(options), std::move(tensors));
+    auto work =
+        std::make_shared<NcclWork>(shared_, op, std::move(what), bytes, timeout_for(options), std::move(tensors));
     PARALLAX_CUDA_CHECK(cudaEventRecord(ready_, producer_stream()));
     PARALLAX_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
     PARALLAX_CUDA_CHECK(cudaEventRecord(work->start_event(), stream_));
@@ -252,7 +242,9 @@ class NcclCommunicator final : public Communicator {
   // counters are recorded even for Works nobody waits on. Returns true while any is
   // left. Caller holds shared_->mutex.
   bool sweep_locked() {
-    while (!outstanding_.empty() && outstanding_.front()->poll_locked()) outstanding_.pop_front();
+    while (!outstanding_.empty() && outstanding_.front()->poll_locked()) {
+      outstanding_.pop_front();
+    }
     return !outstanding_.empty();
   }
 
@@ -266,32 +258,29 @@ class NcclCommunicator final : public Communicator {
   }
 
   std::string describe(CommOp op, const at::Tensor& tensor, std::int64_t bytes) const {
-    return detail::concat(to_string(op), " on group '", name_, "' (", size_, " ranks, ", bytes,
-                          " bytes, ", dtype_name(tensor.scalar_type()), ")");
+    return detail::concat(to_string(op), " on group '", name_, "' (", size_, " ranks, ", bytes, " bytes, ",
+                          dtype_name(tensor.scalar_type()), ")");
   }
 
   void check_tensor(CommOp op, const at::Tensor& tensor, const char* role) const {
     PARALLAX_CHECK(tensor.defined(), UsageError, prefix(op), role, " is an undefined tensor");
-    PARALLAX_CHECK(
-        tensor.is_cuda() && tensor.device().index() == device_ && tensor.layout() == at::kStrided,
-        UsageError, prefix(op), role, " is on ", tensor.device(),
-        "; the NCCL communicator moves dense tensors on cuda:", device_, " only");
-    PARALLAX_CHECK(tensor.is_contiguous(), UsageError, prefix(op), role,
-                   " is not contiguous (sizes ", tensor.sizes(), ", strides ", tensor.strides(),
-                   ")");
+    PARALLAX_CHECK(tensor.is_cuda() && tensor.device().index() == device_ && tensor.layout() == at::kStrided,
+                   UsageError, prefix(op), role, " is on ", tensor.device(),
+                   "; the NCCL communicator moves dense tensors on cuda:", device_, " only");
+    PARALLAX_CHECK(tensor.is_contiguous(), UsageError, prefix(op), role, " is not contiguous (sizes ", tensor.sizes(),
+                   ", strides ", tensor.strides(), ")");
     nccl_datatype(tensor.scalar_type());  // throws for unsupported dtypes
   }
 
   void check_same_dtype(CommOp op, const at::Tensor& output, const at::Tensor& input) const {
-    PARALLAX_CHECK(output.scalar_type() == input.scalar_type(), UsageError, prefix(op),
-                   "output dtype ", dtype_name(output.scalar_type()), " differs from input dtype ",
-                   dtype_name(input.scalar_type()));
+    PARALLAX_CHECK(output.scalar_type() == input.scalar_type(), UsageError, prefix(op), "output dtype ",
+                   dtype_name(output.scalar_type()), " differs from input dtype ", dtype_name(input.scalar_type()));
   }
 
   void check_reduce(CommOp op, const at::Tensor& tensor, ReduceOp reduce) const {
-    PARALLAX_CHECK(reduce != ReduceOp::kAvg || detail::is_floating_dtype(tensor.scalar_type()),
-                   UsageError, prefix(op), "avg of an integer tensor (",
-                   dtype_name(tensor.scalar_type()), ") is not supported; use sum and divide");
+    PARALLAX_CHECK(reduce != ReduceOp::kAvg || detail::is_floating_dtype(tensor.scalar_type()), UsageError, prefix(op),
+                   "avg of an integer tensor (", dtype_name(tensor.scalar_type()),
+                   ") is not supported; use sum and divide");
   }
 
   void check_peer(CommOp op, int peer, const char* role) const {
@@ -308,11 +297,12 @@ class NcclCommunicator final : public Communicator {
   cudaEvent_t ready_ = nullptr;
   void* barrier_buffer_ = nullptr;
   std::deque<std::shared_ptr<NcclWork>> outstanding_;  ///< launched, not yet seen finished
-  Communicator* bootstrap_ = nullptr;              ///< for split without ncclCommSplit; may be null
-  std::unique_ptr<Communicator> owned_bootstrap_;  ///< a split's bootstrap, owned here
+  Communicator* bootstrap_ = nullptr;                  ///< for split without ncclCommSplit; may be null
+  std::unique_ptr<Communicator> owned_bootstrap_;      ///< a split's bootstrap, owned here
 };
 
-std::unique_ptr<NcclCommunicator> NcclCommunicator::create(Communicator& bootstrap, int cuda_device,
+std::unique_ptr<NcclCommunicator> NcclCommunicator::create(Communicator& bootstrap,
+                                                           int cuda_device,
                                                            const std::string& name) {
   // a. Each rank checks its device; b. all ranks agree (a rank without a GPU must not
   // leave the others waiting in the id broadcast); c. rank 0 makes the id, broadcast
@@ -322,21 +312,19 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::create(Communicator& bootstr
   const cudaError_t code = cudaGetDeviceCount(&count);
   if (code != cudaSuccess || count == 0) {
     cudaGetLastError();
-    problem = detail::concat(
-        "no CUDA device visible on ", detail::nccl_where_am_i(), " (cudaGetDeviceCount: ",
-        code == cudaSuccess ? std::string("0 devices") : std::string(cudaGetErrorString(code)),
-        "); the NCCL communicator '", name,
-        "' needs one GPU per rank: use [comm] backend = \"mpi\" on machines without GPUs");
+    problem = detail::concat("no CUDA device visible on ", detail::nccl_where_am_i(), " (cudaGetDeviceCount: ",
+                             code == cudaSuccess ? std::string("0 devices") : std::string(cudaGetErrorString(code)),
+                             "); the NCCL communicator '", name,
+                             "' needs one GPU per rank: use [comm] backend = \"mpi\" on machines without GPUs");
   } else if (cuda_device < 0 || cuda_device >= count) {
-    problem = detail::concat("cuda_device ", cuda_device, " is out of range on ",
-                             detail::nccl_where_am_i(), ": ", count, " CUDA device(s) visible");
+    problem = detail::concat("cuda_device ", cuda_device, " is out of range on ", detail::nccl_where_am_i(), ": ",
+                             count, " CUDA device(s) visible");
   }
   at::Tensor ok = at::full({1}, problem.empty() ? 1 : 0, at::kInt);
   bootstrap.all_reduce(ok, {ReduceOp::kMin})->wait();
   PARALLAX_CHECK(problem.empty(), CommError, problem);
-  PARALLAX_CHECK(ok.item<int>() == 1, CommError, "NCCL communicator '", name,
-                 "': another rank of group '", bootstrap.name(),
-                 "' has no usable CUDA device (see its error)");
+  PARALLAX_CHECK(ok.item<int>() == 1, CommError, "NCCL communicator '", name, "': another rank of group '",
+                 bootstrap.name(), "' has no usable CUDA device (see its error)");
 
   ncclUniqueId id;
   std::memset(&id, 0, sizeof(id));
@@ -353,13 +341,13 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::create(Communicator& bootstr
     DeviceGuard guard(cuda_device);
     PARALLAX_NCCL_CHECK(ncclCommInitRank(&comm, bootstrap.size(), id, bootstrap.rank()));
   }
-  return std::make_unique<NcclCommunicator>(comm, cuda_device, name, bootstrap.default_timeout(),
-                                            &bootstrap);
+  return std::make_unique<NcclCommunicator>(comm, cuda_device, name, bootstrap.default_timeout(), &bootstrap);
 }
 
 }  // namespace
 
-std::unique_ptr<Communicator> create_nccl_communicator(Communicator& bootstrap, int cuda_device,
+std::unique_ptr<Communicator> create_nccl_communicator(Communicator& bootstrap,
+                                                       int cuda_device,
                                                        const std::string& name) {
   return NcclCommunicator::create(bootstrap, cuda_device, name);
 }

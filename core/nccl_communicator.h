@@ -43,7 +43,8 @@ namespace parallax {
 /// of the group throws, not only the one without a device), and CommError naming the
 /// call, file:line, host and rank for any CUDA or NCCL error. `bootstrap` must outlive
 /// the result only where NCCL lacks ncclCommSplit (< 2.18): split() re-bootstraps then.
-std::unique_ptr<Communicator> create_nccl_communicator(Communicator& bootstrap, int cuda_device,
+std::unique_ptr<Communicator> create_nccl_communicator(Communicator& bootstrap,
+                                                       int cuda_device,
                                                        const std::string& name);
 
 }  // namespace parallax

@@ -17,7 +17,9 @@ using Clock = std::chrono::steady_clock;
 
 std::string host_name() {
   char host[256] = {};
-  if (gethostname(host, sizeof(host) - 1) != 0) return "unknown host";
+  if (gethostname(host, sizeof(host) - 1) != 0) {
+    return "unknown host";
+  }
   return host;
 }
 
@@ -28,38 +30,55 @@ std::string nccl_where_am_i() {
 }
 
 void check_cuda(cudaError_t code, const char* call, const char* file, int line) {
-  if (code == cudaSuccess) return;
+  if (code == cudaSuccess) {
+    return;
+  }
   cudaGetLastError();  // clear the error so later calls are not blamed for it
   throw CommError(concat(call, " failed at ", file, ":", line, ": ", cudaGetErrorName(code), " (",
                          cudaGetErrorString(code), ") on ", nccl_where_am_i()));
 }
 
 void check_nccl(ncclResult_t code, const char* call, const char* file, int line, ncclComm_t comm) {
-  if (code == ncclSuccess) return;
+  if (code == ncclSuccess) {
+    return;
+  }
   std::string detail = ncclGetErrorString(code);
   const char* last = ncclGetLastError(comm);
-  if (last != nullptr && *last != '\0') detail += std::string(": ") + last;
-  throw CommError(
-      concat(call, " failed at ", file, ":", line, ": ", detail, " on ", nccl_where_am_i()));
+  if (last != nullptr && *last != '\0') {
+    detail += std::string(": ") + last;
+  }
+  throw CommError(concat(call, " failed at ", file, ":", line, ": ", detail, " on ", nccl_where_am_i()));
 }
 
 DeviceGuard::DeviceGuard(int device) {
   PARALLAX_CUDA_CHECK(cudaGetDevice(&previous_));
-  if (previous_ != device) PARALLAX_CUDA_CHECK(cudaSetDevice(device));
+  if (previous_ != device) {
+    PARALLAX_CUDA_CHECK(cudaSetDevice(device));
+  }
 }
 
-DeviceGuard::~DeviceGuard() { cudaSetDevice(previous_); }
+DeviceGuard::~DeviceGuard() {
+  cudaSetDevice(previous_);
+}
 
 ncclDataType_t nccl_datatype(at::ScalarType dtype) {
   switch (dtype) {
-    case at::kFloat: return ncclFloat32;
-    case at::kDouble: return ncclFloat64;
-    case at::kBFloat16: return ncclBfloat16;
-    case at::kHalf: return ncclFloat16;
-    case at::kInt: return ncclInt32;
-    case at::kLong: return ncclInt64;
-    case at::kByte: return ncclUint8;
-    default: break;
+    case at::kFloat:
+      return ncclFloat32;
+    case at::kDouble:
+      return ncclFloat64;
+    case at::kBFloat16:
+      return ncclBfloat16;
+    case at::kHalf:
+      return ncclFloat16;
+    case at::kInt:
+      return ncclInt32;
+    case at::kLong:
+      return ncclInt64;
+    case at::kByte:
+      return ncclUint8;
+    default:
+      break;
   }
   throw UsageError(concat("dtype ", c10::toString(dtype),
                           " is not supported by the NCCL communicator; use float32, "
@@ -68,10 +87,14 @@ ncclDataType_t nccl_datatype(at::ScalarType dtype) {
 
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return ncclSum;
-    case ReduceOp::kAvg: return ncclAvg;
-    case ReduceOp::kMax: return ncclMax;
-    case ReduceOp::kMin: return ncclMin;
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kAvg:
+      return ncclAvg;
+    case ReduceOp::kMax:
+      return ncclMax;
+    case ReduceOp::kMin:
+      return ncclMin;
   }
   return ncclSum;
 }
@@ -87,15 +110,20 @@ void back_off(int& idle) {
 }
 
 void NcclShared::fail_group_locked(const std::string& message) {
-  if (failure.empty()) failure = message;
+  if (failure.empty()) {
+    failure = message;
+  }
   if (comm != nullptr) {
     ncclCommAbort(comm);
     comm = nullptr;
   }
 }
 
-NcclWork::NcclWork(std::shared_ptr<NcclShared> shared, CommOp op, std::string what,
-                   std::int64_t bytes, std::chrono::milliseconds timeout,
+NcclWork::NcclWork(std::shared_ptr<NcclShared> shared,
+                   CommOp op,
+                   std::string what,
+                   std::int64_t bytes,
+                   std::chrono::milliseconds timeout,
                    std::vector<at::Tensor> tensors)
     : shared_(std::move(shared)),
       op_(op),
@@ -123,7 +151,9 @@ void NcclWork::wait() {
   while (true) {
     {
       std::lock_guard<std::mutex> lock(shared_->mutex);
-      if (poll_locked()) break;
+      if (poll_locked()) {
+        break;
+      }
       if (Clock::now() >= deadline_) {
         fail_locked(concat(what_, " timed out after ", timeout_.count(), " ms ", shared_->where,
                            "; the group is now unusable"));
@@ -133,38 +163,42 @@ void NcclWork::wait() {
     }
     back_off(idle);
   }
-  if (!error_.empty()) throw CommError(error_);
+  if (!error_.empty()) {
+    throw CommError(error_);
+  }
 }
 
 bool NcclWork::poll_locked() {
-  if (finished_) return true;
+  if (finished_) {
+    return true;
+  }
   if (shared_->comm == nullptr) {
     fail_locked(what_ + " was abandoned: " +
-                (shared_->failure.empty() ? std::string("the communicator was destroyed")
-                                          : shared_->failure));
+                (shared_->failure.empty() ? std::string("the communicator was destroyed") : shared_->failure));
     return true;
   }
   const cudaError_t state = cudaEventQuery(done_);
   if (state == cudaSuccess) {
     float ms = 0;
     cudaEventElapsedTime(&ms, start_, done_);
-    if (shared_->recorder) shared_->recorder(op_, bytes_, static_cast<std::int64_t>(ms * 1e6));
+    if (shared_->recorder) {
+      shared_->recorder(op_, bytes_, static_cast<std::int64_t>(ms * 1e6));
+    }
     finished_ = true;
     tensors_.clear();
     return true;
   }
   if (state != cudaErrorNotReady) {
     cudaGetLastError();
-    fail_locked(concat(what_, " failed: ", cudaGetErrorName(state), " (", cudaGetErrorString(state),
-                       ") ", shared_->where, "; the group is now unusable"));
+    fail_locked(concat(what_, " failed: ", cudaGetErrorName(state), " (", cudaGetErrorString(state), ") ",
+                       shared_->where, "; the group is now unusable"));
     shared_->fail_group_locked(error_);
     return true;
   }
   ncclResult_t async = ncclSuccess;
-  if (ncclCommGetAsyncError(shared_->comm, &async) == ncclSuccess && async != ncclSuccess &&
-      async != ncclInProgress) {
-    fail_locked(concat(what_, " failed: ", ncclGetErrorString(async), " ", shared_->where,
-                       "; the group is now unusable"));
+  if (ncclCommGetAsyncError(shared_->comm, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress) {
+    fail_locked(
+        concat(what_, " failed: ", ncclGetErrorString(async), " ", shared_->where, "; the group is now unusable"));
     shared_->fail_group_locked(error_);
     return true;
   }
@@ -172,7 +206,9 @@ bool NcclWork::poll_locked() {
 }
 
 void NcclWork::fail_locked(const std::string& message) {
-  if (finished_) return;
+  if (finished_) {
+    return;
+  }
   finished_ = true;
   error_ = message;
   tensors_.clear();  // the communicator is aborted (its kernels stopped) or never ran them

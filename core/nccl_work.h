@@ -24,13 +24,11 @@ std::string nccl_where_am_i();
 
 /// Throw CommError naming the call, file:line, the CUDA/NCCL error, host and rank.
 void check_cuda(cudaError_t code, const char* call, const char* file, int line);
-void check_nccl(ncclResult_t code, const char* call, const char* file, int line,
-                ncclComm_t comm = nullptr);
+void check_nccl(ncclResult_t code, const char* call, const char* file, int line, ncclComm_t comm = nullptr);
 
 #define PARALLAX_CUDA_CHECK(call) ::parallax::detail::check_cuda((call), #call, __FILE__, __LINE__)
 #define PARALLAX_NCCL_CHECK(call) ::parallax::detail::check_nccl((call), #call, __FILE__, __LINE__)
-#define PARALLAX_NCCL_CHECK_COMM(call, comm) \
-  ::parallax::detail::check_nccl((call), #call, __FILE__, __LINE__, (comm))
+#define PARALLAX_NCCL_CHECK_COMM(call, comm) ::parallax::detail::check_nccl((call), #call, __FILE__, __LINE__, (comm))
 
 /// Makes `device` current for the scope; restores the caller's device after.
 class DeviceGuard {
@@ -70,8 +68,12 @@ struct NcclShared {
 class NcclWork final : public Work {
  public:
   /// Creates the events on the current device (the caller makes it the group's).
-  NcclWork(std::shared_ptr<NcclShared> shared, CommOp op, std::string what, std::int64_t bytes,
-           std::chrono::milliseconds timeout, std::vector<at::Tensor> tensors);
+  NcclWork(std::shared_ptr<NcclShared> shared,
+           CommOp op,
+           std::string what,
+           std::int64_t bytes,
+           std::chrono::milliseconds timeout,
+           std::vector<at::Tensor> tensors);
   ~NcclWork() override;
 
   cudaEvent_t start_event() const { return start_; }

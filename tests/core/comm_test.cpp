@@ -21,8 +21,7 @@ using Clock = std::chrono::steady_clock;
 
 const std::vector<at::ScalarType> kDtypes = {at::kFloat, at::kDouble, at::kBFloat16, at::kLong,
                                              at::kHalf,  at::kInt,    at::kByte};
-const std::vector<at::ScalarType> kFloatDtypes = {at::kFloat, at::kDouble, at::kBFloat16,
-                                                  at::kHalf};
+const std::vector<at::ScalarType> kFloatDtypes = {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf};
 
 // 1, 2, ..., period, 1, 2, ... (n elements, int64).
 at::Tensor pattern(std::int64_t n, std::int64_t period) {
@@ -30,12 +29,11 @@ at::Tensor pattern(std::int64_t n, std::int64_t period) {
 }
 
 ::testing::AssertionResult same_values(const at::Tensor& actual, const at::Tensor& expected) {
-  if (actual.sizes() == expected.sizes() &&
-      at::equal(actual.to(at::kDouble), expected.to(at::kDouble))) {
+  if (actual.sizes() == expected.sizes() && at::equal(actual.to(at::kDouble), expected.to(at::kDouble))) {
     return ::testing::AssertionSuccess();
   }
-  return ::testing::AssertionFailure() << "got " << actual.to(at::kDouble).slice(0, 0, 8)
-                                       << "\nexpected " << expected.to(at::kDouble).slice(0, 0, 8);
+  return ::testing::AssertionFailure() << "got " << actual.to(at::kDouble).slice(0, 0, 8) << "\nexpected "
+                                       << expected.to(at::kDouble).slice(0, 0, 8);
 }
 
 class CommTest : public ::testing::Test {
@@ -107,8 +105,7 @@ TEST_F(CommTest, ReduceScatter) {
     SCOPED_TRACE(c10::toString(dtype));
     // Chunk c of rank r holds (r + 1) × (c + pattern).
     at::Tensor input = at::empty({size() * shard}, at::kLong);
-    for (int c = 0; c < size(); ++c)
-      input.narrow(0, c * shard, shard).copy_(pattern(shard, 3).add(c));
+    for (int c = 0; c < size(); ++c) input.narrow(0, c * shard, shard).copy_(pattern(shard, 3).add(c));
     input = input.mul(rank() + 1).to(dtype);
     at::Tensor output = at::zeros({shard}, dtype);
     world_->reduce_scatter(output, input)->wait();
@@ -144,8 +141,7 @@ TEST_F(CommTest, AllGather) {
 TEST_F(CommTest, BroadcastFromEveryRoot) {
   for (int root = 0; root < size(); ++root) {
     for (auto dtype : {at::kFloat, at::kBFloat16, at::kLong}) {
-      at::Tensor tensor =
-          rank() == root ? pattern(100, 9).add(root).to(dtype) : at::zeros({100}, dtype);
+      at::Tensor tensor = rank() == root ? pattern(100, 9).add(root).to(dtype) : at::zeros({100}, dtype);
       world_->broadcast(tensor, root)->wait();
       EXPECT_TRUE(same_values(tensor, pattern(100, 9).add(root)));
     }
@@ -220,7 +216,12 @@ TEST_F(CommTest, BigAllReduceProgressesWhileCallerComputes) {
 }
 
 TEST_F(CommTest, SplitEvenOdd) {
+  // An operation still in flight when split is called: split keeps its place in line.
+  at::Tensor before = at::full({1 << 16}, 1.0);
+  auto before_work = world_->all_reduce(before);
   auto half = world_->split(rank() % 2, rank(), rank() % 2 == 0 ? "even" : "odd");
+  before_work->wait();
+  EXPECT_TRUE(same_values(before.slice(0, 0, 4), at::full({4}, static_cast<double>(size()))));
   const int members = (size() + 1 - rank() % 2) / 2;
   EXPECT_EQ(half->size(), members);
   EXPECT_EQ(half->rank(), rank() / 2);
@@ -360,9 +361,8 @@ TEST_F(CommTest, TimeoutMakesGroupUnusable) {
     } catch (const CommError& e) {
       const std::string message = e.what();
       for (const std::string& part :
-           {std::string("all_reduce"), "group 'pair" + std::to_string(pair) + "'",
-            std::string("4096 bytes"), std::string("float32"), std::string("500 ms"),
-            std::string("on rank 0"), std::string("unusable")}) {
+           {std::string("all_reduce"), "group 'pair" + std::to_string(pair) + "'", std::string("4096 bytes"),
+            std::string("float32"), std::string("500 ms"), std::string("on rank 0"), std::string("unusable")}) {
         EXPECT_NE(message.find(part), std::string::npos) << part << " missing in: " << message;
       }
     }

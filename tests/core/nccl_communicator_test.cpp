@@ -75,9 +75,9 @@ TEST(NcclCommunicator, CollectivesOnOneRank) {
   const auto cuda = at::TensorOptions().device(at::kCUDA, 0);
 
   for (auto dtype : {at::kFloat, at::kDouble, at::kBFloat16, at::kLong}) {
-    at::Tensor t = at::arange(100, cuda.dtype(dtype));
+    at::Tensor t = at::arange(100, cuda.dtype(at::kDouble)).to(dtype);
     comm->all_reduce(t)->wait();
-    EXPECT_TRUE(at::equal(t.cpu(), at::arange(100, at::TensorOptions().dtype(dtype))));
+    EXPECT_TRUE(at::equal(t.cpu().to(at::kDouble), at::arange(100, at::kDouble)));
   }
   at::Tensor avg = at::full({10}, 3.0, cuda);
   comm->all_reduce(avg, {ReduceOp::kAvg})->wait();
