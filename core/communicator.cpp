@@ -1,5 +1,7 @@
 #include "parallax/core/communicator.h"
 
+#include "parallax/core/error.h"
+
 namespace parallax {
 
 const char* to_string(CommOp op) {
@@ -57,6 +59,50 @@ std::chrono::milliseconds Communicator::default_timeout() const {
 
 std::chrono::milliseconds Communicator::timeout_for(const CollectiveOptions& options) const {
   return options.timeout.count() > 0 ? options.timeout : default_timeout();
+}
+
+std::string Communicator::error_prefix(CommOp op) const {
+  return detail::concat(to_string(op), " on group '", name(), "': ");
+}
+
+void Communicator::check_same_dtype(CommOp op, const at::Tensor& output, const at::Tensor& input) const {
+  PARALLAX_CHECK(output.scalar_type() == input.scalar_type(), UsageError, error_prefix(op), "output dtype ",
+                 dtype_name(output.scalar_type()), " differs from input dtype ", dtype_name(input.scalar_type()));
+}
+
+void Communicator::check_reduce_op(CommOp op, const at::Tensor& tensor, ReduceOp reduce) const {
+  PARALLAX_CHECK(reduce != ReduceOp::kAvg || is_floating_dtype(tensor.scalar_type()), UsageError, error_prefix(op),
+                 "avg of an integer tensor (", dtype_name(tensor.scalar_type()),
+                 ") is not supported; use sum and divide");
+}
+
+void Communicator::check_shards(CommOp op, const at::Tensor& full, const char* full_role, const at::Tensor& shard,
+                                const char* shard_role) const {
+  PARALLAX_CHECK(full.numel() == size() * shard.numel(), UsageError, error_prefix(op), full_role, " has ",
+                 full.numel(), " elements but must hold size() (", size(), ") × ", shard_role, " (", shard.numel(),
+                 ") = ", size() * shard.numel());
+}
+
+void Communicator::check_peer(CommOp op, int peer, const char* role) const {
+  PARALLAX_CHECK(peer >= 0 && peer < size(), UsageError, error_prefix(op), role, " = ", peer,
+                 " is out of range for a group of ", size(), " ranks");
+}
+
+const char* dtype_name(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat: return "float32";
+    case at::kDouble: return "float64";
+    case at::kBFloat16: return "bfloat16";
+    case at::kHalf: return "float16";
+    case at::kInt: return "int32";
+    case at::kLong: return "int64";
+    case at::kByte: return "uint8";
+    default: return c10::toString(dtype);
+  }
+}
+
+bool is_floating_dtype(at::ScalarType dtype) {
+  return dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16 || dtype == at::kHalf;
 }
 
 std::int64_t payload_bytes(const at::Tensor& tensor) {

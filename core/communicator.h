@@ -134,6 +134,20 @@ class Communicator {
   /// The timeout that applies to one call: its own, or the default.
   std::chrono::milliseconds timeout_for(const CollectiveOptions& options) const;
 
+  // Argument checks every backend applies the same way. Each throws UsageError whose
+  // message starts with error_prefix(op); a failed check leaves the group usable.
+
+  /// "all_reduce on group 'dp[tp=0,pp=0]': ".
+  std::string error_prefix(CommOp op) const;
+  void check_same_dtype(CommOp op, const at::Tensor& output, const at::Tensor& input) const;
+  /// kAvg needs a floating-point tensor.
+  void check_reduce_op(CommOp op, const at::Tensor& tensor, ReduceOp reduce) const;
+  /// `full` (named `full_role`) must hold size() × shard.numel() elements.
+  void check_shards(CommOp op, const at::Tensor& full, const char* full_role, const at::Tensor& shard,
+                    const char* shard_role) const;
+  /// 0 ≤ peer < size().
+  void check_peer(CommOp op, int peer, const char* role) const;
+
   /// Backends call this once per operation when it completes.
   void record(CommOp op, std::int64_t bytes, std::int64_t nanoseconds);
 
@@ -145,5 +159,10 @@ class Communicator {
 
 /// Tensor payload in bytes (numel × element size).
 std::int64_t payload_bytes(const at::Tensor& tensor);
+
+/// "float32", "bfloat16", "int64", ...: the names used in messages and counters.
+const char* dtype_name(at::ScalarType dtype);
+/// True for float32, float64, bfloat16 and float16: the dtypes kAvg accepts.
+bool is_floating_dtype(at::ScalarType dtype);
 
 }  // namespace parallax

@@ -27,20 +27,6 @@ std::string host_name() {
   return host;
 }
 
-const char* reduce_op_name(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum:
-      return "sum";
-    case ReduceOp::kAvg:
-      return "avg";
-    case ReduceOp::kMax:
-      return "max";
-    case ReduceOp::kMin:
-      return "min";
-  }
-  return "?";
-}
-
 bool overlaps(const at::Tensor& a, const at::Tensor& b) {
   const auto* a_begin = static_cast<const char*>(a.data_ptr());
   const auto* b_begin = static_cast<const char*>(b.data_ptr());
@@ -83,7 +69,7 @@ class MpiCommunicator final : public Communicator {
   WorkPtr all_reduce(at::Tensor& tensor, const CollectiveOptions& options) override {
     const CommOp op = CommOp::kAllReduce;
     check_tensor(op, tensor, "tensor");
-    check_reduce(op, tensor, options.reduce_op);
+    check_reduce_op(op, tensor, options.reduce_op);
     void* data = tensor.data_ptr();
     const int count = static_cast<int>(tensor.numel());
     const MPI_Datatype type = detail::mpi_datatype(tensor.scalar_type());
@@ -102,11 +88,9 @@ class MpiCommunicator final : public Communicator {
     check_tensor(op, output, "output");
     check_tensor(op, input, "input");
     check_same_dtype(op, output, input);
-    check_reduce(op, output, options.reduce_op);
-    PARALLAX_CHECK(input.numel() == size_ * output.numel(), UsageError, prefix(op), "input has ", input.numel(),
-                   " elements but must hold size() (", size_, ") × output (", output.numel(),
-                   ") = ", size_ * output.numel());
-    PARALLAX_CHECK(!overlaps(output, input), UsageError, prefix(op),
+    check_reduce_op(op, output, options.reduce_op);
+    check_shards(op, input, "input", output, "output");
+    PARALLAX_CHECK(!overlaps(output, input), UsageError, error_prefix(op),
                    "output overlaps input; MPI needs separate buffers");
     const void* in = input.data_ptr();
     void* out = output.data_ptr();
@@ -128,15 +112,13 @@ class MpiCommunicator final : public Communicator {
     check_tensor(op, output, "output");
     check_tensor(op, input, "input");
     check_same_dtype(op, output, input);
-    PARALLAX_CHECK(output.numel() == size_ * input.numel(), UsageError, prefix(op), "output has ", output.numel(),
-                   " elements but must hold size() (", size_, ") × input (", input.numel(),
-                   ") = ", size_ * input.numel());
+    check_shards(op, output, "output", input, "input");
     const int count = static_cast<int>(input.numel());
     const auto* own_chunk =
         static_cast<const char*>(output.data_ptr()) + static_cast<std::int64_t>(rank_) * payload_bytes(input);
     // Input already sitting in this rank's chunk of output is MPI_IN_PLACE.
     const bool in_place = input.numel() > 0 && input.data_ptr() == static_cast<const void*>(own_chunk);
-    PARALLAX_CHECK(in_place || !overlaps(output, input), UsageError, prefix(op),
+    PARALLAX_CHECK(in_place || !overlaps(output, input), UsageError, error_prefix(op),
                    "input overlaps output other than as this rank's chunk (rank ", rank_, ")");
     const void* in = in_place ? MPI_IN_PLACE : input.data_ptr();
     void* out = output.data_ptr();
@@ -237,7 +219,6 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
-  std::string prefix(CommOp op) const { return detail::concat(to_string(op), " on group '", name_, "': "); }
 
   detail::MpiOpSpec make_spec(CommOp op,
                               const at::Tensor& tensor,
@@ -246,7 +227,7 @@ class MpiCommunicator final : public Communicator {
     detail::MpiOpSpec spec;
     spec.op = op;
     spec.what = detail::concat(to_string(op), " on group '", name_, "' (", size_, " ranks, ", bytes, " bytes, ",
-                               detail::dtype_name(tensor.scalar_type()), ")");
+                               dtype_name(tensor.scalar_type()), ")");
     spec.bytes = bytes;
     spec.timeout = timeout_for(options);
     spec.tensors.push_back(tensor);
@@ -262,41 +243,27 @@ class MpiCommunicator final : public Communicator {
   }
 
   void check_tensor(CommOp op, const at::Tensor& tensor, const char* role) const {
-    PARALLAX_CHECK(tensor.defined(), UsageError, prefix(op), role, " is an undefined tensor");
-    PARALLAX_CHECK(tensor.device().is_cpu() && tensor.layout() == at::kStrided, UsageError, prefix(op), role, " is on ",
+    PARALLAX_CHECK(tensor.defined(), UsageError, error_prefix(op), role, " is an undefined tensor");
+    PARALLAX_CHECK(tensor.device().is_cpu() && tensor.layout() == at::kStrided, UsageError, error_prefix(op), role, " is on ",
                    tensor.device(), " with layout ", tensor.layout(),
                    "; the MPI communicator moves dense CPU tensors only");
-    PARALLAX_CHECK(tensor.is_contiguous(), UsageError, prefix(op), role, " is not contiguous (sizes ", tensor.sizes(),
+    PARALLAX_CHECK(tensor.is_contiguous(), UsageError, error_prefix(op), role, " is not contiguous (sizes ", tensor.sizes(),
                    ", strides ", tensor.strides(), "); pass tensor.contiguous() and copy the result back");
-    PARALLAX_CHECK(detail::is_supported_dtype(tensor.scalar_type()), UsageError, prefix(op), role, " has dtype ",
+    PARALLAX_CHECK(detail::is_supported_dtype(tensor.scalar_type()), UsageError, error_prefix(op), role, " has dtype ",
                    tensor.scalar_type(), "; supported: float32, float64, bfloat16, float16, int32, int64, uint8");
-    PARALLAX_CHECK(tensor.numel() <= INT_MAX, UsageError, prefix(op), role, " has ", tensor.numel(),
+    PARALLAX_CHECK(tensor.numel() <= INT_MAX, UsageError, error_prefix(op), role, " has ", tensor.numel(),
                    " elements; one MPI operation moves at most ", INT_MAX, " (split it into buckets)");
   }
 
-  void check_same_dtype(CommOp op, const at::Tensor& output, const at::Tensor& input) const {
-    PARALLAX_CHECK(output.scalar_type() == input.scalar_type(), UsageError, prefix(op), "output dtype ",
-                   detail::dtype_name(output.scalar_type()), " differs from input dtype ",
-                   detail::dtype_name(input.scalar_type()));
-  }
 
-  void check_reduce(CommOp op, const at::Tensor& tensor, ReduceOp reduce) const {
-    PARALLAX_CHECK(reduce != ReduceOp::kAvg || detail::is_floating_dtype(tensor.scalar_type()), UsageError, prefix(op),
-                   reduce_op_name(reduce), " of an integer tensor (", detail::dtype_name(tensor.scalar_type()),
-                   ") is not supported; use sum and divide");
-  }
 
-  void check_peer(CommOp op, int peer, const char* role) const {
-    PARALLAX_CHECK(peer >= 0 && peer < size_, UsageError, prefix(op), role, " = ", peer,
-                   " is out of range for a group of ", size_, " ranks");
-  }
 
   void check_tag(CommOp op, int tag) const {
     int* upper = nullptr;
     int found = 0;
     MPI_Comm_get_attr(comm_, MPI_TAG_UB, &upper, &found);
     const int tag_ub = found && upper ? *upper : 32767;
-    PARALLAX_CHECK(tag >= 0 && tag <= tag_ub, UsageError, prefix(op), "tag ", tag, " is out of range 0..", tag_ub);
+    PARALLAX_CHECK(tag >= 0 && tag <= tag_ub, UsageError, error_prefix(op), "tag ", tag, " is out of range 0..", tag_ub);
   }
 
   MPI_Comm comm_;

@@ -68,31 +68,6 @@ MPI_Datatype mpi_datatype(at::ScalarType dtype) {
                           "bfloat16, float16, int32, int64 or uint8"));
 }
 
-const char* dtype_name(at::ScalarType dtype) {
-  switch (dtype) {
-    case at::kFloat:
-      return "float32";
-    case at::kDouble:
-      return "float64";
-    case at::kBFloat16:
-      return "bfloat16";
-    case at::kHalf:
-      return "float16";
-    case at::kInt:
-      return "int32";
-    case at::kLong:
-      return "int64";
-    case at::kByte:
-      return "uint8";
-    default:
-      return c10::toString(dtype);
-  }
-}
-
-bool is_floating_dtype(at::ScalarType dtype) {
-  return dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16 || dtype == at::kHalf;
-}
-
 bool is_supported_dtype(at::ScalarType dtype) {
   return is_floating_dtype(dtype) || dtype == at::kInt || dtype == at::kLong || dtype == at::kByte;
 }

@@ -20,12 +20,6 @@ namespace parallax::detail {
 /// dtype and the supported ones for anything else.
 MPI_Datatype mpi_datatype(at::ScalarType dtype);
 
-/// "float32", "bfloat16", "int64", ... (the names used in errors and benches).
-const char* dtype_name(at::ScalarType dtype);
-
-/// True for float32, float64, bfloat16 and float16: the dtypes kAvg accepts.
-bool is_floating_dtype(at::ScalarType dtype);
-
 /// True for the dtypes mpi_datatype() accepts.
 bool is_supported_dtype(at::ScalarType dtype);
 

@@ -16,7 +16,6 @@
 
 #include "parallax/core/error.h"
 #include "parallax/core/logging.h"
-#include "parallax/core/mpi_datatypes.h"  // dtype names, shared with the MPI backend
 #include "parallax/core/nccl_work.h"
 
 namespace parallax {
@@ -25,7 +24,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using detail::back_off;
 using detail::DeviceGuard;
-using detail::dtype_name;
 using detail::nccl_datatype;
 using detail::nccl_op;
 using detail::NcclShared;
@@ -85,7 +83,7 @@ class NcclCommunicator final : public Communicator {
   WorkPtr all_reduce(at::Tensor& tensor, const CollectiveOptions& options) override {
     const CommOp op = CommOp::kAllReduce;
     check_tensor(op, tensor, "tensor");
-    check_reduce(op, tensor, options.reduce_op);
+    check_reduce_op(op, tensor, options.reduce_op);
     void* data = tensor.data_ptr();
     const auto count = static_cast<std::size_t>(tensor.numel());
     const ncclDataType_t type = nccl_datatype(tensor.scalar_type());
@@ -101,10 +99,8 @@ class NcclCommunicator final : public Communicator {
     check_tensor(op, output, "output");
     check_tensor(op, input, "input");
     check_same_dtype(op, output, input);
-    check_reduce(op, output, options.reduce_op);
-    PARALLAX_CHECK(input.numel() == size_ * output.numel(), UsageError, prefix(op), "input has ", input.numel(),
-                   " elements but must hold size() (", size_, ") × output (", output.numel(),
-                   ") = ", size_ * output.numel());
+    check_reduce_op(op, output, options.reduce_op);
+    check_shards(op, input, "input", output, "output");
     const void* in = input.data_ptr();
     void* out = output.data_ptr();
     const auto count = static_cast<std::size_t>(output.numel());
@@ -121,9 +117,7 @@ class NcclCommunicator final : public Communicator {
     check_tensor(op, output, "output");
     check_tensor(op, input, "input");
     check_same_dtype(op, output, input);
-    PARALLAX_CHECK(output.numel() == size_ * input.numel(), UsageError, prefix(op), "output has ", output.numel(),
-                   " elements but must hold size() (", size_, ") × input (", input.numel(),
-                   ") = ", size_ * input.numel());
+    check_shards(op, output, "output", input, "input");
     const void* in = input.data_ptr();
     void* out = output.data_ptr();
     const auto count = static_cast<std::size_t>(input.numel());
@@ -150,7 +144,7 @@ class NcclCommunicator final : public Communicator {
     const CommOp op = CommOp::kSend;
     check_tensor(op, tensor, "tensor");
     check_peer(op, dst, "dst");
-    PARALLAX_CHECK(tag >= 0, UsageError, prefix(op), "tag ", tag, " must be >= 0");
+    PARALLAX_CHECK(tag >= 0, UsageError, error_prefix(op), "tag ", tag, " must be >= 0");
     const void* data = tensor.data_ptr();
     const auto count = static_cast<std::size_t>(tensor.numel());
     const ncclDataType_t type = nccl_datatype(tensor.scalar_type());
@@ -163,7 +157,7 @@ class NcclCommunicator final : public Communicator {
     const CommOp op = CommOp::kRecv;
     check_tensor(op, tensor, "tensor");
     check_peer(op, src, "src");
-    PARALLAX_CHECK(tag >= 0, UsageError, prefix(op), "tag ", tag, " must be >= 0");
+    PARALLAX_CHECK(tag >= 0, UsageError, error_prefix(op), "tag ", tag, " must be >= 0");
     void* data = tensor.data_ptr();
     const auto count = static_cast<std::size_t>(tensor.numel());
     const ncclDataType_t type = nccl_datatype(tensor.scalar_type());
@@ -263,30 +257,17 @@ class NcclCommunicator final : public Communicator {
   }
 
   void check_tensor(CommOp op, const at::Tensor& tensor, const char* role) const {
-    PARALLAX_CHECK(tensor.defined(), UsageError, prefix(op), role, " is an undefined tensor");
+    PARALLAX_CHECK(tensor.defined(), UsageError, error_prefix(op), role, " is an undefined tensor");
     PARALLAX_CHECK(tensor.is_cuda() && tensor.device().index() == device_ && tensor.layout() == at::kStrided,
-                   UsageError, prefix(op), role, " is on ", tensor.device(),
+                   UsageError, error_prefix(op), role, " is on ", tensor.device(),
                    "; the NCCL communicator moves dense tensors on cuda:", device_, " only");
-    PARALLAX_CHECK(tensor.is_contiguous(), UsageError, prefix(op), role, " is not contiguous (sizes ", tensor.sizes(),
+    PARALLAX_CHECK(tensor.is_contiguous(), UsageError, error_prefix(op), role, " is not contiguous (sizes ", tensor.sizes(),
                    ", strides ", tensor.strides(), ")");
     nccl_datatype(tensor.scalar_type());  // throws for unsupported dtypes
   }
 
-  void check_same_dtype(CommOp op, const at::Tensor& output, const at::Tensor& input) const {
-    PARALLAX_CHECK(output.scalar_type() == input.scalar_type(), UsageError, prefix(op), "output dtype ",
-                   dtype_name(output.scalar_type()), " differs from input dtype ", dtype_name(input.scalar_type()));
-  }
 
-  void check_reduce(CommOp op, const at::Tensor& tensor, ReduceOp reduce) const {
-    PARALLAX_CHECK(reduce != ReduceOp::kAvg || detail::is_floating_dtype(tensor.scalar_type()), UsageError, prefix(op),
-                   "avg of an integer tensor (", dtype_name(tensor.scalar_type()),
-                   ") is not supported; use sum and divide");
-  }
 
-  void check_peer(CommOp op, int peer, const char* role) const {
-    PARALLAX_CHECK(peer >= 0 && peer < size_, UsageError, prefix(op), role, " = ", peer,
-                   " is out of range for a group of ", size_, " ranks");
-  }
 
   std::shared_ptr<NcclShared> shared_;
   int device_;

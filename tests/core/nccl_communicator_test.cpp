@@ -63,7 +63,7 @@ TEST(NcclCommunicator, WithoutGpuConstructionFailsClearly) {
   // The bootstrap communicator is still usable afterwards.
   at::Tensor t = at::ones({2});
   MpiEnvironment::world().communicator().all_reduce(t)->wait();
-  GTEST_SKIP() << "no CUDA device; construction failed as expected: " << message;
+  EXPECT_EQ(t[0].item<float>(), 1.0f);
 }
 
 TEST(NcclCommunicator, CollectivesOnOneRank) {
