@@ -28,7 +28,9 @@ struct TrainOptions {
   std::int64_t grad_accum = 0;
   /// Optimizer steps to run. Default: 100.
   std::int64_t steps = 100;
-  /// Seed for parameters, data order and dropout. Default: 1234.
+  /// Seed of LibTorch's default generator on every rank (set by parallax::init), so
+  /// models built after init start identical; data order is the application's.
+  /// Default: 1234.
   std::int64_t seed = 1234;
 };
 
@@ -58,7 +60,8 @@ enum class SchedulerType { kConstant, kLinear, kCosine };
 struct SchedulerOptions {
   /// constant | linear | cosine (decay to min_lr at train.steps). Default: constant.
   SchedulerType type = SchedulerType::kConstant;
-  /// Steps of linear warmup from 0 to optimizer.lr. Default: 0.
+  /// Steps of linear warmup: step k (0-based) uses lr × (k + 1) / warmup_steps.
+  /// Default: 0.
   std::int64_t warmup_steps = 0;
   /// Floor reached at the end of linear/cosine decay. Default: 0.
   double min_lr = 0.0;

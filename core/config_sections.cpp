@@ -51,6 +51,10 @@ constexpr Rule kZeroStage{[](double v) { return v >= 0 && v <= 3; }, "0..3"};
 constexpr Rule kPositive{[](double v) { return v > 0; }, "a number > 0"};
 constexpr Rule kNonNegative{[](double v) { return v >= 0; }, "a number >= 0"};
 constexpr Rule kUnitInterval{[](double v) { return v >= 0 && v < 1; }, "a number in [0, 1)"};
+// A millisecond at least (shorter fails every collective), about 11 days at most.
+constexpr Rule kTimeoutSeconds{[](double v) { return v >= 0.001 && v <= 1e6; }, "seconds in [0.001, 1e6]"};
+// One bucket is one collective: MPI counts elements in an int (2^31 fp32 = 8 GiB).
+constexpr Rule kBucketMegabytes{[](double v) { return v >= 0.001 && v <= 8192; }, "MiB in [0.001, 8192]"};
 
 // ---- Fields ------------------------------------------------------------------------
 
@@ -91,7 +95,7 @@ void parallel_fields(FieldVisitor& v, Config& c) {
 
 void zero_fields(FieldVisitor& v, Config& c) {
   v.integer("stage", c.zero.stage, kZeroStage);
-  v.number("bucket_mb", c.zero.bucket_mb, kPositive);
+  v.number("bucket_mb", c.zero.bucket_mb, kBucketMegabytes);
   v.boolean("overlap_comm", c.zero.overlap_comm);
 }
 
@@ -99,7 +103,7 @@ void comm_fields(FieldVisitor& v, Config& c) {
   // "nccl" is accepted here; whether this build and these tensors can use it is the
   // runtime's question.
   v.choice("backend", c.comm.backend, kBackendNames);
-  v.number("timeout_s", c.comm.timeout_s, kPositive);
+  v.number("timeout_s", c.comm.timeout_s, kTimeoutSeconds);
 }
 
 void logging_fields(FieldVisitor& v, Config& c) {
@@ -114,6 +118,12 @@ void logging_fields(FieldVisitor& v, Config& c) {
 std::string position(const KeyPositions& positions, const std::string& key) {
   const auto found = positions.find(key);
   return found == positions.end() ? "" : found->second;
+}
+
+void optimizer_check(const Config& c, const KeyPositions& positions) {
+  PARALLAX_CHECK(c.optimizer.momentum == 0.0 || c.optimizer.type == OptimizerType::kSgd, ConfigError,
+                 "optimizer.momentum = ", format_double(c.optimizer.momentum), position(positions, "optimizer.momentum"),
+                 ": momentum applies to type = \"sgd\" only; Adam's momentum is optimizer.betas");
 }
 
 void scheduler_check(const Config& c, const KeyPositions& positions) {
@@ -137,6 +147,7 @@ void parallel_check(const Config& c, const KeyPositions& positions) {
                  "\"manual\" (set tp, pp and dp)");
 }
 
+
 void zero_check(const Config& c, const KeyPositions& positions) {
   // The message leads with the exact phrase users and docs search for; the position
   // follows in parentheses.
@@ -152,7 +163,7 @@ const std::vector<SectionDef>& sections() {
   // One row per section, in to_toml order. Immutable; built on first use.
   static const std::vector<SectionDef> kSections = {
       {"train", train_fields, nullptr},
-      {"optimizer", optimizer_fields, nullptr},
+      {"optimizer", optimizer_fields, optimizer_check},
       {"scheduler", scheduler_fields, scheduler_check},
       {"precision", precision_fields, precision_check},
       {"parallel", parallel_fields, parallel_check},

@@ -2,8 +2,9 @@
 // counters) and hands it to its MpiProgressEngine (mpi_progress.h), which starts and
 // polls the nonblocking MPI calls on its own thread.
 //
-// kAvg is the sum followed by a division by size() on the progress thread, so for
-// bfloat16/float16 it rounds twice. kAvg of an integer tensor is a UsageError (an
+// kAvg is the sum followed by a division by size() on the progress thread. For
+// bfloat16/float16 every pairwise combine rounds (size() − 1 roundings), and the
+// division once more. kAvg of an integer tensor is a UsageError (an
 // integer mean is not an integer; reduce with kSum and divide as you see fit).
 #include "parallax/core/mpi_communicator.h"
 

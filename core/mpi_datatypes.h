@@ -3,7 +3,8 @@
 //
 // bfloat16 has no MPI datatype and MPI's float16 support is an extension, so both
 // travel as MPI_UINT16_T (two opaque bytes) and are reduced by user-defined MPI_Ops
-// that widen each element to fp32, combine, and round back once.
+// that widen each element to fp32, combine, and round back: once per combine, so a
+// reduction over n ranks rounds n − 1 times (MPI combines pairwise).
 #pragma once
 
 #include <mpi.h>

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <unordered_set>
 
 #include "parallax/core/error.h"
 #include "parallax/core/mesh.h"
@@ -13,7 +14,34 @@
 namespace parallax {
 namespace {
 
-std::int64_t tensor_bytes(const torch::Tensor& t) { return t.numel() * static_cast<std::int64_t>(t.element_size()); }
+// Before the first collective that depends on the model: every rank must hold the same
+// parameters and buffers (count, shapes, dtypes), or the broadcasts would mismatch.
+void check_same_structure(Communicator& comm, const std::vector<torch::Tensor>& params,
+                          const std::vector<torch::Tensor>& buffers) {
+  std::uint64_t hash = 1469598103934665603ULL;  // FNV-1a over (dtype, shape) of each tensor
+  auto mix = [&hash](std::int64_t value) {
+    hash ^= static_cast<std::uint64_t>(value);
+    hash *= 1099511628211ULL;
+  };
+  for (const auto* list : {&params, &buffers}) {
+    mix(static_cast<std::int64_t>(list->size()));
+    for (const auto& t : *list) {
+      mix(static_cast<std::int64_t>(t.scalar_type()));
+      for (auto size : t.sizes()) mix(size);
+    }
+  }
+  torch::Tensor mine = torch::full({1}, static_cast<std::int64_t>(hash), torch::kLong);
+  torch::Tensor all = torch::empty({comm.size()}, torch::kLong);
+  comm.all_gather(all, mine)->wait();
+  std::vector<int> differing;
+  for (int r = 0; r < comm.size(); ++r) {
+    if (all[r].item<std::int64_t>() != all[0].item<std::int64_t>()) differing.push_back(r);
+  }
+  PARALLAX_CHECK(differing.empty(), UsageError, "the model differs across ranks of group '", comm.name(),
+                 "': rank(s) ", format_rank_set(differing), " hold other parameter or buffer shapes than rank 0 (",
+                 params.size(), " parameters, ", buffers.size(),
+                 " buffers here); build the model from the same config on every rank");
+}
 
 torch::ScalarType compute_dtype_for(Dtype dtype) {
   switch (dtype) {
@@ -61,13 +89,26 @@ Engine::Engine(Runtime& runtime, std::shared_ptr<torch::nn::Module> model, const
   s.grad_accum = config.train.grad_accum;
   Communicator& dp = runtime.mesh().dp();
 
+  // A weight shared by two modules (a tied embedding and LM head) appears twice in
+  // parameters(): keep the first, or it would be reduced and stepped twice.
+  std::vector<torch::Tensor> unique;
+  std::unordered_set<const void*> seen;
+  for (const auto& p : s.model->parameters()) {
+    if (seen.insert(p.unsafeGetTensorImpl()).second) unique.push_back(p);
+  }
+  PARALLAX_CHECK(!unique.empty(), UsageError, "the model has no parameters to train");
+  check_same_structure(dp, unique, s.model->buffers());
+
   // Every data-parallel rank starts from rank 0's parameters and buffers (fp32, exact).
   {
     torch::NoGradGuard no_grad;
     std::vector<WorkPtr> pending;
     std::vector<torch::Tensor> aliases;
-    for (const auto& t : s.model->parameters()) aliases.push_back(t.detach());
-    for (const auto& t : s.model->buffers()) aliases.push_back(t.detach());
+    for (const auto& t : unique) aliases.push_back(t.detach());
+    for (const auto& t : s.model->buffers()) {
+      // MPI has no bool type: a bool buffer (a mask) travels as its bytes.
+      aliases.push_back(t.scalar_type() == torch::kBool ? t.detach().view(torch::kUInt8) : t.detach());
+    }
     for (auto& t : aliases) {
       PARALLAX_CHECK(t.is_contiguous(), UsageError, "model tensors must be contiguous to broadcast");
       pending.push_back(dp.broadcast(t, 0));
@@ -76,8 +117,12 @@ Engine::Engine(Runtime& runtime, std::shared_ptr<torch::nn::Module> model, const
   }
   if (s.dtype != torch::kFloat32) s.model->to(s.dtype);
 
-  s.params = s.model->parameters();
-  PARALLAX_CHECK(!s.params.empty(), UsageError, "the model has no parameters to train");
+  // model->to() may have replaced the tensors: collect the trainable ones again.
+  seen.clear();
+  for (const auto& p : s.model->parameters()) {
+    if (p.requires_grad() && seen.insert(p.unsafeGetTensorImpl()).second) s.params.push_back(p);
+  }
+  PARALLAX_CHECK(!s.params.empty(), UsageError, "every parameter of the model is frozen (requires_grad = false)");
   if (s.dtype != torch::kFloat32) {
     for (const auto& p : s.params) {
       torch::Tensor master = p.detach().to(torch::kFloat32).clone().requires_grad_(true);
@@ -113,8 +158,8 @@ void Engine::backward(const torch::Tensor& loss) {
 bool Engine::step() {
   State& s = *state_;
   if (s.micro_step < s.grad_accum) return false;
-  s.micro_step = 0;
   s.buckets->finish();
+  s.micro_step = 0;
 
   const double lr = scheduled_lr(s.spec, s.global_step);
   {
@@ -155,15 +200,17 @@ std::vector<torch::Tensor> Engine::master_parameters() const {
 ModelStateBytes Engine::model_state_bytes() const {
   const State& s = *state_;
   ModelStateBytes bytes;
-  for (const auto& p : s.params) bytes.params += tensor_bytes(p);
+  for (const auto& p : s.params) bytes.params += payload_bytes(p);
   bytes.grads = s.buckets->buffer_bytes();
   bytes.optimizer = optimizer_state_bytes(*s.optimizer);
   for (const auto& m : s.masters) {
-    bytes.grads += tensor_bytes(m);      // the fp32 master gradient
-    bytes.optimizer += tensor_bytes(m);  // the fp32 master weight
+    bytes.grads += payload_bytes(m);      // the fp32 master gradient
+    bytes.optimizer += payload_bytes(m);  // the fp32 master weight
   }
   return bytes;
 }
+
+void Engine::begin_micro_step() { state_->telemetry->begin_window_if_needed(); }
 
 torch::Tensor Engine::prepare_input(const torch::Tensor& input) const {
   if (input.is_floating_point() && input.scalar_type() != state_->dtype) return input.to(state_->dtype);

@@ -16,6 +16,11 @@
 // bf16 (`precision.dtype = "bf16"`): the model's parameters are cast to bf16 for
 // compute and communication; fp32 master weights and the optimizer state live beside
 // them; after each step the masters are copied back into the bf16 parameters.
+// Gradients accumulate over micro-steps and are all-reduced in bf16 (as DeepSpeed does
+// by default); only the optimizer sees fp32.
+//
+// Gradients live in the buckets: do not call zero_grad() on the model or replace a
+// parameter's .grad (step() detects it and throws UsageError).
 #pragma once
 
 #include <torch/nn/module.h>
@@ -34,10 +39,14 @@ namespace parallax {
 
 class Engine {
  public:
-  /// Collective over the mesh: broadcasts parameters and buffers from data-parallel
-  /// rank 0, casts to the compute dtype, builds buckets and the optimizer.
-  /// Throws ConfigError for a config it cannot run, UsageError for a model without
-  /// parameters.
+  /// Collective over the mesh: checks that every rank built the same model, broadcasts
+  /// parameters and buffers from data-parallel rank 0, casts to the compute dtype,
+  /// builds buckets and the optimizer over the trainable parameters (a weight shared by
+  /// several modules counts once; frozen ones are broadcast but not trained). Buffers
+  /// are broadcast once, here: buffers the forward updates (BatchNorm statistics) then
+  /// evolve per rank. Throws ConfigError for a config it cannot run, UsageError for a
+  /// model that differs across ranks or has nothing to train, CommError if the
+  /// broadcast fails.
   Engine(Runtime& runtime, std::shared_ptr<torch::nn::Module> model, const OptimizerSpec& spec);
   Engine(Engine&&) noexcept;
   Engine& operator=(Engine&&) noexcept;
@@ -80,6 +89,8 @@ class Engine {
  protected:
   /// Casts floating-point inputs to the compute dtype.
   torch::Tensor prepare_input(const torch::Tensor& input) const;
+  /// Opens the step's timing window at its first forward.
+  void begin_micro_step();
   Tracer& tracer();
 
  private:
@@ -97,6 +108,7 @@ class ModuleEngine : public Engine {
 
   template <typename... Args>
   auto forward(Args&&... args) {
+    begin_micro_step();
     auto span = tracer().span("forward", "compute");
     return model_->forward(cast(std::forward<Args>(args))...);
   }
@@ -107,8 +119,7 @@ class ModuleEngine : public Engine {
  private:
   template <typename T>
   decltype(auto) cast(T&& value) const {
-    if constexpr (std::is_convertible_v<std::decay_t<T>, torch::Tensor> &&
-                  std::is_same_v<std::decay_t<T>, torch::Tensor>) {
+    if constexpr (std::is_same_v<std::decay_t<T>, torch::Tensor>) {
       return prepare_input(value);
     } else {
       return std::forward<T>(value);

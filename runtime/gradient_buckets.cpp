@@ -4,6 +4,9 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
+#include <limits>
+
 #include "parallax/core/error.h"
 
 namespace parallax {
@@ -29,10 +32,13 @@ GradientBuckets::GradientBuckets(std::vector<torch::Tensor> params, std::int64_t
                                  Communicator& comm, Tracer& tracer, bool overlap)
     : params_(std::move(params)),
       bucket_of_param_(params_.size()),
+      grad_data_(params_.size()),
       comm_(comm),
       tracer_(tracer),
       overlap_(overlap) {
   PARALLAX_CHECK(bucket_bytes > 0, UsageError, "gradient bucket size must be > 0 bytes, got ", bucket_bytes);
+  // One bucket is one collective, and MPI counts elements in an int.
+  constexpr std::int64_t kMaxBucketElements = std::numeric_limits<int>::max();
   // (a) Reverse registration order; a new bucket when the dtype changes or it is full.
   std::vector<std::vector<std::size_t>> groups;
   std::int64_t group_bytes = 0;
@@ -40,9 +46,12 @@ GradientBuckets::GradientBuckets(std::vector<torch::Tensor> params, std::int64_t
     const torch::Tensor& p = params_[i];
     PARALLAX_CHECK(p.requires_grad() && p.layout() == torch::kStrided, UsageError,
                    "parameter ", i, " must be a dense tensor that requires grad");
-    const std::int64_t bytes = p.numel() * static_cast<std::int64_t>(p.element_size());
+    PARALLAX_CHECK(p.numel() <= kMaxBucketElements, UsageError, "parameter ", i, " has ", p.numel(),
+                   " elements; one collective carries at most ", kMaxBucketElements);
+    const std::int64_t bytes = payload_bytes(p);
+    const std::int64_t cap = std::min(bucket_bytes, kMaxBucketElements * static_cast<std::int64_t>(p.element_size()));
     const bool dtype_change = !groups.empty() && params_[groups.back().front()].scalar_type() != p.scalar_type();
-    if (groups.empty() || dtype_change || (group_bytes > 0 && group_bytes + bytes > bucket_bytes)) {
+    if (groups.empty() || dtype_change || (group_bytes > 0 && group_bytes + bytes > cap)) {
       groups.emplace_back();
       group_bytes = 0;
     }
@@ -62,6 +71,7 @@ GradientBuckets::GradientBuckets(std::vector<torch::Tensor> params, std::int64_t
       torch::Tensor& p = params_[i];
       // The view becomes .grad: autograd accumulates into the bucket in place.
       p.mutable_grad() = bucket.buffer.narrow(0, offset, p.numel()).view(p.sizes());
+      grad_data_[i] = p.grad().data_ptr();
       offset += p.numel();
       bucket_of_param_[i] = buckets_.size();
     }
@@ -70,13 +80,16 @@ GradientBuckets::GradientBuckets(std::vector<torch::Tensor> params, std::int64_t
     buckets_.push_back(std::move(bucket));
   }
 
-  // (b) One post-hook per gradient accumulator.
+  // (b) One post-hook per gradient accumulator; all checked before any hook is added.
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
   for (std::size_t i = 0; i < params_.size(); ++i) {
-    std::shared_ptr<torch::autograd::Node> accumulator = torch::autograd::impl::grad_accumulator(params_[i]);
-    PARALLAX_CHECK(accumulator != nullptr, UsageError, "parameter ", i, " is not a leaf tensor");
+    accumulators.push_back(torch::autograd::impl::grad_accumulator(params_[i]));
+    PARALLAX_CHECK(accumulators.back() != nullptr, UsageError, "parameter ", i, " is not a leaf tensor");
+  }
+  for (std::size_t i = 0; i < params_.size(); ++i) {
     const std::uintptr_t key =
-        accumulator->add_post_hook(std::make_unique<GradientReadyHook>([this, i] { on_gradient_ready(i); }));
-    hooks_.emplace_back(std::move(accumulator), key);
+        accumulators[i]->add_post_hook(std::make_unique<GradientReadyHook>([this, i] { on_gradient_ready(i); }));
+    hooks_.emplace_back(std::move(accumulators[i]), key);
   }
 }
 
@@ -128,12 +141,18 @@ void GradientBuckets::finish() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     PARALLAX_ASSERT(armed_, "finish() without arm()");
+    armed_ = false;  // first: a failed launch below must not leave the window open
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      PARALLAX_CHECK(params_[i].grad().defined() && params_[i].grad().data_ptr() == grad_data_[i], UsageError,
+                     "the .grad of parameter ", i, " (shape ", params_[i].sizes(),
+                     ") was replaced; gradients live in the engine's buckets: do not call zero_grad() on the "
+                     "model or assign .grad (the engine zeroes gradients after each step)");
+    }
     // (c) Parameters that took no part in this forward never fired their hook.
     while (next_to_launch_ < buckets_.size()) {
       launch_locked(buckets_[next_to_launch_]);
       ++next_to_launch_;
     }
-    armed_ = false;
   }
   auto span = tracer_.span("gradient all_reduce wait", "comm");
   const double scale = 1.0 / static_cast<double>(comm_.size());

@@ -2,21 +2,23 @@
 //
 // Protocol (every rank of the data-parallel group runs the same steps):
 //  a. At construction, parameters are grouped into buckets of at most `bucket_bytes`
-//     in reverse registration order (roughly the order backward produces gradients),
-//     never mixing dtypes. Each bucket owns one flat tensor; every parameter's .grad is
+//     (and at most INT_MAX elements: one collective) in reverse registration order
+//     (roughly the order backward produces gradients), never mixing dtypes. Each bucket owns one flat tensor; every parameter's .grad is
 //     a view into its bucket, so autograd accumulates straight into the buffer.
 //  b. A post-hook on each parameter's gradient accumulator reports "gradient ready".
 //     Only on the last micro-step of an accumulation window (arm()), a bucket whose
 //     parameters are all ready is all-reduced asynchronously — strictly in bucket
 //     order, so every rank issues the same collectives in the same order even if
 //     hooks fire in a different order.
-//  c. finish() launches the buckets that never became ready (parameters unused in this
-//     forward), waits for all, and divides by the group size: .grad then holds the
-//     mean gradient over the group's global batch.
+//  c. finish() checks that every .grad is still its bucket view (a model.zero_grad()
+//     that set grads to none would silently detach them), launches the buckets that
+//     never became ready (parameters unused in this forward), waits for all, and
+//     divides by the group size: .grad then holds the mean gradient over the group's
+//     global batch.
 //  d. zero() clears the buffers in place (never re-allocating, which would break the
 //     views) before the next accumulation window.
 //
-//   GradientBuckets buckets(params, 25 << 20, dp_comm);
+//   GradientBuckets buckets(params, 25 << 20, dp_comm, tracer);
 //   buckets.arm();  loss.backward();  buckets.finish();   // grads averaged
 //   optimizer.step(); buckets.zero();
 #pragma once
@@ -39,7 +41,7 @@ namespace parallax {
 
 class GradientBuckets {
  public:
-  /// `params` must require grad and be dense; `bucket_bytes` > 0. With `overlap`
+  /// `params` must be distinct dense leaf tensors that require grad; `bucket_bytes` > 0. With `overlap`
   /// false (`zero.overlap_comm = false`) nothing is launched during backward: finish()
   /// launches every bucket. The communicator and tracer must outlive this object. Does
   /// not communicate.
@@ -61,8 +63,9 @@ class GradientBuckets {
   std::size_t bucket_count() const { return buckets_.size(); }
   /// Bytes of gradient payload (sum over parameters of numel × element size).
   std::int64_t gradient_bytes() const { return gradient_bytes_; }
-  /// Bytes of the bucket buffers beyond the gradients (alignment). All-reduced bytes per
-  /// window = gradient_bytes() + padding_bytes().
+  /// Bytes of the bucket buffers beyond the gradients. Buckets are packed without
+  /// alignment, so this is 0; it is kept so volume checks state the identity
+  /// all-reduced bytes per window = gradient_bytes() + padding_bytes().
   std::int64_t padding_bytes() const { return buffer_bytes_ - gradient_bytes_; }
   /// Bytes held by the bucket buffers.
   std::int64_t buffer_bytes() const { return buffer_bytes_; }
@@ -81,6 +84,7 @@ class GradientBuckets {
 
   std::vector<torch::Tensor> params_;
   std::vector<std::size_t> bucket_of_param_;
+  std::vector<const void*> grad_data_;  ///< where each .grad view must still point
   std::vector<Bucket> buckets_;
   /// The parameters' gradient accumulators (kept alive: autograd holds them weakly) and
   /// the keys of our hooks on them, removed on destruction.

@@ -6,14 +6,13 @@
 
 #include <cmath>
 
+#include "parallax/core/communicator.h"
 #include "parallax/core/error.h"
 
 namespace parallax {
 namespace {
 
-std::int64_t bytes_of(const torch::Tensor& t) {
-  return t.defined() ? static_cast<std::int64_t>(t.numel() * t.element_size()) : 0;
-}
+std::int64_t bytes_of(const torch::Tensor& t) { return t.defined() ? payload_bytes(t) : 0; }
 
 }  // namespace
 

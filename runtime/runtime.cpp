@@ -5,11 +5,13 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <exception>
 #include <sstream>
 
 #include "parallax/core/config_loader.h"
 #include "parallax/core/error.h"
 #include "parallax/core/mesh.h"
+#include "parallax/core/metrics.h"
 #include "parallax/core/topology.h"
 #include "parallax/core/world.h"
 #include "parallax/runtime/blas_info.h"
@@ -27,6 +29,7 @@ struct Runtime::State {
   std::unique_ptr<Tracer> tracer;
   std::unique_ptr<Mesh> mesh;
   std::unique_ptr<Communicator> telemetry;
+  std::unique_ptr<MetricsWriter> metrics;
   std::string blas;
   proto::Plan plan;
 
@@ -46,25 +49,36 @@ struct Runtime::State {
 
 namespace {
 
-// Step 2 of init: load on every rank, then agree, so a rank that cannot read its config
-// never leaves the others waiting in a later collective.
 void check_same_config(World& world, const Config& config);
 
+// Runs `action` on every rank, then agrees on the outcome: a rank whose action threw
+// rethrows its own error, the others throw one that counts the failed ranks. So a
+// failure on some ranks (a file, a directory, a node's hwloc) never leaves the others
+// waiting in a later collective. `what` names the action in that message.
+template <typename Action>
+void run_everywhere(World& world, const char* what, Action&& action) {
+  std::exception_ptr error;
+  try {
+    action();
+  } catch (const Error&) {
+    error = std::current_exception();
+  }
+  at::Tensor failed = at::full({1}, error ? 1 : 0, at::kLong);
+  world.communicator().all_reduce(failed, {ReduceOp::kSum})->wait();
+  if (error) std::rethrow_exception(error);
+  const auto others = failed.item<std::int64_t>();
+  PARALLAX_CHECK(others == 0, UsageError, what, " failed on ", others, " other rank(s); see their messages");
+}
+
+// Step 2 of init: load on every rank, agree, then compare what was loaded.
 Config load_config_everywhere(World& world, const ConfigSources& sources, const InitOptions& options) {
   Config config;
-  std::string error;
   try {
-    config = load_config(sources, LoadOptions{options.app_tables});
-  } catch (const Error& e) {
-    error = e.detail();
+    run_everywhere(world, "loading the configuration",
+                   [&] { config = load_config(sources, LoadOptions{options.app_tables}); });
+  } catch (const UsageError& e) {
+    throw ConfigError(e.detail());
   }
-  Communicator& comm = world.communicator();
-  at::Tensor failed = at::full({1}, error.empty() ? 0 : 1, at::kLong);
-  comm.all_reduce(failed, {ReduceOp::kSum})->wait();
-  if (!error.empty()) throw ConfigError(error);
-  PARALLAX_CHECK(failed.item<std::int64_t>() == 0, ConfigError, "the configuration failed to load on ",
-                 failed.item<std::int64_t>(), " other rank(s); see their messages");
-
   check_same_config(world, config);
   return config;
 }
@@ -127,14 +141,26 @@ void Runtime::start(const InitOptions& options) {
   PARALLAX_CHECK(s.config.comm.backend != CommBackend::kNccl, ConfigError,
                  "comm.backend = \"nccl\": this engine trains on CPU tensors, which NCCL cannot carry; "
                  "use \"auto\" or \"mpi\"");
+  // The library's own randomness (and the application's default generator) starts from
+  // train.seed on every rank.
+  at::manual_seed(static_cast<std::uint64_t>(s.config.train.seed));
 
   const auto timeout = std::chrono::milliseconds(static_cast<std::int64_t>(s.config.comm.timeout_s * 1000.0));
   s.world->communicator().set_default_timeout(timeout);
-  s.world->set_shutdown_timeout(timeout);
+  // A rank that fails alone waits at shutdown until its peers' collectives time out
+  // (timeout) and their communicators wind down, so every rank reports its own error.
+  s.world->set_shutdown_timeout(timeout + std::chrono::seconds(30));
   s.logger = Logger(s.config.logging.level);
   s.tracer = std::make_unique<Tracer>(!s.config.logging.trace_file.empty());
+  run_everywhere(*s.world, "opening logging.metrics_file", [&] {
+    if (!s.config.logging.metrics_file.empty() && s.world->rank() == 0) {
+      s.metrics = std::make_unique<MetricsWriter>(s.config.logging.metrics_file);
+    }
+  });
 
-  Cluster cluster = Cluster::gather(s.world->communicator(), NodeTopology::discover());
+  NodeTopology local_node;
+  run_everywhere(*s.world, "topology discovery", [&] { local_node = NodeTopology::discover(); });
+  Cluster cluster = Cluster::gather(s.world->communicator(), local_node);
   const ParallelOptions& p = s.config.parallel;
   s.mesh = std::make_unique<Mesh>(s.world->communicator(), std::move(cluster), MeshDegrees{p.tp, p.pp, p.dp});
   s.telemetry = s.world->communicator().split(0, s.world->rank(), "telemetry");
@@ -160,8 +186,6 @@ void Runtime::start(const InitOptions& options) {
   }
 }
 
-Runtime::Runtime(Runtime&&) noexcept = default;
-Runtime& Runtime::operator=(Runtime&&) noexcept = default;
 Runtime::~Runtime() = default;
 
 const Config& Runtime::config() const { return state_->config; }
@@ -171,6 +195,7 @@ const Cluster& Runtime::cluster() const { return state_->mesh->cluster(); }
 const Logger& Runtime::logger() const { return state_->logger; }
 Tracer& Runtime::tracer() { return *state_->tracer; }
 Communicator& Runtime::telemetry() { return *state_->telemetry; }
+MetricsWriter* Runtime::metrics_writer() { return state_->metrics.get(); }
 const std::vector<std::string>& Runtime::args() const { return state_->args; }
 const std::string& Runtime::blas() const { return state_->blas; }
 

@@ -1,7 +1,7 @@
 // parallax::init: the composition root's entry point.
 //
 //   int main(int argc, char** argv) {
-//     auto rt = parallax::init(argc, argv, {.app_tables = {"model", "data"}});
+//     auto rt = parallax::init(argc, argv, {{"model", "data"}});   // app tables
 //     auto engine = rt.engine(model, parallax::OptimizerSpec::from(rt.config()));
 //     ...
 //   }
@@ -11,11 +11,13 @@
 //  2. Config: --config FILE... and --set k=v from argv, strictly validated. Ranks agree
 //     on success (one failing rank fails all, each with a clear message), then compare
 //     config hashes; a mismatch names the ranks that differ.
-//  3. Resolve: dp and the omitted batch value from the world size.
+//  3. Resolve: dp and the omitted batch value from the world size; seed LibTorch's
+//     default generator with train.seed; open logging.metrics_file on rank 0.
 //  4. Topology: each rank discovers its node with hwloc; the cluster is gathered.
 //  5. Mesh: (tp, pp, dp) placed on the cluster; one communicator per group.
 //  6. Rank 0 prints the resolved config, the cluster, the mesh, the plan and the BLAS.
-// Every failure throws a parallax::Error on every rank that sees it; none hangs.
+// Every failure throws a parallax::Error on every rank: where only some ranks fail
+// (a file, a node), the ranks agree first, so none is left waiting in a collective.
 #pragma once
 
 #include <memory>
@@ -30,6 +32,7 @@ namespace parallax {
 
 class World;
 class Mesh;
+class MetricsWriter;
 class Communicator;
 class Cluster;
 struct OptimizerSpec;
@@ -50,9 +53,12 @@ class Runtime {
   Runtime(int& argc, char**& argv, const InitOptions& options);
   /// Steps 1 and 3–6 with a config the caller loaded (tests, embedding applications);
   /// MPI may already be initialized by the caller. Still checks that ranks agree.
+  /// The InitOptions' app_tables are not consulted: the caller loaded the config.
   Runtime(Config config, const InitOptions& options);
-  Runtime(Runtime&&) noexcept;
-  Runtime& operator=(Runtime&&) noexcept;
+  /// Not copyable or movable: engines keep references into it. `auto rt = init(...)`
+  /// needs neither (C++17 guaranteed copy elision).
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
   /// Writes the trace file (if configured), releases the communicators, then the World
   /// (see World::~World for the bounded shutdown).
   ~Runtime();
@@ -73,6 +79,8 @@ class Runtime {
   /// A communicator over all ranks reserved for per-step telemetry (loss, metrics), so
   /// its traffic never shows in the counters of the groups that train.
   Communicator& telemetry();
+  /// The metrics file on rank 0 when `logging.metrics_file` is set; null elsewhere.
+  MetricsWriter* metrics_writer();
   /// Command-line arguments that were not --config/--set (argv[0] first).
   const std::vector<std::string>& args() const;
   /// The resolved plan, as Protobuf text.

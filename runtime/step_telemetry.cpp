@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "parallax/core/error.h"
 #include "parallax/core/mesh.h"
 #include "parallax/core/world.h"
 
@@ -34,8 +35,6 @@ StepTelemetry::StepTelemetry(Runtime& runtime) : runtime_(runtime) {
       training_comms_.push_back(c);
     }
   }
-  const std::string& path = runtime.config().logging.metrics_file;
-  if (!path.empty() && runtime.world().rank() == 0) writer_ = std::make_unique<MetricsWriter>(path);
 }
 
 StepTelemetry::~StepTelemetry() = default;
@@ -96,7 +95,16 @@ StepMetrics StepTelemetry::end_window(std::int64_t step, double local_loss, doub
   const double samples = static_cast<double>(runtime_.config().train.global_batch_size);
   metrics.tokens_per_s = metrics.step_ms > 0 ? samples * tokens_per_sample_ * 1000.0 / metrics.step_ms : 0.0;
 
-  if (writer_) writer_->write(metrics);
+  // A full disk must not stop training on rank 0 alone (its peers would wait in the next
+  // step's collectives): report once and stop writing.
+  if (MetricsWriter* writer = metrics_enabled_ ? runtime_.metrics_writer() : nullptr) {
+    try {
+      writer->write(metrics);
+    } catch (const Error& e) {
+      runtime_.logger().error(e.detail(), "; no more metrics will be written");
+      metrics_enabled_ = false;
+    }
+  }
   const LoggingOptions& logging = runtime_.config().logging;
   const std::int64_t total = runtime_.config().train.steps;
   if (logging.every > 0 && (step % logging.every == 0 || step == total || step == 1)) {

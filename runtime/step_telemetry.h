@@ -9,7 +9,8 @@
 //     training groups' counters).
 //  3. Every rank computes the global mean loss (the mean of the ranks' means: every
 //     rank's micro-batches are equal in size); rank 0 writes the metrics line and,
-//     every `logging.every` steps, the progress line.
+//     every `logging.every` steps, the progress line. A failed write is logged once and
+//     ends metrics writing; it does not stop training.
 #pragma once
 
 #include <chrono>
@@ -27,7 +28,8 @@ class StepTelemetry {
   explicit StepTelemetry(Runtime& runtime);
   ~StepTelemetry();
 
-  /// Marks the start of an accumulation window (the step timer) if none is open.
+  /// Marks the start of an accumulation window (the step timer) if none is open: the
+  /// first forward or backward of an optimizer step.
   void begin_window_if_needed();
   /// Closes the window: the collective above. Returns the step's metrics.
   StepMetrics end_window(std::int64_t step, double local_loss, double lr, const ModelStateBytes& state);
@@ -43,7 +45,7 @@ class StepTelemetry {
   bool window_open_ = false;
   std::chrono::steady_clock::time_point window_start_;
   std::int64_t tokens_per_sample_ = 1;
-  std::unique_ptr<MetricsWriter> writer_;
+  bool metrics_enabled_ = true;
 };
 
 }  // namespace parallax

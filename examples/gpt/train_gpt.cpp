@@ -7,48 +7,61 @@
 #include "gpt.h"
 #include "parallax/runtime/parallax.h"
 
+namespace {
+
+int train(parallax::Runtime& rt) {
+  const parallax::Config& config = rt.config();
+  const auto model_options = gpt::GPTOptions::from_table(config.app_table("model"));
+  const auto data = config.app.count("data")
+                        ? gpt::SyntheticTokens::from_table(config.app_table("data"), model_options, config.train.seed)
+                        : gpt::SyntheticTokens(model_options.vocab_size, model_options.block_size, config.train.seed);
+
+  gpt::GPT model(model_options);  // init seeded LibTorch with train.seed on every rank
+  auto engine = rt.engine(model, parallax::OptimizerSpec::from(config));
+  engine.set_tokens_per_sample(model_options.block_size);
+
+  const auto& train = config.train;
+  const int dp_rank = rt.mesh().coord().dp;
+  const int dp = rt.mesh().degrees().dp;
+  double first_loss = 0.0;
+  double total_ms = 0.0;
+  const auto start = std::chrono::steady_clock::now();
+  for (std::int64_t step = 0; step < train.steps; ++step) {
+    for (std::int64_t micro = 0; micro < train.grad_accum; ++micro) {
+      auto [inputs, targets] =
+          data.batch(gpt::first_sample(step, micro, dp_rank, dp, train.micro_batch_size, train.grad_accum),
+                     train.micro_batch_size);
+      auto loss = gpt::language_model_loss(engine.forward(inputs), targets);
+      engine.backward(loss);
+      engine.step();
+    }
+    if (step == 0) first_loss = engine.last_loss();
+    total_ms += engine.last_metrics().step_ms;
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  char line[256];
+  std::snprintf(line, sizeof(line),
+                "done: %lld steps in %.1f s | loss %.4f -> %.4f | %.1f ms/step | %.0f tok/s | %d ranks (dp=%d)",
+                static_cast<long long>(train.steps), seconds, first_loss, engine.last_loss(),
+                total_ms / static_cast<double>(train.steps),
+                static_cast<double>(train.steps * train.global_batch_size * model_options.block_size) / seconds,
+                rt.world().size(), dp);
+  rt.logger().summary(line);
+  return 0;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   try {
     auto rt = parallax::init(argc, argv, {{"model", "data"}});
-    const parallax::Config& config = rt.config();
-    const auto model_options = gpt::GPTOptions::from_table(config.app_table("model"));
-    const auto data = config.app.count("data")
-                          ? gpt::SyntheticTokens::from_table(config.app_table("data"), model_options, config.train.seed)
-                          : gpt::SyntheticTokens(model_options.vocab_size, model_options.block_size, config.train.seed);
-
-    torch::manual_seed(config.train.seed);
-    gpt::GPT model(model_options);
-    auto engine = rt.engine(model, parallax::OptimizerSpec::from(config));
-    engine.set_tokens_per_sample(model_options.block_size);
-
-    const auto& train = config.train;
-    const int dp_rank = rt.mesh().coord().dp;
-    const int dp = rt.mesh().degrees().dp;
-    double first_loss = 0.0;
-    double total_ms = 0.0;
-    const auto start = std::chrono::steady_clock::now();
-    for (std::int64_t step = 0; step < train.steps; ++step) {
-      for (std::int64_t micro = 0; micro < train.grad_accum; ++micro) {
-        auto [inputs, targets] = data.batch(
-            gpt::first_sample(step, micro, dp_rank, dp, train.micro_batch_size, train.grad_accum),
-            train.micro_batch_size);
-        auto loss = gpt::language_model_loss(engine.forward(inputs), targets);
-        engine.backward(loss);
-        engine.step();
-      }
-      if (step == 0) first_loss = engine.last_loss();
-      total_ms += engine.last_metrics().step_ms;
+    try {
+      return train(rt);
+    } catch (const std::exception& error) {
+      // Reported while the runtime is alive: its shutdown then waits (bounded) for the
+      // other ranks, so they too can report before the job ends.
+      return parallax::report_error(error);
     }
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    char line[256];
-    std::snprintf(line, sizeof(line),
-                  "done: %lld steps in %.1f s | loss %.4f -> %.4f | %.1f ms/step | %.0f tok/s | %d ranks (dp=%d)",
-                  static_cast<long long>(train.steps), seconds, first_loss, engine.last_loss(),
-                  total_ms / static_cast<double>(train.steps),
-                  static_cast<double>(train.steps * train.global_batch_size * model_options.block_size) / seconds,
-                  rt.world().size(), dp);
-    rt.logger().summary(line);
-    return 0;
   } catch (const std::exception& error) {
     return parallax::report_error(error);
   }

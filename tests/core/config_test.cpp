@@ -217,6 +217,8 @@ TEST_F(ConfigTest, OutOfRangeValuesNameKeyValueAndRange) {
       {"[zero]\nstage = 4\n", "expected 0..3"},
       {"[zero]\nbucket_mb = 0\n", "zero.bucket_mb = 0"},
       {"[comm]\ntimeout_s = 0\n", "comm.timeout_s = 0"},
+      {"[comm]\ntimeout_s = 0.0001\n", "expected seconds in [0.001, 1e6]"},
+      {"[zero]\nbucket_mb = 9000\n", "expected MiB in [0.001, 8192]"},
       {"[logging]\nevery = -1\n", "logging.every = -1"},
       {"[logging]\nlevel = \"loud\"\n", "expected one of \"debug\", \"info\", \"warn\", \"error\""},
       {"[scheduler]\nwarmup_steps = -1\n", "scheduler.warmup_steps = -1"},
@@ -228,6 +230,14 @@ TEST_F(ConfigTest, OutOfRangeValuesNameKeyValueAndRange) {
     EXPECT_CONTAINS(error, c.expected);
     EXPECT_CONTAINS(error, path + ":2:");
   }
+}
+
+TEST_F(ConfigTest, MomentumWithAdamIsRefused) {
+  std::string path;
+  const std::string error = load_error("[optimizer]\ntype = \"adamw\"\nmomentum = 0.9\n", &path);
+  EXPECT_CONTAINS(error, "optimizer.momentum = 0.9");
+  EXPECT_CONTAINS(error, path + ":3:");
+  EXPECT_CONTAINS(error, "momentum applies to type = \"sgd\" only");
 }
 
 TEST_F(ConfigTest, MinLrAboveLrNamesBothKeys) {

@@ -49,7 +49,7 @@ expect_failure "configs differ across ranks" \
 
 # One rank cannot read its config: it names the file, the others say why they stop.
 expect_failure "config missing on one rank" \
-  '\[rank 1\] ConfigError: .*/no/such/config.toml' '\[rank 0\] ConfigError: .*failed to load on 1 other rank' -- \
+  '\[rank 1\] ConfigError: .*/no/such/config.toml' '\[rank 0\] ConfigError: loading the configuration failed on 1 other rank' -- \
   -np 1 "$train" --config "$configs/dp.toml" : -np 1 "$train" --config /no/such/config.toml
 
 if [ "$failures" -ne 0 ]; then

@@ -1,0 +1,106 @@
+// The engine's contract on unusual models and misuse, on several ranks: tied weights
+// count once, frozen parameters stay frozen, bool buffers travel, a model that differs
+// across ranks or a replaced .grad is a clear error on every rank, and a metrics file
+// rank 0 cannot open stops every rank at init instead of leaving them waiting.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "parallax/core/config_loader.h"
+#include "parallax/runtime/parallax.h"
+
+namespace parallax {
+namespace {
+
+const InitOptions kQuiet{{}, /*print_summary=*/false};
+
+Config sgd_config(const std::vector<std::string>& extra = {}) {
+  ConfigSources sources;
+  // micro_batch_size is inferred from the world size.
+  sources.overrides = {"train.global_batch_size=4", "train.grad_accum=1", "optimizer.type=\"sgd\"",
+                       "optimizer.lr=0.5", "logging.every=0"};
+  for (const auto& e : extra) sources.overrides.push_back(e);
+  return load_config(sources);
+}
+
+// Two linear layers sharing one weight (as a tied embedding and LM head do), a frozen
+// scale and a bool mask buffer.
+struct TiedNet : torch::nn::Module {
+  TiedNet() {
+    weight = register_parameter("encoder_weight", torch::randn({4, 4}) / 4.0);
+    register_parameter("decoder_weight", weight);  // the same tensor under a second name
+    frozen = register_parameter("frozen", torch::full({4}, 2.0), /*requires_grad=*/false);
+    mask = register_buffer("mask", torch::tensor({true, false, true, true}));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return x.matmul(weight.t()).matmul(weight.t()) * frozen * mask.to(torch::kFloat);
+  }
+  torch::Tensor weight, frozen, mask;
+};
+
+TEST(EngineContract, TiedWeightsCountOnceAndStepLikeOneProcess) {
+  Runtime rt(sgd_config(), kQuiet);
+  torch::manual_seed(7);
+  auto model = std::make_shared<TiedNet>();
+  ASSERT_EQ(model->parameters().size(), 3u);  // LibTorch lists the shared weight twice
+  auto reference = std::make_shared<TiedNet>();
+  {
+    torch::NoGradGuard no_grad;
+    reference->weight.copy_(model->weight);
+  }
+  auto engine = rt.engine(model, OptimizerSpec::from(rt.config()));
+  EXPECT_EQ(engine.gradient_bytes(), 16 * 4);  // the shared weight once; the frozen scale not at all
+
+  // Every rank feeds the same batch, so the averaged gradient equals one process's.
+  const auto x = torch::arange(8, torch::kFloat).reshape({2, 4}) / 8.0;
+  engine.backward(engine.forward(x).pow(2).sum());
+  ASSERT_TRUE(engine.step());
+  reference->forward(x).pow(2).sum().backward();
+  {
+    torch::NoGradGuard no_grad;
+    reference->weight.sub_(0.5 * reference->weight.grad());
+  }
+  EXPECT_TRUE(torch::allclose(model->weight, reference->weight, 1e-6, 1e-7));
+  EXPECT_TRUE(torch::equal(model->frozen, torch::full({4}, 2.0)));
+  EXPECT_TRUE(torch::equal(model->mask, torch::tensor({true, false, true, true})));
+}
+
+TEST(EngineContract, ReplacingGradIsAClearErrorNotSilentDrift) {
+  Runtime rt(sgd_config(), kQuiet);
+  auto model = std::make_shared<TiedNet>();
+  auto engine = rt.engine(model, OptimizerSpec::from(rt.config()));
+  model->weight.mutable_grad() = torch::Tensor();  // what zero_grad(set_to_none) does
+  engine.backward(engine.forward(torch::ones({1, 4})).sum());
+  try {
+    engine.step();
+    FAIL() << "step() accepted a replaced .grad";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("zero_grad"), std::string::npos) << e.what();
+  }
+}
+
+TEST(EngineContract, AModelThatDiffersAcrossRanksFailsOnEveryRank) {
+  Runtime rt(sgd_config(), kQuiet);
+  const int width = 4 + rt.world().rank();  // rank-dependent: a bug in the user's program
+  auto model = std::make_shared<torch::nn::LinearImpl>(width, 2);
+  try {
+    auto engine = rt.engine(model, OptimizerSpec::from(rt.config()));
+    if (rt.world().size() > 1) FAIL() << "the engine accepted different models";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("the model differs across ranks"), std::string::npos) << e.what();
+  }
+}
+
+TEST(EngineContract, AMetricsFileRankZeroCannotOpenStopsEveryRankAtInit) {
+  try {
+    Runtime rt(sgd_config({"logging.metrics_file=\"/no/such/dir/m.jsonl\""}), kQuiet);
+    FAIL() << "init accepted an unwritable metrics file";
+  } catch (const UsageError& e) {
+    const std::string what = e.what();
+    EXPECT_TRUE(what.find("/no/such/dir/m.jsonl") != std::string::npos ||
+                what.find("opening logging.metrics_file failed on 1 other rank") != std::string::npos)
+        << what;
+  }
+}
+
+}  // namespace
+}  // namespace parallax
