@@ -32,15 +32,16 @@ const toml::node* find(const AppTable::Impl& impl, const std::string& key) {
 
 const toml::node& require(const AppTable::Impl& impl, const std::string& key) {
   const toml::node* node = find(impl, key);
-  PARALLAX_CHECK(node != nullptr, ConfigError, path_of(impl, key), " is required but missing from [",
-                 impl.name, "]", at(impl.table.source()));
+  PARALLAX_CHECK(node != nullptr, ConfigError, path_of(impl, key), " is required but missing from [", impl.name, "]",
+                 at(impl.table.source()));
   return *node;
 }
 
-[[noreturn]] void wrong_type(const AppTable::Impl& impl, const std::string& key,
-                             const toml::node& node, const char* expected) {
-  throw ConfigError(path_of(impl, key) + " = " + detail::render(node) + at(node.source()) +
-                    ": expected " + expected);
+[[noreturn]] void wrong_type(const AppTable::Impl& impl,
+                             const std::string& key,
+                             const toml::node& node,
+                             const char* expected) {
+  throw ConfigError(path_of(impl, key) + " = " + detail::render(node) + at(node.source()) + ": expected " + expected);
 }
 
 std::int64_t as_int(const AppTable::Impl& impl, const std::string& key, const toml::node& node) {
@@ -71,9 +72,13 @@ AppTable::AppTable(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {
   PARALLAX_ASSERT(impl_ != nullptr, "AppTable needs a table");
 }
 
-const std::string& AppTable::name() const { return impl_->name; }
+const std::string& AppTable::name() const {
+  return impl_->name;
+}
 
-bool AppTable::contains(const std::string& key) const { return find(*impl_, key) != nullptr; }
+bool AppTable::contains(const std::string& key) const {
+  return find(*impl_, key) != nullptr;
+}
 
 std::int64_t AppTable::get_int(const std::string& key) const {
   return as_int(*impl_, key, require(*impl_, key));
@@ -121,8 +126,7 @@ const AppTable& Config::app_table(const std::string& name) const {
     std::string read;
     for (const std::string& source : sources) read += (read.empty() ? "" : ", ") + source;
     throw ConfigError("the config has no [" + name + "] table" +
-                      (read.empty() ? std::string(" (no config file was given)")
-                                    : " (files read: " + read + ")"));
+                      (read.empty() ? std::string(" (no config file was given)") : " (files read: " + read + ")"));
   }
   return found->second;
 }

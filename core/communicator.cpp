@@ -6,13 +6,20 @@ namespace parallax {
 
 const char* to_string(CommOp op) {
   switch (op) {
-    case CommOp::kAllReduce: return "all_reduce";
-    case CommOp::kReduceScatter: return "reduce_scatter";
-    case CommOp::kAllGather: return "all_gather";
-    case CommOp::kBroadcast: return "broadcast";
-    case CommOp::kSend: return "send";
-    case CommOp::kRecv: return "recv";
-    case CommOp::kBarrier: return "barrier";
+    case CommOp::kAllReduce:
+      return "all_reduce";
+    case CommOp::kReduceScatter:
+      return "reduce_scatter";
+    case CommOp::kAllGather:
+      return "all_gather";
+    case CommOp::kBroadcast:
+      return "broadcast";
+    case CommOp::kSend:
+      return "send";
+    case CommOp::kRecv:
+      return "recv";
+    case CommOp::kBarrier:
+      return "barrier";
   }
   return "?";
 }
@@ -76,10 +83,10 @@ void Communicator::check_reduce_op(CommOp op, const at::Tensor& tensor, ReduceOp
                  ") is not supported; use sum and divide");
 }
 
-void Communicator::check_shards(CommOp op, const at::Tensor& full, const char* full_role, const at::Tensor& shard,
-                                const char* shard_role) const {
-  PARALLAX_CHECK(full.numel() == size() * shard.numel(), UsageError, error_prefix(op), full_role, " has ",
-                 full.numel(), " elements but must hold size() (", size(), ") × ", shard_role, " (", shard.numel(),
+void Communicator::check_shards(
+    CommOp op, const at::Tensor& full, const char* full_role, const at::Tensor& shard, const char* shard_role) const {
+  PARALLAX_CHECK(full.numel() == size() * shard.numel(), UsageError, error_prefix(op), full_role, " has ", full.numel(),
+                 " elements but must hold size() (", size(), ") × ", shard_role, " (", shard.numel(),
                  ") = ", size() * shard.numel());
 }
 
@@ -90,14 +97,22 @@ void Communicator::check_peer(CommOp op, int peer, const char* role) const {
 
 const char* dtype_name(at::ScalarType dtype) {
   switch (dtype) {
-    case at::kFloat: return "float32";
-    case at::kDouble: return "float64";
-    case at::kBFloat16: return "bfloat16";
-    case at::kHalf: return "float16";
-    case at::kInt: return "int32";
-    case at::kLong: return "int64";
-    case at::kByte: return "uint8";
-    default: return c10::toString(dtype);
+    case at::kFloat:
+      return "float32";
+    case at::kDouble:
+      return "float64";
+    case at::kBFloat16:
+      return "bfloat16";
+    case at::kHalf:
+      return "float16";
+    case at::kInt:
+      return "int32";
+    case at::kLong:
+      return "int64";
+    case at::kByte:
+      return "uint8";
+    default:
+      return c10::toString(dtype);
   }
 }
 

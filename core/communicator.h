@@ -99,22 +99,20 @@ class Communicator {
 
   /// `input` holds size() equal contiguous chunks; rank r receives the reduction of
   /// chunk r from every rank in `output`. Requires input.numel() == size() * output.numel().
-  virtual WorkPtr reduce_scatter(at::Tensor& output, const at::Tensor& input,
+  virtual WorkPtr reduce_scatter(at::Tensor& output,
+                                 const at::Tensor& input,
                                  const CollectiveOptions& options = {}) = 0;
 
   /// Rank r's `input` lands in chunk r of `output`.
   /// Requires output.numel() == size() * input.numel().
-  virtual WorkPtr all_gather(at::Tensor& output, const at::Tensor& input,
-                             const CollectiveOptions& options = {}) = 0;
+  virtual WorkPtr all_gather(at::Tensor& output, const at::Tensor& input, const CollectiveOptions& options = {}) = 0;
 
   /// Copies `root`'s tensor into every rank's `tensor`.
   virtual WorkPtr broadcast(at::Tensor& tensor, int root, const CollectiveOptions& options = {}) = 0;
 
   /// Point-to-point. Tags let several messages between the same pair be in flight.
-  virtual WorkPtr send(const at::Tensor& tensor, int dst, int tag,
-                       const CollectiveOptions& options = {}) = 0;
-  virtual WorkPtr recv(at::Tensor& tensor, int src, int tag,
-                       const CollectiveOptions& options = {}) = 0;
+  virtual WorkPtr send(const at::Tensor& tensor, int dst, int tag, const CollectiveOptions& options = {}) = 0;
+  virtual WorkPtr recv(at::Tensor& tensor, int src, int tag, const CollectiveOptions& options = {}) = 0;
 
   virtual WorkPtr barrier(const CollectiveOptions& options = {}) = 0;
 
@@ -143,8 +141,8 @@ class Communicator {
   /// kAvg needs a floating-point tensor.
   void check_reduce_op(CommOp op, const at::Tensor& tensor, ReduceOp reduce) const;
   /// `full` (named `full_role`) must hold size() × shard.numel() elements.
-  void check_shards(CommOp op, const at::Tensor& full, const char* full_role, const at::Tensor& shard,
-                    const char* shard_role) const;
+  void check_shards(
+      CommOp op, const at::Tensor& full, const char* full_role, const at::Tensor& shard, const char* shard_role) const;
   /// 0 ≤ peer < size().
   void check_peer(CommOp op, int peer, const char* role) const;
 

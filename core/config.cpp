@@ -12,8 +12,7 @@ namespace {
 
 std::int64_t multiply(std::int64_t a, std::int64_t b, const char* what) {
   std::int64_t product = 0;
-  PARALLAX_CHECK(!__builtin_mul_overflow(a, b, &product), ConfigError, what, " overflows: ", a,
-                 " × ", b);
+  PARALLAX_CHECK(!__builtin_mul_overflow(a, b, &product), ConfigError, what, " overflows: ", a, " × ", b);
   return product;
 }
 
@@ -24,16 +23,14 @@ void resolve_degrees(ParallelOptions& parallel, int world_size) {
                  ": expected -1 (the ranks left over) or an integer >= 1");
   const std::int64_t model_parallel = multiply(parallel.tp, parallel.pp, "parallel.tp × parallel.pp");
   if (parallel.dp == -1) {
-    PARALLAX_CHECK(world_size % model_parallel == 0, ConfigError,
-                   "parallel.dp = -1 cannot be inferred: parallel.tp (", parallel.tp,
-                   ") × parallel.pp (", parallel.pp, ") = ", model_parallel,
+    PARALLAX_CHECK(world_size % model_parallel == 0, ConfigError, "parallel.dp = -1 cannot be inferred: parallel.tp (",
+                   parallel.tp, ") × parallel.pp (", parallel.pp, ") = ", model_parallel,
                    " does not divide the world size (", world_size, " ranks)");
     parallel.dp = static_cast<int>(world_size / model_parallel);
   }
   const std::int64_t product = multiply(model_parallel, parallel.dp, "parallel.tp × pp × dp");
-  PARALLAX_CHECK(product == world_size, ConfigError, "parallel.tp (", parallel.tp,
-                 ") × parallel.pp (", parallel.pp, ") × parallel.dp (", parallel.dp, ") = ", product,
-                 ", but the world size is ", world_size,
+  PARALLAX_CHECK(product == world_size, ConfigError, "parallel.tp (", parallel.tp, ") × parallel.pp (", parallel.pp,
+                 ") × parallel.dp (", parallel.dp, ") = ", product, ", but the world size is ", world_size,
                  " ranks; the product must equal the number of ranks");
 }
 
@@ -41,8 +38,8 @@ void resolve_degrees(ParallelOptions& parallel, int world_size) {
 std::string batch_values(const TrainOptions& train, int dp) {
   auto show = [](std::int64_t v) { return v == 0 ? std::string("omitted") : std::to_string(v); };
   return "train.global_batch_size (" + show(train.global_batch_size) + "), train.micro_batch_size (" +
-         show(train.micro_batch_size) + "), train.grad_accum (" + show(train.grad_accum) +
-         "), parallel.dp (" + std::to_string(dp) + ")";
+         show(train.micro_batch_size) + "), train.grad_accum (" + show(train.grad_accum) + "), parallel.dp (" +
+         std::to_string(dp) + ")";
 }
 
 void resolve_batch(TrainOptions& train, int dp) {
@@ -53,8 +50,8 @@ void resolve_batch(TrainOptions& train, int dp) {
                  "or 0 to be inferred: ", batch_values(train, dp));
   const char* const identity = "global_batch_size = micro_batch_size × grad_accum × dp";
   PARALLAX_CHECK(global != 0 || micro != 0, ConfigError,
-                 "train: set global_batch_size or micro_batch_size (or both); got ",
-                 batch_values(train, dp), "; ", identity);
+                 "train: set global_batch_size or micro_batch_size (or both); got ", batch_values(train, dp), "; ",
+                 identity);
 
   const int omitted = (global == 0) + (micro == 0) + (accum == 0);
   // With two unknowns the identity cannot decide; one accumulation step is the
@@ -68,30 +65,29 @@ void resolve_batch(TrainOptions& train, int dp) {
     const std::int64_t per_micro = multiply(accum, dp, "train.grad_accum × parallel.dp");
     PARALLAX_CHECK(global % per_micro == 0, ConfigError,
                    "train.micro_batch_size cannot be inferred: train.global_batch_size (", global,
-                   ") is not divisible by train.grad_accum (", accum, ") × parallel.dp (", dp,
-                   ") = ", per_micro, "; ", identity);
+                   ") is not divisible by train.grad_accum (", accum, ") × parallel.dp (", dp, ") = ", per_micro, "; ",
+                   identity);
     micro = global / per_micro;
   } else if (accum == 0) {
     const std::int64_t per_step = multiply(micro, dp, "train.micro_batch_size × parallel.dp");
     PARALLAX_CHECK(global % per_step == 0, ConfigError,
                    "train.grad_accum cannot be inferred: train.global_batch_size (", global,
-                   ") is not divisible by train.micro_batch_size (", micro, ") × parallel.dp (", dp,
-                   ") = ", per_step, "; ", identity);
+                   ") is not divisible by train.micro_batch_size (", micro, ") × parallel.dp (", dp, ") = ", per_step,
+                   "; ", identity);
     accum = global / per_step;
   }
 
-  const std::int64_t product = multiply(multiply(micro, accum, "train.micro_batch_size × grad_accum"),
-                                        dp, "train.micro_batch_size × grad_accum × dp");
-  PARALLAX_CHECK(product == global, ConfigError, "train.global_batch_size (", global,
-                 ") != train.micro_batch_size (", micro, ") × train.grad_accum (", accum,
-                 ") × parallel.dp (", dp, ") = ", product, "; ", identity, " must hold exactly");
+  const std::int64_t product = multiply(multiply(micro, accum, "train.micro_batch_size × grad_accum"), dp,
+                                        "train.micro_batch_size × grad_accum × dp");
+  PARALLAX_CHECK(product == global, ConfigError, "train.global_batch_size (", global, ") != train.micro_batch_size (",
+                 micro, ") × train.grad_accum (", accum, ") × parallel.dp (", dp, ") = ", product, "; ", identity,
+                 " must hold exactly");
 }
 
 }  // namespace
 
 void Config::resolve(int world_size) {
-  PARALLAX_CHECK(world_size >= 1, UsageError, "Config::resolve: world_size = ", world_size,
-                 ", expected >= 1");
+  PARALLAX_CHECK(world_size >= 1, UsageError, "Config::resolve: world_size = ", world_size, ", expected >= 1");
   // Work on copies so a failed resolve leaves the Config as it was.
   ParallelOptions resolved_parallel = parallel;
   TrainOptions resolved_train = train;

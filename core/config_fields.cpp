@@ -49,13 +49,27 @@ std::string quote(const std::string& text) {
   std::string out = "\"";
   for (unsigned char c : text) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\b': out += "\\b"; break;
-      case '\t': out += "\\t"; break;
-      case '\n': out += "\\n"; break;
-      case '\f': out += "\\f"; break;
-      case '\r': out += "\\r"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
       default:
         if (c < 0x20 || c == 0x7f) {
           char escaped[8];
@@ -72,20 +86,32 @@ std::string quote(const std::string& text) {
 std::string render(const toml::node& node) {
   std::ostringstream out;
   switch (node.type()) {
-    case toml::node_type::string: return quote(node.as_string()->get());
-    case toml::node_type::integer: return std::to_string(node.as_integer()->get());
-    case toml::node_type::floating_point: return format_double(node.as_floating_point()->get());
-    case toml::node_type::boolean: return node.as_boolean()->get() ? "true" : "false";
+    case toml::node_type::string:
+      return quote(node.as_string()->get());
+    case toml::node_type::integer:
+      return std::to_string(node.as_integer()->get());
+    case toml::node_type::floating_point:
+      return format_double(node.as_floating_point()->get());
+    case toml::node_type::boolean:
+      return node.as_boolean()->get() ? "true" : "false";
     case toml::node_type::array: {
       std::vector<std::string> items;
       for (const toml::node& item : *node.as_array()) items.push_back(render(item));
       return "[" + join(items, ", ") + "]";
     }
-    case toml::node_type::table: return "(a table)";
-    case toml::node_type::date: out << *node.as_date(); break;
-    case toml::node_type::time: out << *node.as_time(); break;
-    case toml::node_type::date_time: out << *node.as_date_time(); break;
-    case toml::node_type::none: return "(nothing)";
+    case toml::node_type::table:
+      return "(a table)";
+    case toml::node_type::date:
+      out << *node.as_date();
+      break;
+    case toml::node_type::time:
+      out << *node.as_time();
+      break;
+    case toml::node_type::date_time:
+      out << *node.as_date_time();
+      break;
+    case toml::node_type::none:
+      return "(nothing)";
   }
   return out.str();
 }
@@ -143,8 +169,7 @@ std::string closest(const std::string& key, const std::vector<std::string>& cand
   return best;
 }
 
-void throw_unknown_key(const std::string& table, const toml::key& key,
-                       const std::vector<std::string>& known) {
+void throw_unknown_key(const std::string& table, const toml::key& key, const std::vector<std::string>& known) {
   const std::string path = table.empty() ? std::string(key.str()) : table + "." + std::string(key.str());
   std::string message = "unknown key '" + path + "'" + at(key.source());
   const std::string suggestion = closest(std::string(key.str()), known);
@@ -175,19 +200,18 @@ class TableReader final : public FieldVisitor {
   }
 
  protected:
-  void on_integer(const char* key, std::int64_t& value, const Rule& rule,
-                  IntegerKind kind) override {
+  void on_integer(const char* key, std::int64_t& value, const Rule& rule, IntegerKind kind) override {
     const toml::node* node = find(key);
     if (node == nullptr) return;
     if (!node->is_integer()) fail(key, *node, "an integer");
     const std::int64_t given = node->as_integer()->get();
-    if (kind == IntegerKind::kInt32 && (given < std::numeric_limits<int>::min() ||
-                                        given > std::numeric_limits<int>::max())) {
+    if (kind == IntegerKind::kInt32 &&
+        (given < std::numeric_limits<int>::min() || given > std::numeric_limits<int>::max())) {
       fail(key, *node, std::string(rule.allowed) + " that fits in 32 bits");
     }
     if (!rule.accepts(static_cast<double>(given))) {
-      fail(key, *node, std::string(rule.allowed) +
-                           (kind == IntegerKind::kInferred ? " (omit the key to have it inferred)" : ""));
+      fail(key, *node,
+           std::string(rule.allowed) + (kind == IntegerKind::kInferred ? " (omit the key to have it inferred)" : ""));
     }
     value = given;
   }
@@ -227,8 +251,7 @@ class TableReader final : public FieldVisitor {
     value = node->as_string()->get();
   }
 
-  void on_choice(const char* key, std::size_t& index,
-                 const std::vector<const char*>& names) override {
+  void on_choice(const char* key, std::size_t& index, const std::vector<const char*>& names) override {
     const toml::node* node = find(key);
     if (node == nullptr) return;
     std::vector<std::string> spelled(names.begin(), names.end());
@@ -257,8 +280,11 @@ class TableReader final : public FieldVisitor {
 
   // The value of `element` (default: `node` itself) as a double; integers are
   // accepted where numbers are expected. Non-finite values are never meaningful here.
-  double number_or_fail(const char* key, const toml::node& node, const std::string& type_expected,
-                        const std::string& range_expected, const toml::node* element = nullptr) {
+  double number_or_fail(const char* key,
+                        const toml::node& node,
+                        const std::string& type_expected,
+                        const std::string& range_expected,
+                        const toml::node* element = nullptr) {
     const toml::node& value = element != nullptr ? *element : node;
     double number = 0.0;
     if (value.is_integer()) {
@@ -303,12 +329,8 @@ class TomlWriter final : public FieldVisitor {
   void on_number_pair(const char* key, std::array<double, 2>& value, const Rule&) override {
     out_ << key << " = [" << format_double(value[0]) << ", " << format_double(value[1]) << "]\n";
   }
-  void on_boolean(const char* key, bool& value) override {
-    out_ << key << " = " << (value ? "true" : "false") << "\n";
-  }
-  void on_text(const char* key, std::string& value) override {
-    out_ << key << " = " << quote(value) << "\n";
-  }
+  void on_boolean(const char* key, bool& value) override { out_ << key << " = " << (value ? "true" : "false") << "\n"; }
+  void on_text(const char* key, std::string& value) override { out_ << key << " = " << quote(value) << "\n"; }
   void on_choice(const char* key, std::size_t& index, const std::vector<const char*>& names) override {
     out_ << key << " = " << quote(names[index]) << "\n";
   }
@@ -319,8 +341,7 @@ class TomlWriter final : public FieldVisitor {
 
 }  // namespace
 
-void read_section(const SectionDef& section, const toml::table& table, Config& config,
-                  KeyPositions& positions) {
+void read_section(const SectionDef& section, const toml::table& table, Config& config, KeyPositions& positions) {
   TableReader reader(section.name, table, positions);
   section.fields(reader, config);
   reader.reject_unknown_keys();

@@ -62,8 +62,7 @@ toml::table parse_file(const fs::path& path, const std::string& included_from) {
   try {
     return toml::parse(text.str(), name);
   } catch (const toml::parse_error& e) {
-    throw ConfigError("TOML syntax error at " + detail::location(e.source()) + ": " +
-                      std::string(e.description()));
+    throw ConfigError("TOML syntax error at " + detail::location(e.source()) + ": " + std::string(e.description()));
   }
 }
 
@@ -97,8 +96,10 @@ fs::path identity_of(const fs::path& path) {
 /// Reads `path` and, before it, everything it extends (depth first, in order), merged
 /// into one table. `chain` holds the files being read, outermost first, to detect
 /// cycles; `read` collects every file once read (bases first).
-toml::table load_file(const fs::path& path, const std::string& included_from,
-                      std::vector<fs::path>& chain, std::vector<std::string>& read) {
+toml::table load_file(const fs::path& path,
+                      const std::string& included_from,
+                      std::vector<fs::path>& chain,
+                      std::vector<std::string>& read) {
   const fs::path identity = identity_of(path);
   for (std::size_t i = 0; i < chain.size(); ++i) {
     if (identity_of(chain[i]) != identity) continue;
@@ -114,9 +115,8 @@ toml::table load_file(const fs::path& path, const std::string& included_from,
   if (const toml::node* extends = document.get("extends")) {
     chain.push_back(path);
     for (const std::string& name : extended_names(*extends)) {
-      const fs::path base = fs::path(name).is_absolute()
-                                ? fs::path(name)
-                                : (path.parent_path() / name).lexically_normal();
+      const fs::path base =
+          fs::path(name).is_absolute() ? fs::path(name) : (path.parent_path() / name).lexically_normal();
       merge_into(merged, load_file(base, detail::location(extends->source()), chain, read));
     }
     chain.pop_back();
@@ -133,14 +133,12 @@ toml::table load_file(const fs::path& path, const std::string& included_from,
 /// the override as its source. The key path is TOML (dotted, quoted parts allowed).
 /// The value is parsed as TOML; a bare word that is not TOML (adam, m.jsonl) is taken
 /// as a string, but text that starts like a string, array or inline table must parse.
-toml::table parse_override(const std::string& key, const std::string& value,
-                           const std::string& origin) {
+toml::table parse_override(const std::string& key, const std::string& value, const std::string& origin) {
   try {
     return toml::parse(key + " = " + value, origin);
   } catch (const toml::parse_error& error) {
     const std::string trimmed = trim(value);
-    const bool looks_like_toml =
-        !trimmed.empty() && std::string("\"'[{").find(trimmed[0]) != std::string::npos;
+    const bool looks_like_toml = !trimmed.empty() && std::string("\"'[{").find(trimmed[0]) != std::string::npos;
     if (!looks_like_toml) {
       try {
         return toml::parse(key + " = " + detail::quote(trimmed), origin);
@@ -148,8 +146,7 @@ toml::table parse_override(const std::string& key, const std::string& value,
         // The key itself is malformed: report the first error.
       }
     }
-    throw ConfigError(origin + ": cannot parse key.path=value as TOML: " +
-                      std::string(error.description()));
+    throw ConfigError(origin + ": cannot parse key.path=value as TOML: " + std::string(error.description()));
   }
 }
 
@@ -157,8 +154,7 @@ void apply_override(toml::table& root, const std::string& text) {
   const std::string origin = "--set " + text;
   const auto equals = text.find('=');
   const std::string key = equals == std::string::npos ? "" : trim(text.substr(0, equals));
-  PARALLAX_CHECK(!key.empty(), ConfigError, origin,
-                 ": expected key.path=value, e.g. --set zero.stage=1");
+  PARALLAX_CHECK(!key.empty(), ConfigError, origin, ": expected key.path=value, e.g. --set zero.stage=1");
   toml::table parsed = parse_override(key, text.substr(equals + 1), origin);
   PARALLAX_CHECK(!parsed.contains("extends"), ConfigError, origin,
                  ": extends can only be used in a config file; pass more files with --config");
@@ -168,32 +164,30 @@ void apply_override(toml::table& root, const std::string& text) {
 
 // ---- Dispatch ----------------------------------------------------------------------
 
-[[noreturn]] void throw_unknown_table(const toml::key& key, const toml::node& node,
-                                      const LoadOptions& options) {
+[[noreturn]] void throw_unknown_table(const toml::key& key, const toml::node& node, const LoadOptions& options) {
   std::vector<std::string> known;
   for (const detail::SectionDef& section : detail::sections()) known.emplace_back(section.name);
   std::vector<std::string> candidates = known;
   candidates.insert(candidates.end(), options.app_tables.begin(), options.app_tables.end());
 
   const std::string name(key.str());
-  std::string message = node.is_table() ? "unknown table [" + name + "]"
-                                        : "unknown top-level key '" + name + "'";
+  std::string message = node.is_table() ? "unknown table [" + name + "]" : "unknown top-level key '" + name + "'";
   message += at(key.source());
   const std::string suggestion = detail::closest(name, candidates);
   if (!suggestion.empty()) message += "; did you mean [" + suggestion + "]?";
   message += "; known tables: " + join(known, ", ");
-  message += options.app_tables.empty()
-                 ? "; this application declares no tables of its own"
-                 : "; tables of this application: " + join(options.app_tables, ", ");
+  message += options.app_tables.empty() ? "; this application declares no tables of its own"
+                                        : "; tables of this application: " + join(options.app_tables, ", ");
   throw ConfigError(message);
 }
 
 void check_app_table_names(const LoadOptions& options) {
   for (const std::string& name : options.app_tables) {
-    PARALLAX_CHECK(!name.empty() && name.find('.') == std::string::npos, UsageError,
-                   "LoadOptions::app_tables: '", name, "' is not a valid table name");
-    PARALLAX_CHECK(detail::find_section(name) == nullptr && name != "extends", UsageError,
-                   "LoadOptions::app_tables: '", name, "' is a Parallax table and cannot be "
+    PARALLAX_CHECK(!name.empty() && name.find('.') == std::string::npos, UsageError, "LoadOptions::app_tables: '", name,
+                   "' is not a valid table name");
+    PARALLAX_CHECK(detail::find_section(name) == nullptr && name != "extends", UsageError, "LoadOptions::app_tables: '",
+                   name,
+                   "' is a Parallax table and cannot be "
                    "owned by the application");
   }
 }
@@ -255,8 +249,8 @@ Config load_config(const ConfigSources& sources, const LoadOptions& options) {
   for (auto&& [key, node] : root) {
     const std::string name(key.str());
     const detail::SectionDef* section = detail::find_section(name);
-    const bool is_app = std::find(options.app_tables.begin(), options.app_tables.end(), name) !=
-                        options.app_tables.end();
+    const bool is_app =
+        std::find(options.app_tables.begin(), options.app_tables.end(), name) != options.app_tables.end();
     if (section == nullptr && !is_app) throw_unknown_table(key, node, options);
     PARALLAX_CHECK(node.is_table(), ConfigError, name, " = ", detail::render(node), at(node.source()),
                    ": expected a table [", name, "]");

@@ -17,20 +17,15 @@ namespace {
 
 constexpr EnumName<OptimizerType> kOptimizerNames[] = {
     {OptimizerType::kSgd, "sgd"}, {OptimizerType::kAdam, "adam"}, {OptimizerType::kAdamW, "adamw"}};
-constexpr EnumName<SchedulerType> kSchedulerNames[] = {{SchedulerType::kConstant, "constant"},
-                                                       {SchedulerType::kLinear, "linear"},
-                                                       {SchedulerType::kCosine, "cosine"}};
-constexpr EnumName<Dtype> kDtypeNames[] = {
-    {Dtype::kFp32, "fp32"}, {Dtype::kBf16, "bf16"}, {Dtype::kFp16, "fp16"}};
-constexpr EnumName<ParallelMode> kModeNames[] = {{ParallelMode::kManual, "manual"},
-                                                 {ParallelMode::kAuto, "auto"}};
+constexpr EnumName<SchedulerType> kSchedulerNames[] = {
+    {SchedulerType::kConstant, "constant"}, {SchedulerType::kLinear, "linear"}, {SchedulerType::kCosine, "cosine"}};
+constexpr EnumName<Dtype> kDtypeNames[] = {{Dtype::kFp32, "fp32"}, {Dtype::kBf16, "bf16"}, {Dtype::kFp16, "fp16"}};
+constexpr EnumName<ParallelMode> kModeNames[] = {{ParallelMode::kManual, "manual"}, {ParallelMode::kAuto, "auto"}};
 constexpr EnumName<CommBackend> kBackendNames[] = {
     {CommBackend::kAuto, "auto"}, {CommBackend::kMpi, "mpi"}, {CommBackend::kNccl, "nccl"}};
 // Same spellings as parse_log_level in logging.h.
-constexpr EnumName<LogLevel> kLogLevelNames[] = {{LogLevel::kDebug, "debug"},
-                                                 {LogLevel::kInfo, "info"},
-                                                 {LogLevel::kWarn, "warn"},
-                                                 {LogLevel::kError, "error"}};
+constexpr EnumName<LogLevel> kLogLevelNames[] = {
+    {LogLevel::kDebug, "debug"}, {LogLevel::kInfo, "info"}, {LogLevel::kWarn, "warn"}, {LogLevel::kError, "error"}};
 
 template <typename E, std::size_t N>
 const char* name_of(const EnumName<E> (&names)[N], E value) {
@@ -45,8 +40,7 @@ const char* name_of(const EnumName<E> (&names)[N], E value) {
 constexpr Rule kAnyInteger{[](double) { return true; }, "an integer"};
 constexpr Rule kCount{[](double v) { return v >= 1; }, "an integer >= 1"};
 constexpr Rule kCountOrZero{[](double v) { return v >= 0; }, "an integer >= 0"};
-constexpr Rule kDataDegree{[](double v) { return v == -1 || v >= 1; },
-                       "-1 (the ranks left over) or an integer >= 1"};
+constexpr Rule kDataDegree{[](double v) { return v == -1 || v >= 1; }, "-1 (the ranks left over) or an integer >= 1"};
 constexpr Rule kZeroStage{[](double v) { return v >= 0 && v <= 3; }, "0..3"};
 constexpr Rule kPositive{[](double v) { return v > 0; }, "a number > 0"};
 constexpr Rule kNonNegative{[](double v) { return v >= 0; }, "a number >= 0"};
@@ -122,15 +116,16 @@ std::string position(const KeyPositions& positions, const std::string& key) {
 
 void optimizer_check(const Config& c, const KeyPositions& positions) {
   PARALLAX_CHECK(c.optimizer.momentum == 0.0 || c.optimizer.type == OptimizerType::kSgd, ConfigError,
-                 "optimizer.momentum = ", format_double(c.optimizer.momentum), position(positions, "optimizer.momentum"),
+                 "optimizer.momentum = ", format_double(c.optimizer.momentum),
+                 position(positions, "optimizer.momentum"),
                  ": momentum applies to type = \"sgd\" only; Adam's momentum is optimizer.betas");
 }
 
 void scheduler_check(const Config& c, const KeyPositions& positions) {
   PARALLAX_CHECK(c.scheduler.min_lr <= c.optimizer.lr, ConfigError,
-                 "scheduler.min_lr = ", format_double(c.scheduler.min_lr),
-                 position(positions, "scheduler.min_lr"), ": expected a number <= optimizer.lr (",
-                 format_double(c.optimizer.lr), position(positions, "optimizer.lr"), ")");
+                 "scheduler.min_lr = ", format_double(c.scheduler.min_lr), position(positions, "scheduler.min_lr"),
+                 ": expected a number <= optimizer.lr (", format_double(c.optimizer.lr),
+                 position(positions, "optimizer.lr"), ")");
 }
 
 void precision_check(const Config& c, const KeyPositions& positions) {
@@ -146,7 +141,6 @@ void parallel_check(const Config& c, const KeyPositions& positions) {
                  ": the automatic planner is not available in this build yet; supported: "
                  "\"manual\" (set tp, pp and dp)");
 }
-
 
 void zero_check(const Config& c, const KeyPositions& positions) {
   // The message leads with the exact phrase users and docs search for; the position
@@ -183,11 +177,21 @@ const SectionDef* find_section(const std::string& name) {
 
 }  // namespace detail
 
-const char* to_string(OptimizerType type) { return detail::name_of(detail::kOptimizerNames, type); }
-const char* to_string(SchedulerType type) { return detail::name_of(detail::kSchedulerNames, type); }
-const char* to_string(Dtype dtype) { return detail::name_of(detail::kDtypeNames, dtype); }
-const char* to_string(ParallelMode mode) { return detail::name_of(detail::kModeNames, mode); }
-const char* to_string(CommBackend backend) { return detail::name_of(detail::kBackendNames, backend); }
+const char* to_string(OptimizerType type) {
+  return detail::name_of(detail::kOptimizerNames, type);
+}
+const char* to_string(SchedulerType type) {
+  return detail::name_of(detail::kSchedulerNames, type);
+}
+const char* to_string(Dtype dtype) {
+  return detail::name_of(detail::kDtypeNames, dtype);
+}
+const char* to_string(ParallelMode mode) {
+  return detail::name_of(detail::kModeNames, mode);
+}
+const char* to_string(CommBackend backend) {
+  return detail::name_of(detail::kBackendNames, backend);
+}
 
 std::string to_toml(const Config& config) {
   std::ostringstream out;

@@ -53,7 +53,8 @@ std::string join(const std::vector<std::string>& items, const char* separator);
 /// The error for a key that is not in `known`: names its path and position, suggests
 /// the nearest known key or lists them all. `table` is the dotted table path ("" at
 /// the top level).
-[[noreturn]] void throw_unknown_key(const std::string& table, const toml::key& key,
+[[noreturn]] void throw_unknown_key(const std::string& table,
+                                    const toml::key& key,
                                     const std::vector<std::string>& known);
 
 // ---- Field descriptions --------------------------------------------------------------
@@ -117,14 +118,12 @@ class FieldVisitor {
   }
 
  protected:
-  virtual void on_integer(const char* key, std::int64_t& value, const Rule& rule,
-                          IntegerKind kind) = 0;
+  virtual void on_integer(const char* key, std::int64_t& value, const Rule& rule, IntegerKind kind) = 0;
   virtual void on_number(const char* key, double& value, const Rule& rule) = 0;
   virtual void on_number_pair(const char* key, std::array<double, 2>& value, const Rule& rule) = 0;
   virtual void on_boolean(const char* key, bool& value) = 0;
   virtual void on_text(const char* key, std::string& value) = 0;
-  virtual void on_choice(const char* key, std::size_t& index,
-                         const std::vector<const char*>& names) = 0;
+  virtual void on_choice(const char* key, std::size_t& index, const std::vector<const char*>& names) = 0;
 };
 
 /// Where each key that was read came from: "optimizer.lr" → " at a.toml:3:6"
@@ -149,8 +148,7 @@ const SectionDef* find_section(const std::string& name);
 
 /// Reads `table` (the section's TOML table) into `config` through `section.fields`,
 /// recording positions; throws ConfigError for unknown keys and bad values.
-void read_section(const SectionDef& section, const toml::table& table, Config& config,
-                  KeyPositions& positions);
+void read_section(const SectionDef& section, const toml::table& table, Config& config, KeyPositions& positions);
 /// Writes "[name]" and one "key = value" line per field to `out`.
 void write_section(const SectionDef& section, const Config& config, std::ostream& out);
 

@@ -8,9 +8,13 @@ namespace {
 std::atomic<int> g_process_rank{-1};
 }  // namespace
 
-void set_process_rank(int rank) { g_process_rank.store(rank); }
+void set_process_rank(int rank) {
+  g_process_rank.store(rank);
+}
 
-int process_rank() { return g_process_rank.load(); }
+int process_rank() {
+  return g_process_rank.load();
+}
 
 std::string rank_prefix() {
   const int rank = process_rank();

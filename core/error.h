@@ -29,10 +29,10 @@ class Error : public std::runtime_error {
   std::string detail_;
 };
 
-#define PARALLAX_DEFINE_ERROR(Name)                                            \
-  class Name : public Error {                                                  \
-   public:                                                                     \
-    explicit Name(const std::string& detail) : Error(#Name, detail) {}         \
+#define PARALLAX_DEFINE_ERROR(Name)                                    \
+  class Name : public Error {                                          \
+   public:                                                             \
+    explicit Name(const std::string& detail) : Error(#Name, detail) {} \
   }
 
 /// Invalid configuration: TOML, command-line overrides, inconsistent degrees.
@@ -70,19 +70,18 @@ std::string concat(const Args&... args) {
 }  // namespace parallax
 
 /// Throws `parallax::ErrorType` with the concatenated message when `cond` is false.
-#define PARALLAX_CHECK(cond, ErrorType, ...)                                   \
-  do {                                                                         \
-    if (!(cond)) {                                                             \
-      throw ::parallax::ErrorType(::parallax::detail::concat(__VA_ARGS__));   \
-    }                                                                          \
+#define PARALLAX_CHECK(cond, ErrorType, ...)                                \
+  do {                                                                      \
+    if (!(cond)) {                                                          \
+      throw ::parallax::ErrorType(::parallax::detail::concat(__VA_ARGS__)); \
+    }                                                                       \
   } while (false)
 
 /// Internal invariant: a failure is a Parallax bug and names the file and line.
-#define PARALLAX_ASSERT(cond, ...)                                             \
-  do {                                                                         \
-    if (!(cond)) {                                                             \
-      throw ::parallax::InternalError(::parallax::detail::concat(             \
-          __FILE__, ":", __LINE__, ": assertion `", #cond, "` failed. ",       \
-          ##__VA_ARGS__));                                                     \
-    }                                                                          \
+#define PARALLAX_ASSERT(cond, ...)                                                                                   \
+  do {                                                                                                               \
+    if (!(cond)) {                                                                                                   \
+      throw ::parallax::InternalError(                                                                               \
+          ::parallax::detail::concat(__FILE__, ":", __LINE__, ": assertion `", #cond, "` failed. ", ##__VA_ARGS__)); \
+    }                                                                                                                \
   } while (false)

@@ -28,18 +28,28 @@ class Logger {
   bool enabled(LogLevel level) const { return level >= level_; }
 
   template <typename... Args>
-  void debug(const Args&... args) const { write(LogLevel::kDebug, detail::concat(args...)); }
+  void debug(const Args&... args) const {
+    write(LogLevel::kDebug, detail::concat(args...));
+  }
   template <typename... Args>
-  void info(const Args&... args) const { write(LogLevel::kInfo, detail::concat(args...)); }
+  void info(const Args&... args) const {
+    write(LogLevel::kInfo, detail::concat(args...));
+  }
   template <typename... Args>
-  void warn(const Args&... args) const { write(LogLevel::kWarn, detail::concat(args...)); }
+  void warn(const Args&... args) const {
+    write(LogLevel::kWarn, detail::concat(args...));
+  }
   template <typename... Args>
-  void error(const Args&... args) const { write(LogLevel::kError, detail::concat(args...)); }
+  void error(const Args&... args) const {
+    write(LogLevel::kError, detail::concat(args...));
+  }
 
   /// Writes the line to stdout without a rank prefix when called on rank 0; does
   /// nothing on other ranks. For progress lines and final summaries.
   template <typename... Args>
-  void summary(const Args&... args) const { write_summary(detail::concat(args...)); }
+  void summary(const Args&... args) const {
+    write_summary(detail::concat(args...));
+  }
 
  private:
   void write(LogLevel level, const std::string& line) const;

@@ -26,27 +26,39 @@ MeshCoord coord_of_index(const MeshDegrees& d, int index) {
 // The coordinate along `axis`, and the degree of that axis.
 int along(MeshAxis axis, const MeshCoord& c) {
   switch (axis) {
-    case MeshAxis::kTp: return c.tp;
-    case MeshAxis::kPp: return c.pp;
-    case MeshAxis::kDp: return c.dp;
+    case MeshAxis::kTp:
+      return c.tp;
+    case MeshAxis::kPp:
+      return c.pp;
+    case MeshAxis::kDp:
+      return c.dp;
   }
   return 0;
 }
 
 int degree(MeshAxis axis, const MeshDegrees& d) {
   switch (axis) {
-    case MeshAxis::kTp: return d.tp;
-    case MeshAxis::kPp: return d.pp;
-    case MeshAxis::kDp: return d.dp;
+    case MeshAxis::kTp:
+      return d.tp;
+    case MeshAxis::kPp:
+      return d.pp;
+    case MeshAxis::kDp:
+      return d.dp;
   }
   return 1;
 }
 
 MeshCoord with(MeshAxis axis, MeshCoord c, int value) {
   switch (axis) {
-    case MeshAxis::kTp: c.tp = value; break;
-    case MeshAxis::kPp: c.pp = value; break;
-    case MeshAxis::kDp: c.dp = value; break;
+    case MeshAxis::kTp:
+      c.tp = value;
+      break;
+    case MeshAxis::kPp:
+      c.pp = value;
+      break;
+    case MeshAxis::kDp:
+      c.dp = value;
+      break;
   }
   return c;
 }
@@ -64,34 +76,34 @@ bool arithmetic_keeps_tp_in_nodes(const Cluster& cluster, int tp) {
 bool operator==(const MeshCoord& a, const MeshCoord& b) {
   return a.tp == b.tp && a.pp == b.pp && a.dp == b.dp;
 }
-bool operator!=(const MeshCoord& a, const MeshCoord& b) { return !(a == b); }
+bool operator!=(const MeshCoord& a, const MeshCoord& b) {
+  return !(a == b);
+}
 
 const char* to_string(MeshAxis axis) {
   switch (axis) {
-    case MeshAxis::kTp: return "tp";
-    case MeshAxis::kPp: return "pp";
-    case MeshAxis::kDp: return "dp";
+    case MeshAxis::kTp:
+      return "tp";
+    case MeshAxis::kPp:
+      return "pp";
+    case MeshAxis::kDp:
+      return "dp";
   }
   return "?";
 }
 
 void check_degrees(const MeshDegrees& d, int world_size) {
-  PARALLAX_CHECK(d.tp >= 1 && d.pp >= 1 && d.dp >= 1, ConfigError,
-                 "parallel degrees must be >= 1, got tp = ", d.tp, ", pp = ", d.pp,
-                 ", dp = ", d.dp);
+  PARALLAX_CHECK(d.tp >= 1 && d.pp >= 1 && d.dp >= 1, ConfigError, "parallel degrees must be >= 1, got tp = ", d.tp,
+                 ", pp = ", d.pp, ", dp = ", d.dp);
   PARALLAX_CHECK(static_cast<long long>(d.tp) * d.pp * d.dp == world_size, ConfigError,
-                 "tp × pp × dp must equal the world size: tp = ", d.tp, ", pp = ", d.pp,
-                 ", dp = ", d.dp, " gives ", static_cast<long long>(d.tp) * d.pp * d.dp,
-                 " ranks but the world has ", world_size);
+                 "tp × pp × dp must equal the world size: tp = ", d.tp, ", pp = ", d.pp, ", dp = ", d.dp, " gives ",
+                 static_cast<long long>(d.tp) * d.pp * d.dp, " ranks but the world has ", world_size);
 }
 
 // --- MeshLayout ---------------------------------------------------------------------------
 
 MeshLayout::MeshLayout(MeshDegrees degrees, std::vector<MeshCoord> coords, bool rank_arithmetic)
-    : degrees_(degrees),
-      coords_(std::move(coords)),
-      rank_at_(coords_.size(), -1),
-      rank_arithmetic_(rank_arithmetic) {
+    : degrees_(degrees), coords_(std::move(coords)), rank_at_(coords_.size(), -1), rank_arithmetic_(rank_arithmetic) {
   for (int rank = 0; rank < world_size(); ++rank) {
     int& slot = rank_at_[linear_index(degrees_, coords_[rank])];
     PARALLAX_ASSERT(slot == -1, "two ranks placed at one coordinate");
@@ -114,13 +126,12 @@ MeshLayout MeshLayout::place(const Cluster& cluster, const MeshDegrees& degrees)
     const int count = static_cast<int>(ranks.size());
     const std::string& host = cluster.nodes()[node].hostname;
     PARALLAX_CHECK(count >= degrees.tp, TopologyError,
-                   "cannot keep tensor-parallel groups within nodes: tp = ", degrees.tp,
-                   " needs ", degrees.tp, " ranks on one node, but node '", host,
-                   "' hosts ranks ", format_rank_set(ranks), " (", count, ")");
+                   "cannot keep tensor-parallel groups within nodes: tp = ", degrees.tp, " needs ", degrees.tp,
+                   " ranks on one node, but node '", host, "' hosts ranks ", format_rank_set(ranks), " (", count, ")");
     PARALLAX_CHECK(count % degrees.tp == 0, TopologyError,
                    "cannot keep tensor-parallel groups within nodes: tp = ", degrees.tp,
-                   " must divide the ranks of every node, but node '", host, "' hosts ranks ",
-                   format_rank_set(ranks), " (", count, ", not a multiple of ", degrees.tp, ")");
+                   " must divide the ranks of every node, but node '", host, "' hosts ranks ", format_rank_set(ranks),
+                   " (", count, ", not a multiple of ", degrees.tp, ")");
     for (int i = 0; i < count; ++i) {
       coords[ranks[i]] = coord_of_index(degrees, group * degrees.tp + i % degrees.tp);
       if (i % degrees.tp == degrees.tp - 1) ++group;
@@ -130,26 +141,27 @@ MeshLayout MeshLayout::place(const Cluster& cluster, const MeshDegrees& degrees)
 }
 
 const MeshCoord& MeshLayout::coord(int rank) const {
-  PARALLAX_CHECK(rank >= 0 && rank < world_size(), UsageError, "rank ", rank,
-                 " is outside the mesh's ", world_size(), " ranks");
+  PARALLAX_CHECK(rank >= 0 && rank < world_size(), UsageError, "rank ", rank, " is outside the mesh's ", world_size(),
+                 " ranks");
   return coords_[rank];
 }
 
 int MeshLayout::rank_at(const MeshCoord& c) const {
-  PARALLAX_CHECK(c.tp >= 0 && c.tp < degrees_.tp && c.pp >= 0 && c.pp < degrees_.pp &&
-                     c.dp >= 0 && c.dp < degrees_.dp,
+  PARALLAX_CHECK(c.tp >= 0 && c.tp < degrees_.tp && c.pp >= 0 && c.pp < degrees_.pp && c.dp >= 0 && c.dp < degrees_.dp,
                  UsageError, "coordinate (tp = ", c.tp, ", pp = ", c.pp, ", dp = ", c.dp,
-                 ") is outside the mesh tp = ", degrees_.tp, ", pp = ", degrees_.pp,
-                 ", dp = ", degrees_.dp);
+                 ") is outside the mesh tp = ", degrees_.tp, ", pp = ", degrees_.pp, ", dp = ", degrees_.dp);
   return rank_at_[linear_index(degrees_, c)];
 }
 
 int MeshLayout::color(MeshAxis axis, int rank) const {
   const MeshCoord& c = coord(rank);
   switch (axis) {
-    case MeshAxis::kTp: return c.pp * degrees_.dp + c.dp;
-    case MeshAxis::kDp: return c.tp * degrees_.pp + c.pp;
-    case MeshAxis::kPp: return c.tp * degrees_.dp + c.dp;
+    case MeshAxis::kTp:
+      return c.pp * degrees_.dp + c.dp;
+    case MeshAxis::kDp:
+      return c.tp * degrees_.pp + c.pp;
+    case MeshAxis::kPp:
+      return c.tp * degrees_.dp + c.dp;
   }
   return 0;
 }
@@ -173,23 +185,28 @@ std::string MeshLayout::group_name(MeshAxis axis, int rank) const {
   const MeshCoord& c = coord(rank);
   std::ostringstream out;
   switch (axis) {
-    case MeshAxis::kTp: out << "tp[pp=" << c.pp << ",dp=" << c.dp << ']'; break;
-    case MeshAxis::kDp: out << "dp[tp=" << c.tp << ",pp=" << c.pp << ']'; break;
-    case MeshAxis::kPp: out << "pp[tp=" << c.tp << ",dp=" << c.dp << ']'; break;
+    case MeshAxis::kTp:
+      out << "tp[pp=" << c.pp << ",dp=" << c.dp << ']';
+      break;
+    case MeshAxis::kDp:
+      out << "dp[tp=" << c.tp << ",pp=" << c.pp << ']';
+      break;
+    case MeshAxis::kPp:
+      out << "pp[tp=" << c.tp << ",dp=" << c.dp << ']';
+      break;
   }
   return out.str();
 }
 
 std::string MeshLayout::describe(const Cluster& cluster) const {
-  PARALLAX_CHECK(cluster.world_size() == world_size(), UsageError, "describing a mesh of ",
-                 world_size(), " ranks with a cluster of ", cluster.world_size());
+  PARALLAX_CHECK(cluster.world_size() == world_size(), UsageError, "describing a mesh of ", world_size(),
+                 " ranks with a cluster of ", cluster.world_size());
   std::size_t host_width = 4;
   for (const auto& node : cluster.nodes()) host_width = std::max(host_width, node.hostname.size());
   std::ostringstream out;
-  out << "mesh: tp = " << degrees_.tp << ", pp = " << degrees_.pp << ", dp = " << degrees_.dp
-      << " over " << world_size() << " ranks on " << cluster.num_nodes()
-      << (cluster.num_nodes() == 1 ? " node" : " nodes") << "; TP groups "
-      << (rank_arithmetic_ ? "by rank arithmetic" : "cut per node (ranks not node-contiguous)")
+  out << "mesh: tp = " << degrees_.tp << ", pp = " << degrees_.pp << ", dp = " << degrees_.dp << " over "
+      << world_size() << " ranks on " << cluster.num_nodes() << (cluster.num_nodes() == 1 ? " node" : " nodes")
+      << "; TP groups " << (rank_arithmetic_ ? "by rank arithmetic" : "cut per node (ranks not node-contiguous)")
       << '\n';
   out << "  rank  " << std::left << std::setw(static_cast<int>(host_width)) << "host" << std::right
       << "  local  tp  pp  dp\n";
@@ -197,8 +214,8 @@ std::string MeshLayout::describe(const Cluster& cluster) const {
     const RankLocation& at = cluster.location(rank);
     const MeshCoord& c = coords_[rank];
     out << std::setw(6) << rank << "  " << std::left << std::setw(static_cast<int>(host_width))
-        << cluster.nodes()[at.node].hostname << std::right << std::setw(7) << at.local
-        << std::setw(4) << c.tp << std::setw(4) << c.pp << std::setw(4) << c.dp << '\n';
+        << cluster.nodes()[at.node].hostname << std::right << std::setw(7) << at.local << std::setw(4) << c.tp
+        << std::setw(4) << c.pp << std::setw(4) << c.dp << '\n';
   }
   for (MeshAxis axis : {MeshAxis::kTp, MeshAxis::kPp, MeshAxis::kDp}) {
     out << "  " << to_string(axis) << " groups:";
@@ -212,32 +229,25 @@ std::string MeshLayout::describe(const Cluster& cluster) const {
 
 namespace {
 
-std::unique_ptr<Communicator> split_along(Communicator& world, const MeshLayout& layout,
-                                          MeshAxis axis) {
+std::unique_ptr<Communicator> split_along(Communicator& world, const MeshLayout& layout, MeshAxis axis) {
   const int rank = world.rank();
-  auto comm = world.split(layout.color(axis, rank), along(axis, layout.coord(rank)),
-                          layout.group_name(axis, rank));
+  auto comm = world.split(layout.color(axis, rank), along(axis, layout.coord(rank)), layout.group_name(axis, rank));
   const int expected = degree(axis, layout.degrees());
-  PARALLAX_ASSERT(comm != nullptr && comm->size() == expected, "group ",
-                  layout.group_name(axis, rank), " has ", comm ? comm->size() : 0,
-                  " ranks, expected ", expected);
+  PARALLAX_ASSERT(comm != nullptr && comm->size() == expected, "group ", layout.group_name(axis, rank), " has ",
+                  comm ? comm->size() : 0, " ranks, expected ", expected);
   return comm;
 }
 
-MeshLayout checked_layout(const Communicator& world, const Cluster& cluster,
-                          const MeshDegrees& degrees) {
-  PARALLAX_CHECK(cluster.world_size() == world.size(), UsageError, "the cluster describes ",
-                 cluster.world_size(), " ranks but the communicator '", world.name(), "' has ",
-                 world.size());
+MeshLayout checked_layout(const Communicator& world, const Cluster& cluster, const MeshDegrees& degrees) {
+  PARALLAX_CHECK(cluster.world_size() == world.size(), UsageError, "the cluster describes ", cluster.world_size(),
+                 " ranks but the communicator '", world.name(), "' has ", world.size());
   return MeshLayout::place(cluster, degrees);
 }
 
 }  // namespace
 
 Mesh::Mesh(Communicator& world, Cluster cluster, const MeshDegrees& degrees)
-    : world_(&world),
-      cluster_(std::move(cluster)),
-      layout_(checked_layout(world, cluster_, degrees)) {
+    : world_(&world), cluster_(std::move(cluster)), layout_(checked_layout(world, cluster_, degrees)) {
   // Same order on every rank: each split is a collective over the world.
   tp_ = split_along(world, layout_, MeshAxis::kTp);
   dp_ = split_along(world, layout_, MeshAxis::kDp);
@@ -246,9 +256,12 @@ Mesh::Mesh(Communicator& world, Cluster cluster, const MeshDegrees& degrees)
 
 Communicator& Mesh::group(MeshAxis axis) {
   switch (axis) {
-    case MeshAxis::kTp: return *tp_;
-    case MeshAxis::kPp: return *pp_;
-    case MeshAxis::kDp: return *dp_;
+    case MeshAxis::kTp:
+      return *tp_;
+    case MeshAxis::kPp:
+      return *pp_;
+    case MeshAxis::kDp:
+      return *dp_;
   }
   return *tp_;
 }
@@ -256,8 +269,7 @@ Communicator& Mesh::group(MeshAxis axis) {
 std::string Mesh::describe() const {
   const MeshCoord& c = coord();
   std::ostringstream out;
-  out << "this rank: world " << world_->rank() << " at tp = " << c.tp << ", pp = " << c.pp
-      << ", dp = " << c.dp << '\n'
+  out << "this rank: world " << world_->rank() << " at tp = " << c.tp << ", pp = " << c.pp << ", dp = " << c.dp << '\n'
       << layout_.describe(cluster_);
   return out.str();
 }

@@ -34,8 +34,8 @@ std::string to_json_line(const StepMetrics& m) {
   out << ",\"model_state_bytes\":[";
   for (std::size_t r = 0; r < m.model_state_bytes.size(); ++r) {
     const ModelStateBytes& b = m.model_state_bytes[r];
-    out << (r ? "," : "") << "{\"params\":" << b.params << ",\"grads\":" << b.grads
-        << ",\"optimizer\":" << b.optimizer << "}";
+    out << (r ? "," : "") << "{\"params\":" << b.params << ",\"grads\":" << b.grads << ",\"optimizer\":" << b.optimizer
+        << "}";
   }
   out << "],\"comm\":[";
   for (std::size_t r = 0; r < m.comm.size(); ++r) {

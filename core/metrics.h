@@ -26,7 +26,7 @@ struct ModelStateBytes {
 
 struct StepMetrics {
   std::int64_t step = 0;
-  double loss = 0.0;          ///< mean over the global batch
+  double loss = 0.0;  ///< mean over the global batch
   double lr = 0.0;
   double step_ms = 0.0;
   double tokens_per_s = 0.0;

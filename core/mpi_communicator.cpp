@@ -220,7 +220,6 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
-
   detail::MpiOpSpec make_spec(CommOp op,
                               const at::Tensor& tensor,
                               std::int64_t bytes,
@@ -245,26 +244,25 @@ class MpiCommunicator final : public Communicator {
 
   void check_tensor(CommOp op, const at::Tensor& tensor, const char* role) const {
     PARALLAX_CHECK(tensor.defined(), UsageError, error_prefix(op), role, " is an undefined tensor");
-    PARALLAX_CHECK(tensor.device().is_cpu() && tensor.layout() == at::kStrided, UsageError, error_prefix(op), role, " is on ",
-                   tensor.device(), " with layout ", tensor.layout(),
+    PARALLAX_CHECK(tensor.device().is_cpu() && tensor.layout() == at::kStrided, UsageError, error_prefix(op), role,
+                   " is on ", tensor.device(), " with layout ", tensor.layout(),
                    "; the MPI communicator moves dense CPU tensors only");
-    PARALLAX_CHECK(tensor.is_contiguous(), UsageError, error_prefix(op), role, " is not contiguous (sizes ", tensor.sizes(),
-                   ", strides ", tensor.strides(), "); pass tensor.contiguous() and copy the result back");
+    PARALLAX_CHECK(tensor.is_contiguous(), UsageError, error_prefix(op), role, " is not contiguous (sizes ",
+                   tensor.sizes(), ", strides ", tensor.strides(),
+                   "); pass tensor.contiguous() and copy the result back");
     PARALLAX_CHECK(detail::is_supported_dtype(tensor.scalar_type()), UsageError, error_prefix(op), role, " has dtype ",
                    tensor.scalar_type(), "; supported: float32, float64, bfloat16, float16, int32, int64, uint8");
     PARALLAX_CHECK(tensor.numel() <= INT_MAX, UsageError, error_prefix(op), role, " has ", tensor.numel(),
                    " elements; one MPI operation moves at most ", INT_MAX, " (split it into buckets)");
   }
 
-
-
-
   void check_tag(CommOp op, int tag) const {
     int* upper = nullptr;
     int found = 0;
     MPI_Comm_get_attr(comm_, MPI_TAG_UB, &upper, &found);
     const int tag_ub = found && upper ? *upper : 32767;
-    PARALLAX_CHECK(tag >= 0 && tag <= tag_ub, UsageError, error_prefix(op), "tag ", tag, " is out of range 0..", tag_ub);
+    PARALLAX_CHECK(tag >= 0 && tag <= tag_ub, UsageError, error_prefix(op), "tag ", tag, " is out of range 0..",
+                   tag_ub);
   }
 
   MPI_Comm comm_;

@@ -261,13 +261,10 @@ class NcclCommunicator final : public Communicator {
     PARALLAX_CHECK(tensor.is_cuda() && tensor.device().index() == device_ && tensor.layout() == at::kStrided,
                    UsageError, error_prefix(op), role, " is on ", tensor.device(),
                    "; the NCCL communicator moves dense tensors on cuda:", device_, " only");
-    PARALLAX_CHECK(tensor.is_contiguous(), UsageError, error_prefix(op), role, " is not contiguous (sizes ", tensor.sizes(),
-                   ", strides ", tensor.strides(), ")");
+    PARALLAX_CHECK(tensor.is_contiguous(), UsageError, error_prefix(op), role, " is not contiguous (sizes ",
+                   tensor.sizes(), ", strides ", tensor.strides(), ")");
     nccl_datatype(tensor.scalar_type());  // throws for unsupported dtypes
   }
-
-
-
 
   std::shared_ptr<NcclShared> shared_;
   int device_;

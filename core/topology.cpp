@@ -25,8 +25,8 @@ namespace {
 class HwlocTopology {
  public:
   explicit HwlocTopology(std::string what) : what_(std::move(what)) {
-    PARALLAX_CHECK(hwloc_topology_init(&topo_) == 0, TopologyError,
-                   "hwloc_topology_init failed for ", what_, ": ", std::strerror(errno));
+    PARALLAX_CHECK(hwloc_topology_init(&topo_) == 0, TopologyError, "hwloc_topology_init failed for ", what_, ": ",
+                   std::strerror(errno));
     // Keep GPUs, NICs and their PCI path; drop bridges and devices nobody asks about.
     hwloc_topology_set_io_types_filter(topo_, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
   }
@@ -35,8 +35,8 @@ class HwlocTopology {
   ~HwlocTopology() { hwloc_topology_destroy(topo_); }
 
   void load() {
-    PARALLAX_CHECK(hwloc_topology_load(topo_) == 0, TopologyError,
-                   "hwloc could not load the topology of ", what_, ": ", std::strerror(errno));
+    PARALLAX_CHECK(hwloc_topology_load(topo_) == 0, TopologyError, "hwloc could not load the topology of ", what_, ": ",
+                   std::strerror(errno));
   }
   hwloc_topology_t get() const { return topo_; }
 
@@ -58,10 +58,8 @@ std::string pci_bus_id(hwloc_obj_t obj) {
   for (; obj != nullptr; obj = obj->parent) {
     if (obj->type == HWLOC_OBJ_PCI_DEVICE) {
       char buffer[32];
-      std::snprintf(buffer, sizeof(buffer), "%04x:%02x:%02x.%01x",
-                    static_cast<unsigned>(obj->attr->pcidev.domain),
-                    static_cast<unsigned>(obj->attr->pcidev.bus),
-                    static_cast<unsigned>(obj->attr->pcidev.dev),
+      std::snprintf(buffer, sizeof(buffer), "%04x:%02x:%02x.%01x", static_cast<unsigned>(obj->attr->pcidev.domain),
+                    static_cast<unsigned>(obj->attr->pcidev.bus), static_cast<unsigned>(obj->attr->pcidev.dev),
                     static_cast<unsigned>(obj->attr->pcidev.func));
       return buffer;
     }
@@ -76,8 +74,7 @@ void set_locality(hwloc_topology_t topo, hwloc_obj_t obj, DeviceInfo& device) {
   if (ancestor == nullptr || ancestor->cpuset == nullptr) return;
   device.cpuset = cpuset_string(ancestor->cpuset);
   int found = 0;
-  for (hwloc_obj_t numa = nullptr;
-       (numa = hwloc_get_next_obj_by_type(topo, HWLOC_OBJ_NUMANODE, numa)) != nullptr;) {
+  for (hwloc_obj_t numa = nullptr; (numa = hwloc_get_next_obj_by_type(topo, HWLOC_OBJ_NUMANODE, numa)) != nullptr;) {
     if (numa->cpuset != nullptr && hwloc_bitmap_intersects(numa->cpuset, ancestor->cpuset)) {
       device.numa_node = static_cast<int>(numa->os_index);
       ++found;
@@ -124,8 +121,7 @@ void collect_devices(hwloc_topology_t topo, NodeTopology& node) {
   }
   // One entry per physical GPU: among devices sharing a PCI address keep the preferred
   // backend's; devices without an address are kept as they are.
-  std::stable_sort(gpus.begin(), gpus.end(),
-                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::stable_sort(gpus.begin(), gpus.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   std::vector<std::string> seen;
   for (auto& [backend, device] : gpus) {
     if (!device.pci_bus_id.empty()) {
@@ -169,8 +165,8 @@ std::string strip_gpu_token(const std::string& description, int& gpus) {
       const std::string count = token.substr(4);
       char* end = nullptr;
       long value = std::strtol(count.c_str(), &end, 10);
-      PARALLAX_CHECK(!have_gpus && !count.empty() && *end == '\0' && value >= 0 && value <= 4096,
-                     TopologyError, "bad synthetic topology '", description, "': '", token,
+      PARALLAX_CHECK(!have_gpus && !count.empty() && *end == '\0' && value >= 0 && value <= 4096, TopologyError,
+                     "bad synthetic topology '", description, "': '", token,
                      have_gpus ? "' repeats the GPU count" : "' should be gpu:N with N >= 0");
       gpus = static_cast<int>(value);
       have_gpus = true;
@@ -199,8 +195,7 @@ DeviceInfo from_proto(const proto::Device& in) {
   return DeviceInfo{in.name(), in.subtype(), in.pci_bus_id(), in.numa_node(), in.cpuset()};
 }
 
-std::string describe_devices(const std::vector<DeviceInfo>& devices, const char* one,
-                             const char* many) {
+std::string describe_devices(const std::vector<DeviceInfo>& devices, const char* one, const char* many) {
   std::ostringstream out;
   out << devices.size() << ' ' << (devices.size() == 1 ? one : many);
   if (devices.empty()) return out.str();
@@ -228,11 +223,11 @@ NodeTopology NodeTopology::discover() {
 
 NodeTopology NodeTopology::from_xml(const std::string& path) {
   // hwloc's own message for a missing file is just errno; say which file first.
-  PARALLAX_CHECK(std::ifstream(path).good(), TopologyError, "cannot read hwloc XML topology '",
-                 path, "': ", std::strerror(errno));
+  PARALLAX_CHECK(std::ifstream(path).good(), TopologyError, "cannot read hwloc XML topology '", path,
+                 "': ", std::strerror(errno));
   HwlocTopology topo("hwloc XML file '" + path + "'");
-  PARALLAX_CHECK(hwloc_topology_set_xml(topo.get(), path.c_str()) == 0, TopologyError,
-                 "hwloc rejected XML topology '", path, "': ", std::strerror(errno));
+  PARALLAX_CHECK(hwloc_topology_set_xml(topo.get(), path.c_str()) == 0, TopologyError, "hwloc rejected XML topology '",
+                 path, "': ", std::strerror(errno));
   topo.load();
   NodeTopology node;
   const char* host = hwloc_obj_get_info_by_name(hwloc_get_root_obj(topo.get()), "HostName");
@@ -249,9 +244,8 @@ NodeTopology NodeTopology::from_synthetic(const std::string& description) {
   PARALLAX_CHECK(!hwloc_part.empty(), TopologyError, "bad synthetic topology '", description,
                  "': no hwloc levels (expected e.g. \"pack:2 numa:1 core:8 pu:2\")");
   HwlocTopology topo("synthetic topology '" + description + "'");
-  PARALLAX_CHECK(hwloc_topology_set_synthetic(topo.get(), hwloc_part.c_str()) == 0,
-                 TopologyError, "bad synthetic topology '", description,
-                 "': hwloc rejected \"", hwloc_part,
+  PARALLAX_CHECK(hwloc_topology_set_synthetic(topo.get(), hwloc_part.c_str()) == 0, TopologyError,
+                 "bad synthetic topology '", description, "': hwloc rejected \"", hwloc_part,
                  "\" (expected levels from outermost to innermost, ending with pu, e.g. ",
                  "\"pack:2 numa:1 core:8 pu:2\"; HWLOC_SYNTHETIC_VERBOSE=1 prints hwloc's reason)");
   topo.load();
@@ -264,9 +258,8 @@ NodeTopology NodeTopology::from_synthetic(const std::string& description) {
     DeviceInfo device;
     device.name = "gpu" + std::to_string(i);
     device.subtype = "synthetic";
-    hwloc_obj_t numa = hwloc_get_obj_by_type(
-        topo.get(), HWLOC_OBJ_NUMANODE,
-        static_cast<unsigned>(static_cast<long>(i) * node.numa_nodes / gpus));
+    hwloc_obj_t numa = hwloc_get_obj_by_type(topo.get(), HWLOC_OBJ_NUMANODE,
+                                             static_cast<unsigned>(static_cast<long>(i) * node.numa_nodes / gpus));
     if (numa != nullptr) {
       device.numa_node = static_cast<int>(numa->os_index);
       device.cpuset = cpuset_string(numa->cpuset);
@@ -287,15 +280,15 @@ std::string NodeTopology::serialize() const {
   for (const auto& gpu : gpus) to_proto(gpu, message.add_gpus());
   for (const auto& nic : nics) to_proto(nic, message.add_nics());
   std::string bytes;
-  PARALLAX_CHECK(message.SerializeToString(&bytes), TopologyError,
-                 "cannot serialize the topology of host '", hostname, "'");
+  PARALLAX_CHECK(message.SerializeToString(&bytes), TopologyError, "cannot serialize the topology of host '", hostname,
+                 "'");
   return bytes;
 }
 
 NodeTopology NodeTopology::parse(const std::string& bytes) {
   proto::NodeTopology message;
-  PARALLAX_CHECK(message.ParseFromString(bytes), TopologyError, "cannot parse a serialized ",
-                 "NodeTopology (", bytes.size(), " bytes)");
+  PARALLAX_CHECK(message.ParseFromString(bytes), TopologyError, "cannot parse a serialized ", "NodeTopology (",
+                 bytes.size(), " bytes)");
   NodeTopology node;
   node.hostname = message.hostname();
   node.source = message.source();
@@ -310,21 +303,20 @@ NodeTopology NodeTopology::parse(const std::string& bytes) {
 
 std::string NodeTopology::describe() const {
   std::ostringstream out;
-  out << hostname << ": " << packages << (packages == 1 ? " package, " : " packages, ")
-      << numa_nodes << " NUMA, " << cores << " cores, " << pus << " PUs, "
-      << describe_devices(gpus, "GPU", "GPUs") << ", " << describe_devices(nics, "NIC", "NICs");
+  out << hostname << ": " << packages << (packages == 1 ? " package, " : " packages, ") << numa_nodes << " NUMA, "
+      << cores << " cores, " << pus << " PUs, " << describe_devices(gpus, "GPU", "GPUs") << ", "
+      << describe_devices(nics, "NIC", "NICs");
   return out.str();
 }
 
 bool operator==(const DeviceInfo& a, const DeviceInfo& b) {
-  return a.name == b.name && a.subtype == b.subtype && a.pci_bus_id == b.pci_bus_id &&
-         a.numa_node == b.numa_node && a.cpuset == b.cpuset;
+  return a.name == b.name && a.subtype == b.subtype && a.pci_bus_id == b.pci_bus_id && a.numa_node == b.numa_node &&
+         a.cpuset == b.cpuset;
 }
 
 bool operator==(const NodeTopology& a, const NodeTopology& b) {
-  return a.hostname == b.hostname && a.source == b.source && a.packages == b.packages &&
-         a.numa_nodes == b.numa_nodes && a.cores == b.cores && a.pus == b.pus &&
-         a.gpus == b.gpus && a.nics == b.nics;
+  return a.hostname == b.hostname && a.source == b.source && a.packages == b.packages && a.numa_nodes == b.numa_nodes &&
+         a.cores == b.cores && a.pus == b.pus && a.gpus == b.gpus && a.nics == b.nics;
 }
 
 // --- Cluster ---------------------------------------------------------------------------
@@ -334,19 +326,19 @@ Cluster::Cluster(std::vector<NodeTopology> nodes, std::vector<RankLocation> rank
   PARALLAX_CHECK(!ranks_.empty(), TopologyError, "a cluster needs at least one rank");
   for (int rank = 0; rank < world_size(); ++rank) {
     const RankLocation& at = ranks_[rank];
-    PARALLAX_CHECK(at.node >= 0 && at.node < num_nodes(), TopologyError, "rank ", rank,
-                   " is placed on node ", at.node, " but the cluster has ", num_nodes(),
-                   " nodes");
+    PARALLAX_CHECK(at.node >= 0 && at.node < num_nodes(), TopologyError, "rank ", rank, " is placed on node ", at.node,
+                   " but the cluster has ", num_nodes(), " nodes");
     auto& on_node = node_ranks_[at.node];
-    PARALLAX_CHECK(at.local == static_cast<int>(on_node.size()), TopologyError, "rank ", rank,
-                   " has local index ", at.local, " on node '", nodes_[at.node].hostname,
+    PARALLAX_CHECK(at.local == static_cast<int>(on_node.size()), TopologyError, "rank ", rank, " has local index ",
+                   at.local, " on node '", nodes_[at.node].hostname,
                    "' but the node's local indexes must count 0, 1, ... in world-rank order"
-                   " (expected ", on_node.size(), ")");
+                   " (expected ",
+                   on_node.size(), ")");
     on_node.push_back(rank);
   }
   for (int node = 0; node < num_nodes(); ++node) {
-    PARALLAX_CHECK(!node_ranks_[node].empty(), TopologyError, "node ", node, " ('",
-                   nodes_[node].hostname, "') hosts no rank");
+    PARALLAX_CHECK(!node_ranks_[node].empty(), TopologyError, "node ", node, " ('", nodes_[node].hostname,
+                   "') hosts no rank");
   }
 }
 
@@ -390,33 +382,30 @@ Cluster Cluster::gather(Communicator& world, const NodeTopology& self) {
   return from_rank_topologies(per_rank);
 }
 
-Cluster Cluster::synthetic(int nodes, int gpus_per_node, RankOrder order,
-                           const std::string& node_description) {
+Cluster Cluster::synthetic(int nodes, int gpus_per_node, RankOrder order, const std::string& node_description) {
   PARALLAX_CHECK(nodes >= 1 && gpus_per_node >= 1, UsageError,
-                 "Cluster::synthetic needs nodes >= 1 and gpus_per_node >= 1, got nodes = ",
-                 nodes, ", gpus_per_node = ", gpus_per_node);
-  const NodeTopology node = NodeTopology::from_synthetic(
-      node_description + " gpu:" + std::to_string(gpus_per_node));
+                 "Cluster::synthetic needs nodes >= 1 and gpus_per_node >= 1, got nodes = ", nodes,
+                 ", gpus_per_node = ", gpus_per_node);
+  const NodeTopology node = NodeTopology::from_synthetic(node_description + " gpu:" + std::to_string(gpus_per_node));
   std::vector<NodeTopology> topologies(nodes, node);
   for (int i = 0; i < nodes; ++i) topologies[i].hostname = "node" + std::to_string(i);
   std::vector<RankLocation> ranks(static_cast<std::size_t>(nodes) * gpus_per_node);
   for (int rank = 0; rank < static_cast<int>(ranks.size()); ++rank) {
-    ranks[rank] = order == RankOrder::kContiguous
-                      ? RankLocation{rank / gpus_per_node, rank % gpus_per_node}
-                      : RankLocation{rank % nodes, rank / nodes};
+    ranks[rank] = order == RankOrder::kContiguous ? RankLocation{rank / gpus_per_node, rank % gpus_per_node}
+                                                  : RankLocation{rank % nodes, rank / nodes};
   }
   return Cluster(std::move(topologies), std::move(ranks));
 }
 
 const RankLocation& Cluster::location(int rank) const {
-  PARALLAX_CHECK(rank >= 0 && rank < world_size(), UsageError, "rank ", rank,
-                 " is outside the cluster's ", world_size(), " ranks");
+  PARALLAX_CHECK(rank >= 0 && rank < world_size(), UsageError, "rank ", rank, " is outside the cluster's ",
+                 world_size(), " ranks");
   return ranks_[rank];
 }
 
 const std::vector<int>& Cluster::ranks_on(int node) const {
-  PARALLAX_CHECK(node >= 0 && node < num_nodes(), UsageError, "node ", node,
-                 " is outside the cluster's ", num_nodes(), " nodes");
+  PARALLAX_CHECK(node >= 0 && node < num_nodes(), UsageError, "node ", node, " is outside the cluster's ", num_nodes(),
+                 " nodes");
   return node_ranks_[node];
 }
 
@@ -429,11 +418,10 @@ bool Cluster::node_contiguous() const {
 
 std::string Cluster::describe() const {
   std::ostringstream out;
-  out << "cluster: " << num_nodes() << (num_nodes() == 1 ? " node, " : " nodes, ")
-      << world_size() << (world_size() == 1 ? " rank\n" : " ranks\n");
+  out << "cluster: " << num_nodes() << (num_nodes() == 1 ? " node, " : " nodes, ") << world_size()
+      << (world_size() == 1 ? " rank\n" : " ranks\n");
   for (int node = 0; node < num_nodes(); ++node) {
-    out << "  " << nodes_[node].describe() << "; ranks " << format_rank_set(node_ranks_[node])
-        << '\n';
+    out << "  " << nodes_[node].describe() << "; ranks " << format_rank_set(node_ranks_[node]) << '\n';
   }
   return out.str();
 }

@@ -53,10 +53,10 @@ struct NodeTopology {
   std::string hostname;
   /// Where it came from: "live", "xml:<path>" or "synthetic:<description>".
   std::string source;
-  int packages = 0;    ///< CPU packages (sockets), e.g. 2
-  int numa_nodes = 0;  ///< NUMA nodes, e.g. 2
-  int cores = 0;       ///< physical cores over all packages, e.g. 64
-  int pus = 0;         ///< processing units (hardware threads), e.g. 128
+  int packages = 0;              ///< CPU packages (sockets), e.g. 2
+  int numa_nodes = 0;            ///< NUMA nodes, e.g. 2
+  int cores = 0;                 ///< physical cores over all packages, e.g. 64
+  int pus = 0;                   ///< processing units (hardware threads), e.g. 128
   std::vector<DeviceInfo> gpus;  ///< accelerators, one entry per physical device
   std::vector<DeviceInfo> nics;  ///< network and OpenFabrics (InfiniBand, RoCE) devices
 
@@ -129,7 +129,9 @@ class Cluster {
   /// GPUs and as many ranks (one per GPU), dealt by `order`. `node_description` is an
   /// hwloc synthetic description without a gpu token. Throws UsageError when
   /// nodes < 1 or gpus_per_node < 1, TopologyError for a bad description.
-  static Cluster synthetic(int nodes, int gpus_per_node, RankOrder order = RankOrder::kContiguous,
+  static Cluster synthetic(int nodes,
+                           int gpus_per_node,
+                           RankOrder order = RankOrder::kContiguous,
                            const std::string& node_description = "pack:2 numa:1 core:8 pu:2");
 
   const std::vector<NodeTopology>& nodes() const { return nodes_; }

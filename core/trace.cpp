@@ -22,8 +22,7 @@ Tracer::Span::~Span() {
 }
 
 std::int64_t Tracer::now_us() const {
-  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - origin_)
-      .count();
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - origin_).count();
 }
 
 void Tracer::record(const char* name, const char* category, std::int64_t start_us, std::int64_t duration_us) {
@@ -43,8 +42,7 @@ void Tracer::write(const std::string& path, int pid) const {
   PARALLAX_CHECK(out.good(), UsageError, "cannot write trace file '", path, "'");
   std::lock_guard<std::mutex> lock(mutex_);
   out << "{\"traceEvents\":[\n";
-  out << "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" << pid << ",\"args\":{\"name\":\"rank " << pid
-      << "\"}}";
+  out << "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" << pid << ",\"args\":{\"name\":\"rank " << pid << "\"}}";
   for (const Event& e : events_) {
     out << ",\n{\"name\":\"" << e.name << "\",\"cat\":\"" << e.category << "\",\"ph\":\"X\",\"ts\":" << e.start_us
         << ",\"dur\":" << e.duration_us << ",\"pid\":" << pid << ",\"tid\":" << e.thread << "}";

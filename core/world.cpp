@@ -15,10 +15,14 @@ namespace {
 
 const char* thread_level_name(int level) {
   switch (level) {
-    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
-    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
-    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
-    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
+    case MPI_THREAD_SINGLE:
+      return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED:
+      return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED:
+      return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE:
+      return "MPI_THREAD_MULTIPLE";
   }
   return "unknown";
 }
@@ -38,14 +42,12 @@ World::World(int& argc, char**& argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &size_);
   set_process_rank(rank_);
-  PARALLAX_CHECK(provided >= MPI_THREAD_MULTIPLE, CommError, "the MPI library provides ",
-                 thread_level_name(provided),
+  PARALLAX_CHECK(provided >= MPI_THREAD_MULTIPLE, CommError, "the MPI library provides ", thread_level_name(provided),
                  " but Parallax needs MPI_THREAD_MULTIPLE (each communicator progresses its "
                  "operations on its own thread); use an MPI built with thread support");
 
   MPI_Comm node_comm = MPI_COMM_NULL;
-  check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL,
-                                &node_comm),
+  check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node_comm),
             "MPI_Comm_split_type");
   MPI_Comm_rank(node_comm, &local_rank_);
   MPI_Comm_size(node_comm, &local_size_);

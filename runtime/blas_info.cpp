@@ -44,6 +44,8 @@ std::string describe_loaded_blas() {
   return "reference BLAS (" + paths.front() + ")";
 }
 
-bool is_reference_blas(const std::string& description) { return description.rfind("reference", 0) == 0; }
+bool is_reference_blas(const std::string& description) {
+  return description.rfind("reference", 0) == 0;
+}
 
 }  // namespace parallax

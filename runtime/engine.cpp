@@ -16,7 +16,8 @@ namespace {
 
 // Before the first collective that depends on the model: every rank must hold the same
 // parameters and buffers (count, shapes, dtypes), or the broadcasts would mismatch.
-void check_same_structure(Communicator& comm, const std::vector<torch::Tensor>& params,
+void check_same_structure(Communicator& comm,
+                          const std::vector<torch::Tensor>& params,
                           const std::vector<torch::Tensor>& buffers) {
   std::uint64_t hash = 1469598103934665603ULL;  // FNV-1a over (dtype, shape) of each tensor
   auto mix = [&hash](std::int64_t value) {
@@ -37,20 +38,23 @@ void check_same_structure(Communicator& comm, const std::vector<torch::Tensor>& 
   for (int r = 0; r < comm.size(); ++r) {
     if (all[r].item<std::int64_t>() != all[0].item<std::int64_t>()) differing.push_back(r);
   }
-  PARALLAX_CHECK(differing.empty(), UsageError, "the model differs across ranks of group '", comm.name(),
-                 "': rank(s) ", format_rank_set(differing), " hold other parameter or buffer shapes than rank 0 (",
-                 params.size(), " parameters, ", buffers.size(),
-                 " buffers here); build the model from the same config on every rank");
+  PARALLAX_CHECK(differing.empty(), UsageError, "the model differs across ranks of group '", comm.name(), "': rank(s) ",
+                 format_rank_set(differing), " hold other parameter or buffer shapes than rank 0 (", params.size(),
+                 " parameters, ", buffers.size(), " buffers here); build the model from the same config on every rank");
 }
 
 torch::ScalarType compute_dtype_for(Dtype dtype) {
   switch (dtype) {
-    case Dtype::kFp32: return torch::kFloat32;
-    case Dtype::kBf16: return torch::kBFloat16;
-    case Dtype::kFp16: break;
+    case Dtype::kFp32:
+      return torch::kFloat32;
+    case Dtype::kBf16:
+      return torch::kBFloat16;
+    case Dtype::kFp16:
+      break;
   }
-  throw ConfigError("precision.dtype = \"fp16\": fp16 needs dynamic loss scaling, which this build does not "
-                    "have yet; use \"fp32\" or \"bf16\"");
+  throw ConfigError(
+      "precision.dtype = \"fp16\": fp16 needs dynamic loss scaling, which this build does not "
+      "have yet; use \"fp32\" or \"bf16\"");
 }
 
 }  // namespace
@@ -69,7 +73,7 @@ struct Engine::State {
   std::int64_t grad_accum = 1;
   std::int64_t micro_step = 0;  ///< backward calls in the current window
   std::int64_t global_step = 0;
-  torch::Tensor loss_sum;       ///< sum of micro-step losses in the window (float64)
+  torch::Tensor loss_sum;  ///< sum of micro-step losses in the window (float64)
   StepMetrics last;
 
   const std::vector<torch::Tensor>& optimized() const { return masters.empty() ? params : masters; }
@@ -79,8 +83,8 @@ Engine::Engine(Runtime& runtime, std::shared_ptr<torch::nn::Module> model, const
     : state_(std::make_unique<State>()) {
   State& s = *state_;
   const Config& config = runtime.config();
-  PARALLAX_CHECK(config.parallel.tp == 1 && config.parallel.pp == 1, ConfigError,
-                 "parallel.tp = ", config.parallel.tp, ", parallel.pp = ", config.parallel.pp,
+  PARALLAX_CHECK(config.parallel.tp == 1 && config.parallel.pp == 1, ConfigError, "parallel.tp = ", config.parallel.tp,
+                 ", parallel.pp = ", config.parallel.pp,
                  ": tensor and pipeline parallelism are not available in this build yet; use tp = 1, pp = 1");
   s.runtime = &runtime;
   s.model = std::move(model);
@@ -131,8 +135,7 @@ Engine::Engine(Runtime& runtime, std::shared_ptr<torch::nn::Module> model, const
     }
   }
   const auto bucket_bytes = static_cast<std::int64_t>(config.zero.bucket_mb * 1024.0 * 1024.0);
-  s.buckets =
-      std::make_unique<GradientBuckets>(s.params, bucket_bytes, dp, runtime.tracer(), config.zero.overlap_comm);
+  s.buckets = std::make_unique<GradientBuckets>(s.params, bucket_bytes, dp, runtime.tracer(), config.zero.overlap_comm);
   s.optimizer = make_optimizer(spec.optimizer, s.optimized());
   s.telemetry = std::make_unique<StepTelemetry>(runtime);
   s.loss_sum = torch::zeros({}, torch::kFloat64);
@@ -180,16 +183,36 @@ bool Engine::step() {
   return true;
 }
 
-std::int64_t Engine::global_step() const { return state_->global_step; }
-std::int64_t Engine::grad_accum() const { return state_->grad_accum; }
-double Engine::last_loss() const { return state_->last.loss; }
-double Engine::last_lr() const { return state_->last.lr; }
-const StepMetrics& Engine::last_metrics() const { return state_->last; }
-torch::ScalarType Engine::compute_dtype() const { return state_->dtype; }
-std::int64_t Engine::gradient_bytes() const { return state_->buckets->gradient_bytes(); }
-std::int64_t Engine::gradient_padding_bytes() const { return state_->buckets->padding_bytes(); }
-std::size_t Engine::bucket_count() const { return state_->buckets->bucket_count(); }
-void Engine::set_tokens_per_sample(std::int64_t tokens) { state_->telemetry->set_tokens_per_sample(tokens); }
+std::int64_t Engine::global_step() const {
+  return state_->global_step;
+}
+std::int64_t Engine::grad_accum() const {
+  return state_->grad_accum;
+}
+double Engine::last_loss() const {
+  return state_->last.loss;
+}
+double Engine::last_lr() const {
+  return state_->last.lr;
+}
+const StepMetrics& Engine::last_metrics() const {
+  return state_->last;
+}
+torch::ScalarType Engine::compute_dtype() const {
+  return state_->dtype;
+}
+std::int64_t Engine::gradient_bytes() const {
+  return state_->buckets->gradient_bytes();
+}
+std::int64_t Engine::gradient_padding_bytes() const {
+  return state_->buckets->padding_bytes();
+}
+std::size_t Engine::bucket_count() const {
+  return state_->buckets->bucket_count();
+}
+void Engine::set_tokens_per_sample(std::int64_t tokens) {
+  state_->telemetry->set_tokens_per_sample(tokens);
+}
 
 std::vector<torch::Tensor> Engine::master_parameters() const {
   std::vector<torch::Tensor> out;
@@ -210,13 +233,17 @@ ModelStateBytes Engine::model_state_bytes() const {
   return bytes;
 }
 
-void Engine::begin_micro_step() { state_->telemetry->begin_window_if_needed(); }
+void Engine::begin_micro_step() {
+  state_->telemetry->begin_window_if_needed();
+}
 
 torch::Tensor Engine::prepare_input(const torch::Tensor& input) const {
   if (input.is_floating_point() && input.scalar_type() != state_->dtype) return input.to(state_->dtype);
   return input;
 }
 
-Tracer& Engine::tracer() { return state_->runtime->tracer(); }
+Tracer& Engine::tracer() {
+  return state_->runtime->tracer();
+}
 
 }  // namespace parallax

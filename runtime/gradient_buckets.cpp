@@ -28,8 +28,8 @@ class GradientReadyHook : public torch::autograd::FunctionPostHook {
 
 }  // namespace
 
-GradientBuckets::GradientBuckets(std::vector<torch::Tensor> params, std::int64_t bucket_bytes,
-                                 Communicator& comm, Tracer& tracer, bool overlap)
+GradientBuckets::GradientBuckets(
+    std::vector<torch::Tensor> params, std::int64_t bucket_bytes, Communicator& comm, Tracer& tracer, bool overlap)
     : params_(std::move(params)),
       bucket_of_param_(params_.size()),
       grad_data_(params_.size()),
@@ -44,8 +44,8 @@ GradientBuckets::GradientBuckets(std::vector<torch::Tensor> params, std::int64_t
   std::int64_t group_bytes = 0;
   for (std::size_t i = params_.size(); i-- > 0;) {
     const torch::Tensor& p = params_[i];
-    PARALLAX_CHECK(p.requires_grad() && p.layout() == torch::kStrided, UsageError,
-                   "parameter ", i, " must be a dense tensor that requires grad");
+    PARALLAX_CHECK(p.requires_grad() && p.layout() == torch::kStrided, UsageError, "parameter ", i,
+                   " must be a dense tensor that requires grad");
     PARALLAX_CHECK(p.numel() <= kMaxBucketElements, UsageError, "parameter ", i, " has ", p.numel(),
                    " elements; one collective carries at most ", kMaxBucketElements);
     const std::int64_t bytes = payload_bytes(p);

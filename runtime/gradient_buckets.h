@@ -3,8 +3,8 @@
 // Protocol (every rank of the data-parallel group runs the same steps):
 //  a. At construction, parameters are grouped into buckets of at most `bucket_bytes`
 //     (and at most INT_MAX elements: one collective) in reverse registration order
-//     (roughly the order backward produces gradients), never mixing dtypes. Each bucket owns one flat tensor; every parameter's .grad is
-//     a view into its bucket, so autograd accumulates straight into the buffer.
+//     (roughly the order backward produces gradients), never mixing dtypes. Each bucket owns one flat tensor; every
+//     parameter's .grad is a view into its bucket, so autograd accumulates straight into the buffer.
 //  b. A post-hook on each parameter's gradient accumulator reports "gradient ready".
 //     Only on the last micro-step of an accumulation window (arm()), a bucket whose
 //     parameters are all ready is all-reduced asynchronously — strictly in bucket
@@ -45,8 +45,11 @@ class GradientBuckets {
   /// false (`zero.overlap_comm = false`) nothing is launched during backward: finish()
   /// launches every bucket. The communicator and tracer must outlive this object. Does
   /// not communicate.
-  GradientBuckets(std::vector<torch::Tensor> params, std::int64_t bucket_bytes, Communicator& comm,
-                  Tracer& tracer, bool overlap = true);
+  GradientBuckets(std::vector<torch::Tensor> params,
+                  std::int64_t bucket_bytes,
+                  Communicator& comm,
+                  Tracer& tracer,
+                  bool overlap = true);
   GradientBuckets(const GradientBuckets&) = delete;
   GradientBuckets& operator=(const GradientBuckets&) = delete;
   ~GradientBuckets();

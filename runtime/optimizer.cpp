@@ -12,7 +12,9 @@
 namespace parallax {
 namespace {
 
-std::int64_t bytes_of(const torch::Tensor& t) { return t.defined() ? payload_bytes(t) : 0; }
+std::int64_t bytes_of(const torch::Tensor& t) {
+  return t.defined() ? payload_bytes(t) : 0;
+}
 
 }  // namespace
 
@@ -37,25 +39,19 @@ double scheduled_lr(const OptimizerSpec& spec, std::int64_t step) {
   return floor + 0.5 * (peak - floor) * (1.0 + std::cos(M_PI * progress));
 }
 
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerOptions& o,
-                                                        std::vector<torch::Tensor> params) {
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerOptions& o, std::vector<torch::Tensor> params) {
   switch (o.type) {
     case OptimizerType::kSgd:
       return std::make_unique<torch::optim::SGD>(
-          std::move(params),
-          torch::optim::SGDOptions(o.lr).momentum(o.momentum).weight_decay(o.weight_decay));
+          std::move(params), torch::optim::SGDOptions(o.lr).momentum(o.momentum).weight_decay(o.weight_decay));
     case OptimizerType::kAdam:
       return std::make_unique<torch::optim::Adam>(
-          std::move(params), torch::optim::AdamOptions(o.lr)
-                                 .betas({o.betas[0], o.betas[1]})
-                                 .eps(o.eps)
-                                 .weight_decay(o.weight_decay));
+          std::move(params),
+          torch::optim::AdamOptions(o.lr).betas({o.betas[0], o.betas[1]}).eps(o.eps).weight_decay(o.weight_decay));
     case OptimizerType::kAdamW:
       return std::make_unique<torch::optim::AdamW>(
-          std::move(params), torch::optim::AdamWOptions(o.lr)
-                                 .betas({o.betas[0], o.betas[1]})
-                                 .eps(o.eps)
-                                 .weight_decay(o.weight_decay));
+          std::move(params),
+          torch::optim::AdamWOptions(o.lr).betas({o.betas[0], o.betas[1]}).eps(o.eps).weight_decay(o.weight_decay));
   }
   throw InternalError("make_optimizer: unknown optimizer type");
 }

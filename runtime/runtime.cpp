@@ -188,16 +188,36 @@ void Runtime::start(const InitOptions& options) {
 
 Runtime::~Runtime() = default;
 
-const Config& Runtime::config() const { return state_->config; }
-World& Runtime::world() { return *state_->world; }
-Mesh& Runtime::mesh() { return *state_->mesh; }
-const Cluster& Runtime::cluster() const { return state_->mesh->cluster(); }
-const Logger& Runtime::logger() const { return state_->logger; }
-Tracer& Runtime::tracer() { return *state_->tracer; }
-Communicator& Runtime::telemetry() { return *state_->telemetry; }
-MetricsWriter* Runtime::metrics_writer() { return state_->metrics.get(); }
-const std::vector<std::string>& Runtime::args() const { return state_->args; }
-const std::string& Runtime::blas() const { return state_->blas; }
+const Config& Runtime::config() const {
+  return state_->config;
+}
+World& Runtime::world() {
+  return *state_->world;
+}
+Mesh& Runtime::mesh() {
+  return *state_->mesh;
+}
+const Cluster& Runtime::cluster() const {
+  return state_->mesh->cluster();
+}
+const Logger& Runtime::logger() const {
+  return state_->logger;
+}
+Tracer& Runtime::tracer() {
+  return *state_->tracer;
+}
+Communicator& Runtime::telemetry() {
+  return *state_->telemetry;
+}
+MetricsWriter* Runtime::metrics_writer() {
+  return state_->metrics.get();
+}
+const std::vector<std::string>& Runtime::args() const {
+  return state_->args;
+}
+const std::string& Runtime::blas() const {
+  return state_->blas;
+}
 
 std::string Runtime::plan_text() const {
   std::string text;
@@ -205,7 +225,9 @@ std::string Runtime::plan_text() const {
   return text;
 }
 
-Runtime init(int& argc, char**& argv, const InitOptions& options) { return Runtime(argc, argv, options); }
+Runtime init(int& argc, char**& argv, const InitOptions& options) {
+  return Runtime(argc, argv, options);
+}
 
 int report_error(const std::exception& error) {
   const std::string what = error.what();

@@ -52,8 +52,7 @@ void StepTelemetry::begin_window_if_needed() {
   counters_at_start_ = training_counters();
 }
 
-StepMetrics StepTelemetry::end_window(std::int64_t step, double local_loss, double lr,
-                                      const ModelStateBytes& state) {
+StepMetrics StepTelemetry::end_window(std::int64_t step, double local_loss, double lr, const ModelStateBytes& state) {
   const CommCounters delta = training_counters().since(counters_at_start_);
   window_open_ = false;
 
@@ -80,8 +79,8 @@ StepMetrics StepTelemetry::end_window(std::int64_t step, double local_loss, doub
   for (int r = 0; r < ranks; ++r) {
     const double* f = a + r * kFieldsPerRank;
     loss_sum += f[0];
-    metrics.model_state_bytes.push_back({static_cast<std::int64_t>(f[1]), static_cast<std::int64_t>(f[2]),
-                                         static_cast<std::int64_t>(f[3])});
+    metrics.model_state_bytes.push_back(
+        {static_cast<std::int64_t>(f[1]), static_cast<std::int64_t>(f[2]), static_cast<std::int64_t>(f[3])});
     CommCounters counters;
     for (std::size_t op = 0; op < kCommOpCount; ++op) {
       counters.ops[op].calls = static_cast<std::int64_t>(f[4 + 2 * op]);

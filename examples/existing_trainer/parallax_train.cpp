@@ -1,7 +1,7 @@
 // A plain LibTorch training loop, as a user already has it: an MLP fitting y = sin(x·w).
 // parallax_train.cpp is the same loop made distributed; `diff` the two files.
-#include <torch/torch.h>
 #include <parallax/runtime/parallax.h>
+#include <torch/torch.h>
 
 #include <cstdio>
 
@@ -22,7 +22,7 @@ std::pair<torch::Tensor, torch::Tensor> batch(int64_t first, int64_t count) {
 }
 
 int main(int argc, char** argv) try {
-  auto rt = parallax::init(argc, argv);                               // + MPI, config, mesh
+  auto rt = parallax::init(argc, argv);  // + MPI, config, mesh
   torch::manual_seed(0);
   auto model = std::make_shared<Net>();
   auto engine = rt.engine(model, parallax::OptimizerSpec::from(rt.config()));  // + replaces the optimizer

@@ -16,7 +16,9 @@ std::uint64_t mix(std::uint64_t x) {
   return x ^ (x >> 31);
 }
 
-double unit(std::uint64_t h) { return static_cast<double>(h >> 11) * (1.0 / 9007199254740992.0); }
+double unit(std::uint64_t h) {
+  return static_cast<double>(h >> 11) * (1.0 / 9007199254740992.0);
+}
 
 }  // namespace
 
@@ -83,8 +85,7 @@ torch::Tensor GPTImpl::forward(const torch::Tensor& tokens) {
 
 torch::Tensor language_model_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
   const auto vocab = logits.size(-1);
-  return torch::nn::functional::cross_entropy(logits.reshape({-1, vocab}).to(torch::kFloat32),
-                                              targets.reshape({-1}));
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, vocab}).to(torch::kFloat32), targets.reshape({-1}));
 }
 
 SyntheticTokens::SyntheticTokens(std::int64_t vocab_size, std::int64_t block_size, std::uint64_t seed, double noise)
@@ -113,7 +114,8 @@ std::pair<torch::Tensor, torch::Tensor> SyntheticTokens::batch(std::int64_t firs
   return {tokens.narrow(1, 0, block_size_).contiguous(), tokens.narrow(1, 1, block_size_).contiguous()};
 }
 
-SyntheticTokens SyntheticTokens::from_table(const parallax::AppTable& table, const GPTOptions& model,
+SyntheticTokens SyntheticTokens::from_table(const parallax::AppTable& table,
+                                            const GPTOptions& model,
                                             std::uint64_t seed) {
   table.expect_only({"noise"});
   const double noise = table.get_double("noise", 0.1);
@@ -121,8 +123,12 @@ SyntheticTokens SyntheticTokens::from_table(const parallax::AppTable& table, con
   return SyntheticTokens(model.vocab_size, model.block_size, seed, noise);
 }
 
-std::int64_t first_sample(std::int64_t step, std::int64_t micro, std::int64_t dp_rank, std::int64_t dp,
-                          std::int64_t micro_batch, std::int64_t grad_accum) {
+std::int64_t first_sample(std::int64_t step,
+                          std::int64_t micro,
+                          std::int64_t dp_rank,
+                          std::int64_t dp,
+                          std::int64_t micro_batch,
+                          std::int64_t grad_accum) {
   const std::int64_t global = micro_batch * grad_accum * dp;
   return step * global + (micro * dp + dp_rank) * micro_batch;
 }

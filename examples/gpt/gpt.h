@@ -25,8 +25,8 @@ struct GPTOptions {
   std::int64_t block_size = 32;  ///< sequence length, e.g. 32
   std::int64_t d_model = 64;     ///< hidden size, e.g. 64
   std::int64_t n_layer = 2;
-  std::int64_t n_head = 4;       ///< must divide d_model
-  std::int64_t d_ff = 0;         ///< MLP hidden size; 0 = 4 × d_model
+  std::int64_t n_head = 4;  ///< must divide d_model
+  std::int64_t d_ff = 0;    ///< MLP hidden size; 0 = 4 × d_model
 
   /// The [model] table: vocab_size, block_size, d_model, n_layer, n_head, d_ff.
   static GPTOptions from_table(const parallax::AppTable& table);
@@ -82,7 +82,11 @@ class SyntheticTokens {
 /// Index of the first sample of data-parallel rank `dp_rank`'s micro-batch `micro` in
 /// optimizer step `step`: the global batch of step s is samples
 /// [s·global, (s+1)·global), laid out micro-step-major, then by dp rank.
-std::int64_t first_sample(std::int64_t step, std::int64_t micro, std::int64_t dp_rank, std::int64_t dp,
-                          std::int64_t micro_batch, std::int64_t grad_accum);
+std::int64_t first_sample(std::int64_t step,
+                          std::int64_t micro,
+                          std::int64_t dp_rank,
+                          std::int64_t dp,
+                          std::int64_t micro_batch,
+                          std::int64_t grad_accum);
 
 }  // namespace gpt

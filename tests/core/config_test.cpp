@@ -19,8 +19,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-#define EXPECT_CONTAINS(text, needle) \
-  EXPECT_NE(std::string(text).find(needle), std::string::npos) << "in: " << (text)
+#define EXPECT_CONTAINS(text, needle) EXPECT_NE(std::string(text).find(needle), std::string::npos) << "in: " << (text)
 
 // The detail() of the E thrown by `f`, or "" (and a test failure) if none is thrown.
 template <typename E = ConfigError>
@@ -38,8 +37,8 @@ class ConfigTest : public ::testing::Test {
  protected:
   void SetUp() override {
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() / ("parallax_config_test_" + std::to_string(::getpid()) + "_" +
-                                        info->test_suite_name() + "_" + info->name());
+    dir_ = fs::temp_directory_path() /
+           ("parallax_config_test_" + std::to_string(::getpid()) + "_" + info->test_suite_name() + "_" + info->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
@@ -52,7 +51,8 @@ class ConfigTest : public ::testing::Test {
     std::ofstream(path) << text;
     return path.string();
   }
-  Config load(const std::vector<std::string>& files, const std::vector<std::string>& sets = {},
+  Config load(const std::vector<std::string>& files,
+              const std::vector<std::string>& sets = {},
               const std::vector<std::string>& app_tables = {}) {
     return load_config(ConfigSources{files, sets}, LoadOptions{app_tables});
   }
@@ -69,8 +69,9 @@ class ConfigTest : public ::testing::Test {
 // ---- Command line ----------------------------------------------------------------------
 
 TEST(CommandLine, TakesConfigAndSetInBothFormsAndKeepsTheRest) {
-  const char* argv[] = {"train", "--config", "a.toml", "--steps", "--set=zero.stage=0",
-                        "--config=b.toml", "-v", "--set", "optimizer.lr=1e-3", "--", "--config", "x"};
+  const char* argv[] = {"train",           "--config", "a.toml", "--steps",           "--set=zero.stage=0",
+                        "--config=b.toml", "-v",       "--set",  "optimizer.lr=1e-3", "--",
+                        "--config",        "x"};
   const CommandLine cl = parse_command_line(12, argv);
   EXPECT_EQ(cl.sources.files, (std::vector<std::string>{"a.toml", "b.toml"}));
   EXPECT_EQ(cl.sources.overrides, (std::vector<std::string>{"zero.stage=0", "optimizer.lr=1e-3"}));
@@ -287,10 +288,12 @@ TEST_F(ConfigTest, MissingFileNamesThePath) {
 // ---- extends ---------------------------------------------------------------------------
 
 TEST_F(ConfigTest, ExtendsMergesBasesFirstThenLaterFilesThenOverrides) {
-  const std::string base = write("base.toml", "[train]\nsteps = 1\nseed = 1\nmicro_batch_size = 2\n"
-                                              "[optimizer]\nlr = 0.1\nbetas = [0.5, 0.5]\n");
-  const std::string child = write("child.toml", "extends = \"base.toml\"\n[train]\nsteps = 2\nseed = 2\n"
-                                                "[optimizer]\nbetas = [0.8, 0.9]\n");
+  const std::string base = write("base.toml",
+                                 "[train]\nsteps = 1\nseed = 1\nmicro_batch_size = 2\n"
+                                 "[optimizer]\nlr = 0.1\nbetas = [0.5, 0.5]\n");
+  const std::string child = write("child.toml",
+                                  "extends = \"base.toml\"\n[train]\nsteps = 2\nseed = 2\n"
+                                  "[optimizer]\nbetas = [0.8, 0.9]\n");
   const std::string later = write("later.toml", "[train]\nseed = 3\n");
   const Config c = load({child, later}, {"train.micro_batch_size=5"});
   EXPECT_EQ(c.train.steps, 2);             // child over base
@@ -332,9 +335,9 @@ TEST_F(ConfigTest, ExtendsErrorsNameTheIncludingFile) {
 // ---- --set -----------------------------------------------------------------------------
 
 TEST_F(ConfigTest, SetParsesTomlValuesAndBareWords) {
-  const Config c = load({}, {"zero.stage=0", "optimizer.betas=[0.9,0.95]", "logging.metrics_file=\"m.jsonl\"",
-                             "optimizer.type=adam", "logging.trace_file=t.json", "optimizer.lr = 2e-3",
-                             "zero.overlap_comm=false"});
+  const Config c =
+      load({}, {"zero.stage=0", "optimizer.betas=[0.9,0.95]", "logging.metrics_file=\"m.jsonl\"", "optimizer.type=adam",
+                "logging.trace_file=t.json", "optimizer.lr = 2e-3", "zero.overlap_comm=false"});
   EXPECT_DOUBLE_EQ(c.optimizer.betas[1], 0.95);
   EXPECT_EQ(c.logging.metrics_file, "m.jsonl");
   EXPECT_EQ(c.optimizer.type, OptimizerType::kAdam);
@@ -369,8 +372,9 @@ TEST_F(ConfigTest, SetOfAnUnknownKeyErrorsLikeAFileKey) {
 // ---- Application tables ------------------------------------------------------------------
 
 TEST_F(ConfigTest, AppTablesAreTypedAndPositionAware) {
-  const std::string file = write("a.toml", "[model]\nd_model = 64\nname = \"gpt\"\nwidth = 1.5\n"
-                                           "[model.attention]\nheads = 4\n");
+  const std::string file = write("a.toml",
+                                 "[model]\nd_model = 64\nname = \"gpt\"\nwidth = 1.5\n"
+                                 "[model.attention]\nheads = 4\n");
   const Config c = load({file}, {"model.d_model=128", "data.noise=0.1"}, {"model", "data", "eval"});
   const AppTable& model = c.app_table("model");
   EXPECT_EQ(model.name(), "model");
@@ -388,7 +392,9 @@ TEST_F(ConfigTest, AppTablesAreTypedAndPositionAware) {
                   "model.width = 1.5 at " + file + ":4:9: expected an integer");
   EXPECT_CONTAINS(error_of([&] { model.get_string("missing"); }),
                   "model.missing is required but missing from [model] at " + file + ":1:1");
-  EXPECT_CONTAINS(error_of([&] { model.expect_only({"d_model", "name", "widht", "attention"}); }),
+  EXPECT_CONTAINS(error_of([&] {
+                    model.expect_only({"d_model", "name", "widht", "attention"});
+                  }),
                   "unknown key 'model.width' at " + file + ":4:1; did you mean 'widht'?");
   EXPECT_NO_THROW(model.expect_only({"d_model", "name", "width", "attention"}));
   EXPECT_CONTAINS(error_of([&] { c.app_table("eval"); }), "the config has no [eval] table");
@@ -443,8 +449,7 @@ TEST(Resolve, DefaultsGradAccumToOneWhenTwoAreOmitted) {
   global_only.resolve(2);
   EXPECT_EQ(global_only.train.grad_accum, 1);
   EXPECT_EQ(global_only.train.micro_batch_size, 8);
-  EXPECT_CONTAINS(error_of([] { with_batch(0, 0, 0).resolve(2); }),
-                  "set global_batch_size or micro_batch_size");
+  EXPECT_CONTAINS(error_of([] { with_batch(0, 0, 0).resolve(2); }), "set global_batch_size or micro_batch_size");
   EXPECT_CONTAINS(error_of([] { with_batch(0, 0, 4).resolve(2); }), "train.grad_accum (4)");
 }
 
@@ -475,9 +480,10 @@ TEST(Resolve, IsIdempotentAndLeavesAFailedConfigUnchanged) {
 // ---- to_toml and hashing -----------------------------------------------------------------
 
 TEST_F(ConfigTest, ToTomlRoundTripsWithTheSameHash) {
-  const std::string file = write("a.toml", "[train]\nmicro_batch_size = 4\n[optimizer]\nlr = 3e-4\n"
-                                           "betas = [0.9, 0.95]\n[logging]\nmetrics_file = \"a \\\"b\\\".jsonl\"\n"
-                                           "[model]\nd_model = 64\nscale = 0.1\n[model.attention]\nheads = 4\n");
+  const std::string file = write("a.toml",
+                                 "[train]\nmicro_batch_size = 4\n[optimizer]\nlr = 3e-4\n"
+                                 "betas = [0.9, 0.95]\n[logging]\nmetrics_file = \"a \\\"b\\\".jsonl\"\n"
+                                 "[model]\nd_model = 64\nscale = 0.1\n[model.attention]\nheads = 4\n");
   const std::vector<std::string> apps = {"model", "data"};
   const Config original = load({file}, {"comm.backend=nccl"}, apps);
   const std::string text = to_toml(original);
@@ -485,8 +491,8 @@ TEST_F(ConfigTest, ToTomlRoundTripsWithTheSameHash) {
   EXPECT_CONTAINS(text, "lr = 3e-04\nbetas = [0.9, 0.95]\n");
   EXPECT_CONTAINS(text, "backend = \"nccl\"");
   EXPECT_CONTAINS(text, "[model.attention]");
-  for (const char* section : {"[train]", "[optimizer]", "[scheduler]", "[precision]", "[parallel]", "[zero]",
-                              "[comm]", "[logging]", "[model]"}) {
+  for (const char* section : {"[train]", "[optimizer]", "[scheduler]", "[precision]", "[parallel]", "[zero]", "[comm]",
+                              "[logging]", "[model]"}) {
     EXPECT_CONTAINS(text, section);
   }
   const Config reloaded = load({write("resolved.toml", text)}, {}, apps);

@@ -46,8 +46,7 @@ TEST(ClusterMpi, GatherSeesEveryRank) {
   const auto& on_node = cluster.ranks_on(cluster.node_of(world->rank()));
   EXPECT_EQ(on_node[cluster.location(world->rank()).local], world->rank());
   // The same cluster on every rank: compare a digest of the description.
-  const std::int64_t digest =
-      static_cast<std::int64_t>(std::hash<std::string>{}(cluster.describe()) & 0xffffffff);
+  const std::int64_t digest = static_cast<std::int64_t>(std::hash<std::string>{}(cluster.describe()) & 0xffffffff);
   EXPECT_EQ(all_reduce_sum(*world, digest), digest * world->size());
   if (world->rank() == 0) std::cout << cluster.describe();
 }
@@ -111,8 +110,7 @@ TEST(MeshMpi, RoundRobinClusterCutsTpGroupsPerNode) {
   EXPECT_FALSE(layout.rank_arithmetic());
   for (MeshAxis axis : {MeshAxis::kTp, MeshAxis::kPp, MeshAxis::kDp}) {
     Communicator& group = mesh.group(axis);
-    EXPECT_EQ(all_reduce_sum(group, std::int64_t{1} << rank), bits_of(layout.group(axis, rank)))
-        << group.name();
+    EXPECT_EQ(all_reduce_sum(group, std::int64_t{1} << rank), bits_of(layout.group(axis, rank))) << group.name();
   }
   for (int member : layout.group(MeshAxis::kTp, rank)) {
     EXPECT_EQ(member % 2, rank % 2) << "TP group left its (simulated) node";

@@ -54,9 +54,21 @@ void expect_valid(const Cluster& cluster, const MeshLayout& layout) {
         EXPECT_EQ(layout.color(axis, group[i]), static_cast<int>(color));
         EXPECT_EQ(layout.group(axis, group[i]), group);
         switch (axis) {
-          case MeshAxis::kTp: EXPECT_EQ(c.tp, i); EXPECT_EQ(c.pp, first.pp); EXPECT_EQ(c.dp, first.dp); break;
-          case MeshAxis::kPp: EXPECT_EQ(c.pp, i); EXPECT_EQ(c.tp, first.tp); EXPECT_EQ(c.dp, first.dp); break;
-          case MeshAxis::kDp: EXPECT_EQ(c.dp, i); EXPECT_EQ(c.tp, first.tp); EXPECT_EQ(c.pp, first.pp); break;
+          case MeshAxis::kTp:
+            EXPECT_EQ(c.tp, i);
+            EXPECT_EQ(c.pp, first.pp);
+            EXPECT_EQ(c.dp, first.dp);
+            break;
+          case MeshAxis::kPp:
+            EXPECT_EQ(c.pp, i);
+            EXPECT_EQ(c.tp, first.tp);
+            EXPECT_EQ(c.dp, first.dp);
+            break;
+          case MeshAxis::kDp:
+            EXPECT_EQ(c.dp, i);
+            EXPECT_EQ(c.tp, first.tp);
+            EXPECT_EQ(c.pp, first.pp);
+            break;
         }
         // TP groups never leave a node.
         if (axis == MeshAxis::kTp) {
@@ -101,12 +113,10 @@ std::vector<Case> all_cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    Degrees, MeshLayoutOnTwoNodes, ::testing::ValuesIn(all_cases()),
-    [](const ::testing::TestParamInfo<Case>& info) {
+    Degrees, MeshLayoutOnTwoNodes, ::testing::ValuesIn(all_cases()), [](const ::testing::TestParamInfo<Case>& info) {
       const Case& c = info.param;
-      return "tp" + std::to_string(c.tp) + "_pp" + std::to_string(c.pp) + "_dp" +
-             std::to_string(c.dp) + (c.order == RankOrder::kContiguous ? "_contiguous" : "_rr") +
-             "_" + std::to_string(info.index);
+      return "tp" + std::to_string(c.tp) + "_pp" + std::to_string(c.pp) + "_dp" + std::to_string(c.dp) +
+             (c.order == RankOrder::kContiguous ? "_contiguous" : "_rr") + "_" + std::to_string(info.index);
     });
 
 TEST(MeshLayout, RoundRobinCutsTpGroupsPerNode) {
@@ -162,21 +172,16 @@ TEST(MeshLayout, ImpossiblePlacementsExplainWhy) {
   b.hostname = "b";
   // Node 'b' (listed first) hosts ranks {1,3,5}; node 'a' hosts {0,2,4,6,7}.
   Cluster cluster({b, a}, {{1, 0}, {0, 0}, {1, 1}, {0, 1}, {1, 2}, {0, 2}, {1, 3}, {1, 4}});
-  std::string message =
-      error_of<TopologyError>([&] { MeshLayout::place(cluster, {4, 1, 2}); });
-  EXPECT_NE(message.find("tp = 4 needs 4 ranks on one node, but node 'b' hosts ranks {1,3,5} (3)"),
-            std::string::npos)
+  std::string message = error_of<TopologyError>([&] { MeshLayout::place(cluster, {4, 1, 2}); });
+  EXPECT_NE(message.find("tp = 4 needs 4 ranks on one node, but node 'b' hosts ranks {1,3,5} (3)"), std::string::npos)
       << message;
 
   // tp does not divide a node's ranks.
   message = error_of<TopologyError>([&] { MeshLayout::place(cluster, {2, 1, 4}); });
-  EXPECT_NE(message.find("node 'b' hosts ranks {1,3,5} (3, not a multiple of 2)"),
-            std::string::npos)
-      << message;
+  EXPECT_NE(message.find("node 'b' hosts ranks {1,3,5} (3, not a multiple of 2)"), std::string::npos) << message;
 
   // tp larger than any node.
-  message = error_of<TopologyError>(
-      [] { MeshLayout::place(Cluster::synthetic(2, 4), {8, 1, 1}); });
+  message = error_of<TopologyError>([] { MeshLayout::place(Cluster::synthetic(2, 4), {8, 1, 1}); });
   EXPECT_NE(message.find("tp = 8 needs 8 ranks on one node, but node 'node0' hosts ranks "
                          "{0,1,2,3} (4)"),
             std::string::npos)
@@ -206,8 +211,7 @@ TEST(MeshLayout, AccessorsCheckRanges) {
 TEST(MeshLayout, DescribeIsATable) {
   Cluster cluster = Cluster::synthetic(2, 4, RankOrder::kRoundRobin);
   const std::string text = MeshLayout::place(cluster, {2, 2, 2}).describe(cluster);
-  EXPECT_NE(text.find("mesh: tp = 2, pp = 2, dp = 2 over 8 ranks on 2 nodes"), std::string::npos)
-      << text;
+  EXPECT_NE(text.find("mesh: tp = 2, pp = 2, dp = 2 over 8 ranks on 2 nodes"), std::string::npos) << text;
   EXPECT_NE(text.find("cut per node"), std::string::npos) << text;
   EXPECT_NE(text.find("rank  host   local  tp  pp  dp"), std::string::npos) << text;
   EXPECT_NE(text.find("     5  node1      2   0   1   1"), std::string::npos) << text;

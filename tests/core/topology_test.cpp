@@ -118,27 +118,22 @@ TEST(NodeTopology, LiveXmlKeepsDevices) {
 }
 
 TEST(NodeTopology, BadInputsNameTheInput) {
-  EXPECT_NE(topology_error([] { NodeTopology::from_xml("/nonexistent/dir/node.xml"); })
-                .find("'/nonexistent/dir/node.xml'"),
-            std::string::npos);
+  EXPECT_NE(
+      topology_error([] { NodeTopology::from_xml("/nonexistent/dir/node.xml"); }).find("'/nonexistent/dir/node.xml'"),
+      std::string::npos);
 
   const std::string garbage = temp_path("garbage.xml");
   std::ofstream(garbage) << "this is not an hwloc topology\n";
-  EXPECT_NE(topology_error([&] { NodeTopology::from_xml(garbage); }).find(garbage),
-            std::string::npos);
+  EXPECT_NE(topology_error([&] { NodeTopology::from_xml(garbage); }).find(garbage), std::string::npos);
   std::remove(garbage.c_str());
 
-  EXPECT_NE(topology_error([] { NodeTopology::from_synthetic("pack:two core:8"); })
-                .find("'pack:two core:8'"),
+  EXPECT_NE(topology_error([] { NodeTopology::from_synthetic("pack:two core:8"); }).find("'pack:two core:8'"),
             std::string::npos);
-  EXPECT_NE(topology_error([] { NodeTopology::from_synthetic("pack:2 core:8 gpu:x"); })
-                .find("gpu:x"),
+  EXPECT_NE(topology_error([] { NodeTopology::from_synthetic("pack:2 core:8 gpu:x"); }).find("gpu:x"),
             std::string::npos);
-  EXPECT_NE(topology_error([] { NodeTopology::from_synthetic("gpu:2 gpu:4 pack:1"); })
-                .find("repeats"),
+  EXPECT_NE(topology_error([] { NodeTopology::from_synthetic("gpu:2 gpu:4 pack:1"); }).find("repeats"),
             std::string::npos);
-  EXPECT_NE(topology_error([] { NodeTopology::from_synthetic("gpu:2"); }).find("no hwloc levels"),
-            std::string::npos);
+  EXPECT_NE(topology_error([] { NodeTopology::from_synthetic("gpu:2"); }).find("no hwloc levels"), std::string::npos);
 }
 
 TEST(NodeTopology, SerializeParseRoundTrip) {
@@ -193,8 +188,7 @@ TEST(Cluster, SyntheticRoundRobin) {
 TEST(Cluster, DescribeShowsHostsAndRanks) {
   const std::string text = Cluster::synthetic(2, 4, RankOrder::kRoundRobin).describe();
   EXPECT_NE(text.find("cluster: 2 nodes, 8 ranks"), std::string::npos) << text;
-  EXPECT_NE(text.find("node0: 2 packages, 2 NUMA, 16 cores, 32 PUs, 4 GPUs"), std::string::npos)
-      << text;
+  EXPECT_NE(text.find("node0: 2 packages, 2 NUMA, 16 cores, 32 PUs, 4 GPUs"), std::string::npos) << text;
   EXPECT_NE(text.find("ranks {0,2,4,6}"), std::string::npos) << text;
   EXPECT_NE(text.find("node1:"), std::string::npos) << text;
   EXPECT_NE(text.find("ranks {1,3,5,7}"), std::string::npos) << text;

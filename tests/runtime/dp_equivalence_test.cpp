@@ -85,9 +85,9 @@ DistributedRun train_distributed(parallax::Config config) {
   DistributedRun run;
   for (std::int64_t step = 0; step < kSteps; ++step) {
     for (std::int64_t micro = 0; micro < c.train.grad_accum; ++micro) {
-      auto [inputs, targets] = data.batch(
-          gpt::first_sample(step, micro, dp_rank, dp, c.train.micro_batch_size, c.train.grad_accum),
-          c.train.micro_batch_size);
+      auto [inputs, targets] =
+          data.batch(gpt::first_sample(step, micro, dp_rank, dp, c.train.micro_batch_size, c.train.grad_accum),
+                     c.train.micro_batch_size);
       engine.backward(gpt::language_model_loss(engine.forward(inputs), targets));
       EXPECT_EQ(engine.step(), micro + 1 == c.train.grad_accum);
     }
@@ -101,10 +101,11 @@ DistributedRun train_distributed(parallax::Config config) {
   return run;
 }
 
-double relative_difference(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-12); }
+double relative_difference(double a, double b) {
+  return std::abs(a - b) / std::max(std::abs(b), 1e-12);
+}
 
-void expect_equivalent(const Trajectory& got, const Trajectory& want, double loss_tolerance,
-                       double param_tolerance) {
+void expect_equivalent(const Trajectory& got, const Trajectory& want, double loss_tolerance, double param_tolerance) {
   ASSERT_EQ(got.losses.size(), want.losses.size());
   double worst_loss = 0.0, worst_param = 0.0;
   for (std::size_t i = 0; i < want.losses.size(); ++i) {
@@ -166,7 +167,8 @@ TEST_P(DataParallelEquivalence, Bf16TrainsCloseToFp32Reference) {
   EXPECT_LT(run.trajectory.losses.back(), run.trajectory.losses.front());
 }
 
-INSTANTIATE_TEST_SUITE_P(GradAccum, DataParallelEquivalence, ::testing::Values(1, 2),
-                         [](const auto& info) { return "grad_accum_" + std::to_string(info.param); });
+INSTANTIATE_TEST_SUITE_P(GradAccum, DataParallelEquivalence, ::testing::Values(1, 2), [](const auto& info) {
+  return "grad_accum_" + std::to_string(info.param);
+});
 
 }  // namespace

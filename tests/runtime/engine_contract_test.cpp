@@ -16,8 +16,8 @@ const InitOptions kQuiet{{}, /*print_summary=*/false};
 Config sgd_config(const std::vector<std::string>& extra = {}) {
   ConfigSources sources;
   // micro_batch_size is inferred from the world size.
-  sources.overrides = {"train.global_batch_size=4", "train.grad_accum=1", "optimizer.type=\"sgd\"",
-                       "optimizer.lr=0.5", "logging.every=0"};
+  sources.overrides = {"train.global_batch_size=4", "train.grad_accum=1", "optimizer.type=\"sgd\"", "optimizer.lr=0.5",
+                       "logging.every=0"};
   for (const auto& e : extra) sources.overrides.push_back(e);
   return load_config(sources);
 }
