@@ -72,6 +72,16 @@ std::string Communicator::error_prefix(CommOp op) const {
   return detail::concat(to_string(op), " on group '", name(), "': ");
 }
 
+std::string Communicator::describe_op(CommOp op, const at::Tensor& tensor, std::int64_t bytes) const {
+  return detail::concat(to_string(op), " on group '", name(), "' (", size(), " ranks, ", bytes, " bytes, ",
+                        dtype_name(tensor.scalar_type()), ")", step_suffix());
+}
+
+std::string Communicator::step_suffix() const {
+  const std::int64_t s = step();
+  return s < 0 ? std::string() : " at step " + std::to_string(s);
+}
+
 void Communicator::check_same_dtype(CommOp op, const at::Tensor& output, const at::Tensor& input) const {
   PARALLAX_CHECK(output.scalar_type() == input.scalar_type(), UsageError, error_prefix(op), "output dtype ",
                  dtype_name(output.scalar_type()), " differs from input dtype ", dtype_name(input.scalar_type()));

@@ -123,6 +123,12 @@ class Communicator {
   /// A consistent copy of this communicator's counters. Thread-safe.
   CommCounters counters() const;
 
+  /// The training step that error messages of later operations name ("at step 12"),
+  /// so a timeout says where in training it happened; -1 (the default) names none.
+  /// The engine sets it at the start of each optimizer step. Thread-safe.
+  void set_step(std::int64_t step) { step_.store(step); }
+  std::int64_t step() const { return step_.load(); }
+
   /// The timeout used when CollectiveOptions::timeout is zero. Thread-safe.
   /// Default: 300 s (`[comm] timeout_s`). split() passes it on to the new group.
   void set_default_timeout(std::chrono::milliseconds timeout);
@@ -137,6 +143,11 @@ class Communicator {
 
   /// "all_reduce on group 'dp[tp=0,pp=0]': ".
   std::string error_prefix(CommOp op) const;
+  /// "all_reduce on group 'dp' (4 ranks, 4096 bytes, float32) at step 12": how
+  /// backends name an operation in errors.
+  std::string describe_op(CommOp op, const at::Tensor& tensor, std::int64_t bytes) const;
+  /// " at step 12", or "" when no step is set.
+  std::string step_suffix() const;
   void check_same_dtype(CommOp op, const at::Tensor& output, const at::Tensor& input) const;
   /// kAvg needs a floating-point tensor.
   void check_reduce_op(CommOp op, const at::Tensor& tensor, ReduceOp reduce) const;
@@ -153,6 +164,7 @@ class Communicator {
   mutable std::mutex counters_mutex_;
   CommCounters counters_;
   std::atomic<std::int64_t> default_timeout_ms_{300'000};
+  std::atomic<std::int64_t> step_{-1};
 };
 
 /// Tensor payload in bytes (numel × element size).

@@ -187,7 +187,7 @@ class MpiCommunicator final : public Communicator {
     MPI_Comm comm = comm_;
     detail::MpiOpSpec spec;
     spec.op = CommOp::kBarrier;
-    spec.what = detail::concat("barrier on group '", name_, "' (", size_, " ranks)");
+    spec.what = detail::concat("barrier on group '", name_, "' (", size_, " ranks)", step_suffix());
     spec.timeout = timeout_for(options);
     spec.start = [=](MPI_Request* request) { return MPI_Ibarrier(comm, request); };
     return engine_->submit(std::move(spec));
@@ -226,8 +226,7 @@ class MpiCommunicator final : public Communicator {
                               const CollectiveOptions& options) const {
     detail::MpiOpSpec spec;
     spec.op = op;
-    spec.what = detail::concat(to_string(op), " on group '", name_, "' (", size_, " ranks, ", bytes, " bytes, ",
-                               dtype_name(tensor.scalar_type()), ")");
+    spec.what = describe_op(op, tensor, bytes);
     spec.bytes = bytes;
     spec.timeout = timeout_for(options);
     spec.tensors.push_back(tensor);

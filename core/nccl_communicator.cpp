@@ -88,7 +88,7 @@ class NcclCommunicator final : public Communicator {
     const auto count = static_cast<std::size_t>(tensor.numel());
     const ncclDataType_t type = nccl_datatype(tensor.scalar_type());
     const ncclRedOp_t reduce = nccl_op(options.reduce_op);
-    return launch(op, describe(op, tensor, payload_bytes(tensor)), payload_bytes(tensor), options, {tensor},
+    return launch(op, describe_op(op, tensor, payload_bytes(tensor)), payload_bytes(tensor), options, {tensor},
                   [=](ncclComm_t comm, cudaStream_t stream) {
                     return ncclAllReduce(data, data, count, type, reduce, comm, stream);
                   });
@@ -106,7 +106,7 @@ class NcclCommunicator final : public Communicator {
     const auto count = static_cast<std::size_t>(output.numel());
     const ncclDataType_t type = nccl_datatype(output.scalar_type());
     const ncclRedOp_t reduce = nccl_op(options.reduce_op);
-    return launch(op, describe(op, input, payload_bytes(input)), payload_bytes(input), options, {input, output},
+    return launch(op, describe_op(op, input, payload_bytes(input)), payload_bytes(input), options, {input, output},
                   [=](ncclComm_t comm, cudaStream_t stream) {
                     return ncclReduceScatter(in, out, count, type, reduce, comm, stream);
                   });
@@ -123,7 +123,7 @@ class NcclCommunicator final : public Communicator {
     const auto count = static_cast<std::size_t>(input.numel());
     const ncclDataType_t type = nccl_datatype(input.scalar_type());
     return launch(
-        op, describe(op, output, payload_bytes(output)), payload_bytes(output), options, {input, output},
+        op, describe_op(op, output, payload_bytes(output)), payload_bytes(output), options, {input, output},
         [=](ncclComm_t comm, cudaStream_t stream) { return ncclAllGather(in, out, count, type, comm, stream); });
   }
 
@@ -134,7 +134,7 @@ class NcclCommunicator final : public Communicator {
     void* data = tensor.data_ptr();
     const auto count = static_cast<std::size_t>(tensor.numel());
     const ncclDataType_t type = nccl_datatype(tensor.scalar_type());
-    return launch(op, describe(op, tensor, payload_bytes(tensor)) + detail::concat(" from root ", root),
+    return launch(op, describe_op(op, tensor, payload_bytes(tensor)) + detail::concat(" from root ", root),
                   payload_bytes(tensor), options, {tensor}, [=](ncclComm_t comm, cudaStream_t stream) {
                     return ncclBroadcast(data, data, count, type, root, comm, stream);
                   });
@@ -148,7 +148,7 @@ class NcclCommunicator final : public Communicator {
     const void* data = tensor.data_ptr();
     const auto count = static_cast<std::size_t>(tensor.numel());
     const ncclDataType_t type = nccl_datatype(tensor.scalar_type());
-    return launch(op, describe(op, tensor, payload_bytes(tensor)) + detail::concat(" to rank ", dst),
+    return launch(op, describe_op(op, tensor, payload_bytes(tensor)) + detail::concat(" to rank ", dst),
                   payload_bytes(tensor), options, {tensor},
                   [=](ncclComm_t comm, cudaStream_t stream) { return ncclSend(data, count, type, dst, comm, stream); });
   }
@@ -161,15 +161,15 @@ class NcclCommunicator final : public Communicator {
     void* data = tensor.data_ptr();
     const auto count = static_cast<std::size_t>(tensor.numel());
     const ncclDataType_t type = nccl_datatype(tensor.scalar_type());
-    return launch(op, describe(op, tensor, payload_bytes(tensor)) + detail::concat(" from rank ", src),
+    return launch(op, describe_op(op, tensor, payload_bytes(tensor)) + detail::concat(" from rank ", src),
                   payload_bytes(tensor), options, {tensor},
                   [=](ncclComm_t comm, cudaStream_t stream) { return ncclRecv(data, count, type, src, comm, stream); });
   }
 
   WorkPtr barrier(const CollectiveOptions& options) override {
     void* data = barrier_buffer_;
-    return launch(CommOp::kBarrier, detail::concat("barrier on group '", name_, "' (", size_, " ranks)"), 0, options,
-                  {}, [=](ncclComm_t comm, cudaStream_t stream) {
+    return launch(CommOp::kBarrier, detail::concat("barrier on group '", name_, "' (", size_, " ranks)", step_suffix()),
+                  0, options, {}, [=](ncclComm_t comm, cudaStream_t stream) {
                     return ncclAllReduce(data, data, 1, ncclFloat32, ncclSum, comm, stream);
                   });
   }
@@ -249,11 +249,6 @@ class NcclCommunicator final : public Communicator {
 
   std::string prefix(CommOp op) const {
     return detail::concat(to_string(op), " on group '", name_, "': ");
-  }
-
-  std::string describe(CommOp op, const at::Tensor& tensor, std::int64_t bytes) const {
-    return detail::concat(to_string(op), " on group '", name_, "' (", size_, " ranks, ", bytes, " bytes, ",
-                          dtype_name(tensor.scalar_type()), ")");
   }
 
   void check_tensor(CommOp op, const at::Tensor& tensor, const char* role) const {

@@ -150,7 +150,7 @@ void Engine::backward(const torch::Tensor& loss) {
   PARALLAX_CHECK(loss.dim() == 0, UsageError, "backward: loss must be a scalar, got shape ", loss.sizes());
   PARALLAX_CHECK(s.micro_step < s.grad_accum, UsageError, "backward called ", s.micro_step + 1,
                  " times without step(); train.grad_accum = ", s.grad_accum);
-  s.telemetry->begin_window_if_needed();
+  begin_micro_step();
   ++s.micro_step;
   if (s.micro_step == s.grad_accum) s.buckets->arm();
   auto span = tracer().span("backward", "compute");

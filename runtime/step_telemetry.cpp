@@ -67,6 +67,7 @@ StepMetrics StepTelemetry::end_window(std::int64_t step, double local_loss, doub
     m[5 + 2 * op] = static_cast<double>(delta.ops[op].bytes);
   }
   Communicator& telemetry = runtime_.telemetry();
+  telemetry.set_step(step);
   const int ranks = telemetry.size();
   at::Tensor all = at::empty({ranks * kFieldsPerRank}, at::kDouble);
   telemetry.all_gather(all, mine)->wait();

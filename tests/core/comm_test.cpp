@@ -351,6 +351,7 @@ TEST_F(CommTest, TimeoutMakesGroupUnusable) {
   auto group = world_->split(has_peer ? pair : size(), rank(), "pair" + std::to_string(pair));
   at::Tensor first = at::full({1024}, rank() + 1.0);  // 4096 bytes
   at::Tensor second = at::full({16}, rank() + 1.0);
+  group->set_step(7);  // as the engine does: errors name the training step
   if (has_peer && group->rank() == 0) {
     const auto start = Clock::now();
     auto timed = group->all_reduce(first, {ReduceOp::kSum, milliseconds(500)});
@@ -360,9 +361,9 @@ TEST_F(CommTest, TimeoutMakesGroupUnusable) {
       ADD_FAILURE() << "all_reduce without a peer did not time out";
     } catch (const CommError& e) {
       const std::string message = e.what();
-      for (const std::string& part :
-           {std::string("all_reduce"), "group 'pair" + std::to_string(pair) + "'", std::string("4096 bytes"),
-            std::string("float32"), std::string("500 ms"), std::string("on rank 0"), std::string("unusable")}) {
+      for (const std::string& part : {std::string("all_reduce"), "group 'pair" + std::to_string(pair) + "'",
+                                      std::string("4096 bytes"), std::string("float32"), std::string("at step 7"),
+                                      std::string("500 ms"), std::string("on rank 0"), std::string("unusable")}) {
         EXPECT_NE(message.find(part), std::string::npos) << part << " missing in: " << message;
       }
     }
