@@ -127,15 +127,19 @@ Engine::Engine(Runtime& runtime, std::shared_ptr<torch::nn::Module> model, const
     if (p.requires_grad() && seen.insert(p.unsafeGetTensorImpl()).second) s.params.push_back(p);
   }
   PARALLAX_CHECK(!s.params.empty(), UsageError, "every parameter of the model is frozen (requires_grad = false)");
-  if (s.dtype != torch::kFloat32) {
-    for (const auto& p : s.params) {
-      torch::Tensor master = p.detach().to(torch::kFloat32).clone().requires_grad_(true);
-      master.mutable_grad() = torch::zeros_like(master);
+  const auto bucket_bytes = static_cast<std::int64_t>(config.zero.bucket_mb * 1024.0 * 1024.0);
+  // bf16 gradients accumulate and are reduced in fp32, straight into the masters' grads.
+  const bool keep_masters = s.dtype != torch::kFloat32;
+  s.buckets = std::make_unique<GradientBuckets>(
+      s.params, bucket_bytes, dp, runtime.tracer(), config.zero.overlap_comm,
+      keep_masters ? c10::optional<torch::ScalarType>(torch::kFloat32) : c10::nullopt);
+  if (keep_masters) {
+    for (std::size_t i = 0; i < s.params.size(); ++i) {
+      torch::Tensor master = s.params[i].detach().to(torch::kFloat32).clone().requires_grad_(true);
+      master.mutable_grad() = s.buckets->accumulated_grad(i);
       s.masters.push_back(master);
     }
   }
-  const auto bucket_bytes = static_cast<std::int64_t>(config.zero.bucket_mb * 1024.0 * 1024.0);
-  s.buckets = std::make_unique<GradientBuckets>(s.params, bucket_bytes, dp, runtime.tracer(), config.zero.overlap_comm);
   s.optimizer = make_optimizer(spec.optimizer, s.optimized());
   s.telemetry = std::make_unique<StepTelemetry>(runtime);
   s.loss_sum = torch::zeros({}, torch::kFloat64);
@@ -168,7 +172,6 @@ bool Engine::step() {
   {
     auto span = tracer().span("optimizer", "compute");
     torch::NoGradGuard no_grad;
-    for (std::size_t i = 0; i < s.masters.size(); ++i) s.masters[i].mutable_grad().copy_(s.params[i].grad());
     if (s.spec.optimizer.grad_clip > 0) torch::nn::utils::clip_grad_norm_(s.optimized(), s.spec.optimizer.grad_clip);
     set_learning_rate(*s.optimizer, lr);
     s.optimizer->step();
@@ -226,10 +229,7 @@ ModelStateBytes Engine::model_state_bytes() const {
   for (const auto& p : s.params) bytes.params += payload_bytes(p);
   bytes.grads = s.buckets->buffer_bytes();
   bytes.optimizer = optimizer_state_bytes(*s.optimizer);
-  for (const auto& m : s.masters) {
-    bytes.grads += payload_bytes(m);      // the fp32 master gradient
-    bytes.optimizer += payload_bytes(m);  // the fp32 master weight
-  }
+  for (const auto& m : s.masters) bytes.optimizer += payload_bytes(m);  // the fp32 master weight
   return bytes;
 }
 

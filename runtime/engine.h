@@ -16,8 +16,9 @@
 // bf16 (`precision.dtype = "bf16"`): the model's parameters are cast to bf16 for
 // compute and communication; fp32 master weights and the optimizer state live beside
 // them; after each step the masters are copied back into the bf16 parameters.
-// Gradients accumulate over micro-steps and are all-reduced in bf16 (as DeepSpeed does
-// by default); only the optimizer sees fp32.
+// Each backward's bf16 gradients are folded into fp32 buckets, so micro-steps
+// accumulate and the all-reduce runs in fp32 (twice the bytes of a bf16 reduction,
+// without its rounding); the fp32 masters' gradients are views into those buckets.
 //
 // Gradients live in the buckets: do not call zero_grad() on the model or replace a
 // parameter's .grad (step() detects it and throws UsageError).

@@ -28,10 +28,15 @@ class GradientReadyHook : public torch::autograd::FunctionPostHook {
 
 }  // namespace
 
-GradientBuckets::GradientBuckets(
-    std::vector<torch::Tensor> params, std::int64_t bucket_bytes, Communicator& comm, Tracer& tracer, bool overlap)
+GradientBuckets::GradientBuckets(std::vector<torch::Tensor> params,
+                                 std::int64_t bucket_bytes,
+                                 Communicator& comm,
+                                 Tracer& tracer,
+                                 bool overlap,
+                                 c10::optional<torch::ScalarType> accumulate_dtype)
     : params_(std::move(params)),
       bucket_of_param_(params_.size()),
+      offset_of_param_(params_.size()),
       grad_data_(params_.size()),
       comm_(comm),
       tracer_(tracer),
@@ -48,8 +53,10 @@ GradientBuckets::GradientBuckets(
                    " must be a dense tensor that requires grad");
     PARALLAX_CHECK(p.numel() <= kMaxBucketElements, UsageError, "parameter ", i, " has ", p.numel(),
                    " elements; one collective carries at most ", kMaxBucketElements);
-    const std::int64_t bytes = payload_bytes(p);
-    const std::int64_t cap = std::min(bucket_bytes, kMaxBucketElements * static_cast<std::int64_t>(p.element_size()));
+    // Sizes as the bucket will hold them (in the accumulate dtype).
+    const auto element = static_cast<std::int64_t>(c10::elementSize(accumulate_dtype.value_or(p.scalar_type())));
+    const std::int64_t bytes = p.numel() * element;
+    const std::int64_t cap = std::min(bucket_bytes, kMaxBucketElements * element);
     const bool dtype_change = !groups.empty() && params_[groups.back().front()].scalar_type() != p.scalar_type();
     if (groups.empty() || dtype_change || (group_bytes > 0 && group_bytes + bytes > cap)) {
       groups.emplace_back();
@@ -57,26 +64,34 @@ GradientBuckets::GradientBuckets(
     }
     groups.back().push_back(i);
     group_bytes += bytes;
-    gradient_bytes_ += bytes;
   }
 
   for (auto& members : groups) {
     const torch::Tensor& first = params_[members.front()];
+    const torch::ScalarType reduce_dtype = accumulate_dtype.value_or(first.scalar_type());
     std::int64_t numel = 0;
     for (std::size_t i : members) numel += params_[i].numel();
     Bucket bucket;
-    bucket.buffer = torch::zeros({numel}, first.options().requires_grad(false));
+    bucket.buffer = torch::zeros({numel}, first.options().dtype(reduce_dtype).requires_grad(false));
+    if (reduce_dtype != first.scalar_type()) {
+      bucket.staging = torch::zeros({numel}, first.options().requires_grad(false));
+    }
+    const torch::Tensor& grads = bucket.staging.defined() ? bucket.staging : bucket.buffer;
     std::int64_t offset = 0;
     for (std::size_t i : members) {
       torch::Tensor& p = params_[i];
-      // The view becomes .grad: autograd accumulates into the bucket in place.
-      p.mutable_grad() = bucket.buffer.narrow(0, offset, p.numel()).view(p.sizes());
+      // The view becomes .grad: autograd accumulates straight into the bucket (or its
+      // staging buffer) in place.
+      p.mutable_grad() = grads.narrow(0, offset, p.numel()).view(p.sizes());
       grad_data_[i] = p.grad().data_ptr();
+      offset_of_param_[i] = offset;
       offset += p.numel();
       bucket_of_param_[i] = buckets_.size();
     }
     bucket.params = members;
-    buffer_bytes_ += numel * static_cast<std::int64_t>(first.element_size());
+    gradient_bytes_ += payload_bytes(bucket.buffer);
+    reduced_bytes_ += payload_bytes(bucket.buffer);
+    buffer_bytes_ += payload_bytes(bucket.buffer) + (bucket.staging.defined() ? payload_bytes(bucket.staging) : 0);
     buckets_.push_back(std::move(bucket));
   }
 
@@ -118,9 +133,16 @@ void GradientBuckets::arm() {
 }
 
 void GradientBuckets::on_gradient_ready(std::size_t param_index) {
+  Bucket& bucket = buckets_[bucket_of_param_[param_index]];
+  if (bucket.staging.defined()) {
+    // Fold this backward's narrow gradient into the wide accumulator, then clear it.
+    torch::NoGradGuard no_grad;
+    const torch::Tensor& grad = params_[param_index].grad();
+    bucket.buffer.narrow(0, offset_of_param_[param_index], grad.numel()).add_(grad.reshape({-1}));
+    grad.zero_();
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   if (!armed_) return;  // an accumulation micro-step: no communication
-  Bucket& bucket = buckets_[bucket_of_param_[param_index]];
   if (bucket.pending > 0) --bucket.pending;
   if (overlap_) launch_ready_buckets_locked();
 }
@@ -164,7 +186,15 @@ void GradientBuckets::finish() {
 }
 
 void GradientBuckets::zero() {
-  for (Bucket& bucket : buckets_) bucket.buffer.zero_();
+  for (Bucket& bucket : buckets_) {
+    bucket.buffer.zero_();
+    if (bucket.staging.defined()) bucket.staging.zero_();
+  }
+}
+
+torch::Tensor GradientBuckets::accumulated_grad(std::size_t i) const {
+  const torch::Tensor& p = params_.at(i);
+  return buckets_[bucket_of_param_[i]].buffer.narrow(0, offset_of_param_[i], p.numel()).view(p.sizes());
 }
 
 }  // namespace parallax

@@ -5,7 +5,8 @@
 //     (and at most INT_MAX elements: one collective) in reverse registration order
 //     (roughly the order backward produces gradients), never mixing dtypes. Each bucket owns one flat tensor; every
 //     parameter's .grad is a view into its bucket, so autograd accumulates straight into the buffer.
-//  b. A post-hook on each parameter's gradient accumulator reports "gradient ready".
+//  b. A post-hook on each parameter's gradient accumulator reports "gradient ready"
+//     (first folding a narrower staging .grad into the wider bucket, see below).
 //     Only on the last micro-step of an accumulation window (arm()), a bucket whose
 //     parameters are all ready is all-reduced asynchronously — strictly in bucket
 //     order, so every rank issues the same collectives in the same order even if
@@ -41,15 +42,19 @@ namespace parallax {
 
 class GradientBuckets {
  public:
-  /// `params` must be distinct dense leaf tensors that require grad; `bucket_bytes` > 0. With `overlap`
-  /// false (`zero.overlap_comm = false`) nothing is launched during backward: finish()
-  /// launches every bucket. The communicator and tracer must outlive this object. Does
-  /// not communicate.
+  /// `params` must be distinct dense leaf tensors that require grad; `bucket_bytes` > 0.
+  /// With `overlap` false (`zero.overlap_comm = false`) nothing is launched during
+  /// backward: finish() launches every bucket. With `accumulate_dtype` wider than a
+  /// parameter's (fp32 for bf16 parameters), that parameter's .grad is a staging view
+  /// of its own dtype, folded into the wider bucket after every backward and zeroed:
+  /// micro-steps accumulate and the reduction runs in the wider dtype. The communicator
+  /// and tracer must outlive this object. Does not communicate.
   GradientBuckets(std::vector<torch::Tensor> params,
                   std::int64_t bucket_bytes,
                   Communicator& comm,
                   Tracer& tracer,
-                  bool overlap = true);
+                  bool overlap = true,
+                  c10::optional<torch::ScalarType> accumulate_dtype = c10::nullopt);
   GradientBuckets(const GradientBuckets&) = delete;
   GradientBuckets& operator=(const GradientBuckets&) = delete;
   ~GradientBuckets();
@@ -64,18 +69,22 @@ class GradientBuckets {
   void zero();
 
   std::size_t bucket_count() const { return buckets_.size(); }
-  /// Bytes of gradient payload (sum over parameters of numel × element size).
+  /// The accumulated (after finish(): reduced) gradient of parameter `i`, shaped like
+  /// it, in the bucket's dtype: a view into the bucket, valid for this object's life.
+  torch::Tensor accumulated_grad(std::size_t i) const;
+  /// Bytes of gradient payload in the buckets' dtypes (sum of numel × element size).
   std::int64_t gradient_bytes() const { return gradient_bytes_; }
-  /// Bytes of the bucket buffers beyond the gradients. Buckets are packed without
+  /// Bytes of the reduced buffers beyond the gradients. Buckets are packed without
   /// alignment, so this is 0; it is kept so volume checks state the identity
   /// all-reduced bytes per window = gradient_bytes() + padding_bytes().
-  std::int64_t padding_bytes() const { return buffer_bytes_ - gradient_bytes_; }
-  /// Bytes held by the bucket buffers.
+  std::int64_t padding_bytes() const { return reduced_bytes_ - gradient_bytes_; }
+  /// Bytes held: the bucket buffers plus any narrower staging buffers.
   std::int64_t buffer_bytes() const { return buffer_bytes_; }
 
  private:
   struct Bucket {
-    torch::Tensor buffer;
+    torch::Tensor buffer;             ///< reduced; the accumulate dtype
+    torch::Tensor staging;            ///< the parameters' dtype when narrower; else undefined
     std::vector<std::size_t> params;  ///< indices into params_
     std::size_t pending = 0;          ///< gradients not yet ready in this window
     WorkPtr work;
@@ -87,7 +96,8 @@ class GradientBuckets {
 
   std::vector<torch::Tensor> params_;
   std::vector<std::size_t> bucket_of_param_;
-  std::vector<const void*> grad_data_;  ///< where each .grad view must still point
+  std::vector<std::int64_t> offset_of_param_;  ///< element offset within its bucket
+  std::vector<const void*> grad_data_;         ///< where each .grad view must still point
   std::vector<Bucket> buckets_;
   /// The parameters' gradient accumulators (kept alive: autograd holds them weakly) and
   /// the keys of our hooks on them, removed on destruction.
@@ -95,6 +105,7 @@ class GradientBuckets {
   Communicator& comm_;
   Tracer& tracer_;
   std::int64_t gradient_bytes_ = 0;
+  std::int64_t reduced_bytes_ = 0;
   std::int64_t buffer_bytes_ = 0;
 
   bool overlap_ = true;

@@ -159,12 +159,24 @@ TEST_P(DataParallelEquivalence, AllReducePayloadEqualsGradientBytes) {
 TEST_P(DataParallelEquivalence, Bf16TrainsCloseToFp32Reference) {
   const Trajectory reference = train_reference(make_config(GetParam()));
   const DistributedRun run = train_distributed(make_config(GetParam(), {"precision.dtype=\"bf16\""}));
-  // bf16 keeps 8 bits of mantissa: activations and gradients round at ~4e-3 relative.
-  // Over 10 steps the loss stays within 3% of the fp32 reference and still falls.
+  // bf16 keeps 8 bits of mantissa: activations and gradients round at ~4e-3 relative,
+  // while gradients accumulate and reduce in fp32 and the optimizer steps fp32 masters.
+  // Over 10 steps the loss stays within 1% of the fp32 reference (measured: 0.3%).
+  double worst = 0.0;
   for (std::size_t i = 0; i < reference.losses.size(); ++i) {
-    EXPECT_LE(relative_difference(run.trajectory.losses[i], reference.losses[i]), 3e-2) << "step " << i + 1;
+    const double diff = relative_difference(run.trajectory.losses[i], reference.losses[i]);
+    worst = std::max(worst, diff);
+    EXPECT_LE(diff, 1e-2) << "step " << i + 1;
   }
+  std::printf("[ figures  ] bf16: max per-step loss relative difference to fp32 %.3g\n", worst);
   EXPECT_LT(run.trajectory.losses.back(), run.trajectory.losses.front());
+  // Gradients are accumulated and all-reduced in fp32: 4 bytes per parameter.
+  std::int64_t elements = 0;
+  for (const auto& p : reference.params) elements += p.numel();
+  EXPECT_EQ(run.gradient_bytes, 4 * elements);
+  for (const auto& m : run.metrics) {
+    EXPECT_EQ(m.comm[0][parallax::CommOp::kAllReduce].bytes, 4 * elements);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(GradAccum, DataParallelEquivalence, ::testing::Values(1, 2), [](const auto& info) {

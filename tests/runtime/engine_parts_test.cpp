@@ -129,6 +129,25 @@ TEST_F(GradientBucketsTest, UnusedParametersStillReduceInBucketOrder) {
   EXPECT_TRUE(torch::equal(unused.grad(), torch::zeros({2})));
 }
 
+TEST_F(GradientBucketsTest, NarrowGradientsAccumulateAndReduceInTheWideDtype) {
+  auto weight = torch::ones({3}, torch::TensorOptions().dtype(torch::kBFloat16).requires_grad(true));
+  GradientBuckets buckets({weight}, 1 << 20, world_->communicator(), tracer_, true, torch::kFloat32);
+  EXPECT_EQ(buckets.gradient_bytes(), 3 * 4);  // reduced in fp32
+  EXPECT_EQ(buckets.padding_bytes(), 0);
+  EXPECT_EQ(buckets.buffer_bytes(), 3 * 4 + 3 * 2);  // plus the bf16 staging .grad
+  // 1/256 is below bf16's resolution at 1 (2^-7): summed in bf16, 256 of them would
+  // stall at 1 + 2^-7·k; in fp32 they add up exactly.
+  const auto small = torch::full({3}, 1.0 / 256, torch::kFloat32);
+  for (int micro = 0; micro < 3; ++micro) {
+    if (micro == 2) buckets.arm();
+    (weight.to(torch::kFloat32) * (micro == 0 ? torch::ones({3}) : small)).sum().backward();
+  }
+  buckets.finish();
+  EXPECT_EQ(buckets.accumulated_grad(0).scalar_type(), torch::kFloat32);
+  EXPECT_TRUE(torch::equal(buckets.accumulated_grad(0), torch::full({3}, 1.0 + 2.0 / 256)));
+  EXPECT_TRUE(torch::equal(weight.grad(), torch::zeros({3}, torch::kBFloat16)));  // folded and cleared
+}
+
 TEST(Blas, TheLoadedBlasIsNamed) {
   auto a = torch::ones({64, 64});
   (void)torch::mm(a, a);
