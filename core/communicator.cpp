@@ -1,5 +1,7 @@
 #include "parallax/core/communicator.h"
 
+#include <ATen/ATen.h>
+
 #include "parallax/core/error.h"
 
 namespace parallax {
@@ -103,6 +105,19 @@ void Communicator::check_shards(
 void Communicator::check_peer(CommOp op, int peer, const char* role) const {
   PARALLAX_CHECK(peer >= 0 && peer < size(), UsageError, error_prefix(op), role, " = ", peer,
                  " is out of range for a group of ", size(), " ranks");
+}
+
+std::vector<int> ranks_differing_from_root(Communicator& comm, std::uint64_t value) {
+  at::Tensor mine = at::empty({1}, at::kLong);
+  mine.data_ptr<std::int64_t>()[0] = static_cast<std::int64_t>(value);
+  at::Tensor all = at::empty({comm.size()}, at::kLong);
+  comm.all_gather(all, mine)->wait();
+  const std::int64_t* values = all.data_ptr<std::int64_t>();
+  std::vector<int> differing;
+  for (int r = 0; r < comm.size(); ++r) {
+    if (values[r] != values[0]) differing.push_back(r);
+  }
+  return differing;
 }
 
 const char* dtype_name(at::ScalarType dtype) {

@@ -31,6 +31,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace parallax {
 
@@ -169,6 +170,11 @@ class Communicator {
 
 /// Tensor payload in bytes (numel × element size).
 std::int64_t payload_bytes(const at::Tensor& tensor);
+
+/// Collective over `comm`: every rank contributes `value` (a hash, a count); returns,
+/// on every rank, the ranks whose value differs from rank 0's (empty when all agree).
+/// Blocks; throws CommError on a failed or timed-out exchange.
+std::vector<int> ranks_differing_from_root(Communicator& comm, std::uint64_t value);
 
 /// "float32", "bfloat16", "int64", ...: the names used in messages and counters.
 const char* dtype_name(at::ScalarType dtype);

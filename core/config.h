@@ -97,6 +97,9 @@ struct ZeroOptions {
   double bucket_mb = 25.0;
   /// Launch bucket reductions during backward. Default: true.
   bool overlap_comm = true;
+
+  /// bucket_mb in bytes.
+  std::int64_t bucket_bytes() const { return static_cast<std::int64_t>(bucket_mb * 1024.0 * 1024.0); }
 };
 
 enum class CommBackend { kAuto, kMpi, kNccl };

@@ -31,13 +31,7 @@ void check_same_structure(Communicator& comm,
       for (auto size : t.sizes()) mix(size);
     }
   }
-  torch::Tensor mine = torch::full({1}, static_cast<std::int64_t>(hash), torch::kLong);
-  torch::Tensor all = torch::empty({comm.size()}, torch::kLong);
-  comm.all_gather(all, mine)->wait();
-  std::vector<int> differing;
-  for (int r = 0; r < comm.size(); ++r) {
-    if (all[r].item<std::int64_t>() != all[0].item<std::int64_t>()) differing.push_back(r);
-  }
+  const std::vector<int> differing = ranks_differing_from_root(comm, hash);
   PARALLAX_CHECK(differing.empty(), UsageError, "the model differs across ranks of group '", comm.name(), "': rank(s) ",
                  format_rank_set(differing), " hold other parameter or buffer shapes than rank 0 (", params.size(),
                  " parameters, ", buffers.size(), " buffers here); build the model from the same config on every rank");
@@ -127,7 +121,7 @@ Engine::Engine(Runtime& runtime, std::shared_ptr<torch::nn::Module> model, const
     if (p.requires_grad() && seen.insert(p.unsafeGetTensorImpl()).second) s.params.push_back(p);
   }
   PARALLAX_CHECK(!s.params.empty(), UsageError, "every parameter of the model is frozen (requires_grad = false)");
-  const auto bucket_bytes = static_cast<std::int64_t>(config.zero.bucket_mb * 1024.0 * 1024.0);
+  const std::int64_t bucket_bytes = config.zero.bucket_bytes();
   // bf16 gradients accumulate and are reduced in fp32, straight into the masters' grads.
   const bool keep_masters = s.dtype != torch::kFloat32;
   s.buckets = std::make_unique<GradientBuckets>(

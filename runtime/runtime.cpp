@@ -85,14 +85,7 @@ Config load_config_everywhere(World& world, const ConfigSources& sources, const 
 
 // All ranks must train with the same configuration.
 void check_same_config(World& world, const Config& config) {
-  Communicator& comm = world.communicator();
-  at::Tensor mine = at::full({1}, static_cast<std::int64_t>(config_hash(config)), at::kLong);
-  at::Tensor all = at::empty({world.size()}, at::kLong);
-  comm.all_gather(all, mine)->wait();
-  std::vector<int> differing;
-  for (int r = 0; r < world.size(); ++r) {
-    if (all[r].item<std::int64_t>() != all[0].item<std::int64_t>()) differing.push_back(r);
-  }
+  const std::vector<int> differing = ranks_differing_from_root(world.communicator(), config_hash(config));
   PARALLAX_CHECK(differing.empty(), ConfigError, "ranks hold different configurations: rank(s) ",
                  format_rank_set(differing),
                  " differ from rank 0 (check that every node reads the same files and --set values)");
@@ -108,7 +101,7 @@ proto::Plan make_plan(const Config& config) {
   plan.set_micro_batch_size(config.train.micro_batch_size);
   plan.set_grad_accum(config.train.grad_accum);
   plan.set_global_batch_size(config.train.global_batch_size);
-  plan.set_bucket_bytes(static_cast<std::int64_t>(config.zero.bucket_mb * 1024 * 1024));
+  plan.set_bucket_bytes(config.zero.bucket_bytes());
   plan.set_dtype(to_string(config.precision.dtype));
   plan.set_comm_backend("mpi");
   return plan;
