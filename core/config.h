@@ -71,8 +71,22 @@ enum class Dtype { kFp32, kBf16, kFp16 };
 
 /// [precision]
 struct PrecisionOptions {
-  /// fp32 | bf16 | fp16. bf16 keeps fp32 master weights. Default: fp32.
+  /// fp32 | bf16 | fp16. bf16 and fp16 keep fp32 master weights; fp16 also scales the
+  /// loss dynamically (the loss_scale_* keys). Default: fp32.
   Dtype dtype = Dtype::kFp32;
+  /// fp16: the first loss scale. Default: 65536 (2^16).
+  double loss_scale_initial = 65536.0;
+  /// fp16: steps without overflow after which the scale doubles. Default: 1000.
+  std::int64_t loss_scale_growth_interval = 1000;
+  /// fp16: factor applied to the scale when an overflow exhausts the hysteresis.
+  /// Default: 0.5.
+  double loss_scale_backoff = 0.5;
+  /// fp16: consecutive overflowing steps tolerated before the scale backs off (every
+  /// overflowing step is skipped). Default: 2.
+  std::int64_t loss_scale_hysteresis = 2;
+  /// fp16: the smallest scale; an overflow that would go below it is an error
+  /// (training has diverged). Default: 1.
+  double loss_scale_min = 1.0;
 };
 
 enum class ParallelMode { kManual, kAuto };
@@ -89,17 +103,46 @@ struct ParallelOptions {
   int dp = -1;
 };
 
-/// [zero]
+/// [zero]: how model state is sharded over the data-parallel group.
 struct ZeroOptions {
-  /// ZeRO stage. Default: 0 (plain data parallelism).
+  /// 0 = plain data parallelism; 1 = optimizer state sharded; 2 = also gradients;
+  /// 3 = also parameters. Default: 0.
   int stage = 0;
-  /// Gradient bucket size in MiB; buckets are reduced as they fill. Default: 25.
+  /// Gradient bucket size in MiB; buckets are reduced as they fill. Stages 1–2: also
+  /// the size of one flat, sharded buffer. Default: 25.
   double bucket_mb = 25.0;
   /// Launch bucket reductions during backward. Default: true.
   bool overlap_comm = true;
+  /// Stage 3: MiB of parameters gathered ahead of use, in the recorded execution
+  /// order. 0 = gather only on use. Default: 32.
+  double prefetch_mb = 32.0;
+  /// Stage 3: parameters with at most this many elements are not sharded; they stay
+  /// gathered on every rank (their gradients are still reduce-scattered). 0 = shard
+  /// everything. Default: 0.
+  std::int64_t persistence_threshold = 0;
+  /// Stage 3: MiB of gathered units kept while the forward runs; the least recently
+  /// used unit is released beyond it (the unit in use is always kept, so the peak is
+  /// at most this plus one unit plus prefetch). Default: 1024.
+  double max_live_mb = 1024.0;
+  /// Stage 3: release every unit when the forward ends and gather again in backward
+  /// (true), or keep them gathered until their backward (false: less communication,
+  /// more memory). Default: true.
+  bool reshard_after_forward = true;
+  /// Stage 3: module type names (Module::name(), e.g. "BlockImpl"; the "Impl" suffix
+  /// may be omitted) whose instances become units: gathered and released together.
+  /// Parameters of no unit belong to the root unit. Default: none.
+  std::vector<std::string> wrap;
+  /// Stage 3: a module whose parameters not yet in a unit number at least this many
+  /// becomes a unit too; 0 = off. Default: 0.
+  std::int64_t wrap_min_params = 0;
 
   /// bucket_mb in bytes.
-  std::int64_t bucket_bytes() const { return static_cast<std::int64_t>(bucket_mb * 1024.0 * 1024.0); }
+  std::int64_t bucket_bytes() const { return megabytes_to_bytes(bucket_mb); }
+  std::int64_t prefetch_bytes() const { return megabytes_to_bytes(prefetch_mb); }
+  std::int64_t max_live_bytes() const { return megabytes_to_bytes(max_live_mb); }
+
+ private:
+  static std::int64_t megabytes_to_bytes(double mb) { return static_cast<std::int64_t>(mb * 1024.0 * 1024.0); }
 };
 
 enum class CommBackend { kAuto, kMpi, kNccl };

@@ -251,6 +251,19 @@ class TableReader final : public FieldVisitor {
     value = node->as_string()->get();
   }
 
+  void on_text_list(const char* key, std::vector<std::string>& value) override {
+    const toml::node* node = find(key);
+    if (node == nullptr) return;
+    const toml::array* array = node->as_array();
+    if (array == nullptr) fail(key, *node, "an array of strings");
+    std::vector<std::string> given;
+    for (const toml::node& element : *array) {
+      if (!element.is_string() || element.as_string()->get().empty()) fail(key, *node, "an array of non-empty strings");
+      given.push_back(element.as_string()->get());
+    }
+    value = std::move(given);
+  }
+
   void on_choice(const char* key, std::size_t& index, const std::vector<const char*>& names) override {
     const toml::node* node = find(key);
     if (node == nullptr) return;
@@ -331,6 +344,11 @@ class TomlWriter final : public FieldVisitor {
   }
   void on_boolean(const char* key, bool& value) override { out_ << key << " = " << (value ? "true" : "false") << "\n"; }
   void on_text(const char* key, std::string& value) override { out_ << key << " = " << quote(value) << "\n"; }
+  void on_text_list(const char* key, std::vector<std::string>& value) override {
+    std::vector<std::string> quoted;
+    for (const std::string& text : value) quoted.push_back(quote(text));
+    out_ << key << " = [" << join(quoted, ", ") << "]\n";
+  }
   void on_choice(const char* key, std::size_t& index, const std::vector<const char*>& names) override {
     out_ << key << " = " << quote(names[index]) << "\n";
   }

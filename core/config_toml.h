@@ -105,6 +105,7 @@ class FieldVisitor {
   }
   void boolean(const char* key, bool& value) { on_boolean(key, value); }
   void text(const char* key, std::string& value) { on_text(key, value); }
+  void text_list(const char* key, std::vector<std::string>& value) { on_text_list(key, value); }
   template <typename E, std::size_t N>
   void choice(const char* key, E& value, const EnumName<E> (&names)[N]) {
     std::vector<const char*> spelled;
@@ -123,6 +124,7 @@ class FieldVisitor {
   virtual void on_number_pair(const char* key, std::array<double, 2>& value, const Rule& rule) = 0;
   virtual void on_boolean(const char* key, bool& value) = 0;
   virtual void on_text(const char* key, std::string& value) = 0;
+  virtual void on_text_list(const char* key, std::vector<std::string>& value) = 0;
   virtual void on_choice(const char* key, std::size_t& index, const std::vector<const char*>& names) = 0;
 };
 

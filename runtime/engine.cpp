@@ -3,6 +3,7 @@
 #include <torch/nn/utils/clip_grad.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <unordered_set>
 
@@ -10,6 +11,8 @@
 #include "parallax/core/mesh.h"
 #include "parallax/runtime/gradient_buckets.h"
 #include "parallax/runtime/step_telemetry.h"
+#include "parallax/zero/loss_scaler.h"
+#include "parallax/zero/sharded_model.h"
 
 namespace parallax {
 namespace {
@@ -44,11 +47,31 @@ torch::ScalarType compute_dtype_for(Dtype dtype) {
     case Dtype::kBf16:
       return torch::kBFloat16;
     case Dtype::kFp16:
-      break;
+      return torch::kFloat16;
   }
-  throw ConfigError(
-      "precision.dtype = \"fp16\": fp16 needs dynamic loss scaling, which this build does not "
-      "have yet; use \"fp32\" or \"bf16\"");
+  throw InternalError("unknown precision.dtype");
+}
+
+zero::ShardingOptions sharding_options(const ZeroOptions& zero) {
+  zero::ShardingOptions options;
+  options.stage = zero.stage;
+  options.bucket_bytes = zero.bucket_bytes();
+  options.overlap_comm = zero.overlap_comm;
+  options.prefetch_bytes = zero.prefetch_bytes();
+  options.persistence_threshold = zero.persistence_threshold;
+  options.max_live_bytes = zero.max_live_bytes();
+  options.reshard_after_forward = zero.reshard_after_forward;
+  options.wrap = zero.wrap;
+  options.wrap_min_params = zero.wrap_min_params;
+  return options;
+}
+
+zero::LossScalerOptions loss_scaler_options(const PrecisionOptions& precision) {
+  return zero::LossScalerOptions(precision.loss_scale_initial)
+      .growth_interval(precision.loss_scale_growth_interval)
+      .backoff(precision.loss_scale_backoff)
+      .hysteresis(precision.loss_scale_hysteresis)
+      .min_scale(precision.loss_scale_min);
 }
 
 }  // namespace
@@ -59,9 +82,11 @@ struct Engine::State {
   OptimizerSpec spec;
   torch::ScalarType dtype = torch::kFloat32;
   std::vector<torch::Tensor> params;   ///< the model's (compute dtype)
-  std::vector<torch::Tensor> masters;  ///< fp32 copies under bf16; empty under fp32
-  std::unique_ptr<GradientBuckets> buckets;
-  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  std::vector<torch::Tensor> masters;  ///< stage 0: fp32 copies under bf16/fp16; empty under fp32
+  std::unique_ptr<GradientBuckets> buckets;             ///< stage 0
+  std::unique_ptr<torch::optim::Optimizer> optimizer;   ///< stage 0
+  std::unique_ptr<zero::ShardedModel> sharded;          ///< stages 1–3
+  std::unique_ptr<zero::LossScaler> scaler;             ///< fp16
   std::unique_ptr<StepTelemetry> telemetry;
 
   std::int64_t grad_accum = 1;
@@ -121,8 +146,20 @@ Engine::Engine(Runtime& runtime, std::shared_ptr<torch::nn::Module> model, const
     if (p.requires_grad() && seen.insert(p.unsafeGetTensorImpl()).second) s.params.push_back(p);
   }
   PARALLAX_CHECK(!s.params.empty(), UsageError, "every parameter of the model is frozen (requires_grad = false)");
+  if (config.precision.dtype == Dtype::kFp16) {
+    s.scaler = std::make_unique<zero::LossScaler>(loss_scaler_options(config.precision));
+  }
+  s.telemetry = std::make_unique<StepTelemetry>(runtime);
+  s.loss_sum = torch::zeros({}, torch::kFloat64);
+  if (config.zero.stage > 0) {
+    const OptimizerOptions optimizer_options = spec.optimizer;
+    s.sharded = std::make_unique<zero::ShardedModel>(
+        *s.model, s.params, sharding_options(config.zero), dp, runtime.tracer(),
+        [&optimizer_options](std::vector<torch::Tensor> shards) { return make_optimizer(optimizer_options, std::move(shards)); });
+    return;
+  }
   const std::int64_t bucket_bytes = config.zero.bucket_bytes();
-  // bf16 gradients accumulate and are reduced in fp32, straight into the masters' grads.
+  // bf16/fp16 gradients accumulate and are reduced in fp32, straight into the masters' grads.
   const bool keep_masters = s.dtype != torch::kFloat32;
   s.buckets = std::make_unique<GradientBuckets>(
       s.params, bucket_bytes, dp, runtime.tracer(), config.zero.overlap_comm,
@@ -135,8 +172,6 @@ Engine::Engine(Runtime& runtime, std::shared_ptr<torch::nn::Module> model, const
     }
   }
   s.optimizer = make_optimizer(spec.optimizer, s.optimized());
-  s.telemetry = std::make_unique<StepTelemetry>(runtime);
-  s.loss_sum = torch::zeros({}, torch::kFloat64);
 }
 
 Engine::Engine(Engine&&) noexcept = default;
@@ -150,28 +185,59 @@ void Engine::backward(const torch::Tensor& loss) {
                  " times without step(); train.grad_accum = ", s.grad_accum);
   begin_micro_step();
   ++s.micro_step;
-  if (s.micro_step == s.grad_accum) s.buckets->arm();
+  const bool last = s.micro_step == s.grad_accum;
   auto span = tracer().span("backward", "compute");
   s.loss_sum += loss.detach().to(torch::kFloat64);
-  (loss / static_cast<double>(s.grad_accum)).backward();
+  const double scale = (s.scaler ? s.scaler->scale() : 1.0) / static_cast<double>(s.grad_accum);
+  if (s.sharded) {
+    s.sharded->begin_backward(last);
+    {
+      auto gathering = s.sharded->use_scope();
+      (loss * scale).backward();
+    }
+    s.sharded->end_backward();
+    return;
+  }
+  if (last) s.buckets->arm();
+  (loss * scale).backward();
 }
 
 bool Engine::step() {
   State& s = *state_;
   if (s.micro_step < s.grad_accum) return false;
-  s.buckets->finish();
   s.micro_step = 0;
-
   const double lr = scheduled_lr(s.spec, s.global_step);
-  {
+  const double loss_scale = s.scaler ? s.scaler->scale() : 1.0;
+  bool overflow = false;
+  if (s.sharded) {
+    auto span = tracer().span("optimizer", "compute");
+    set_learning_rate(s.sharded->optimizer(), lr);
+    const double gradient_scale = 1.0 / (static_cast<double>(s.runtime->mesh().dp().size()) * loss_scale);
+    overflow = s.sharded->step(gradient_scale, s.spec.optimizer.grad_clip, s.scaler != nullptr).skipped;
+  } else {
+    s.buckets->finish();
     auto span = tracer().span("optimizer", "compute");
     torch::NoGradGuard no_grad;
-    if (s.spec.optimizer.grad_clip > 0) torch::nn::utils::clip_grad_norm_(s.optimized(), s.spec.optimizer.grad_clip);
-    set_learning_rate(*s.optimizer, lr);
-    s.optimizer->step();
-    for (std::size_t i = 0; i < s.masters.size(); ++i) s.params[i].detach().copy_(s.masters[i]);
+    if (s.scaler) {
+      // Gradients are identical on every rank after the all-reduce, so every rank
+      // reaches the same verdict without communicating.
+      for (const auto& m : s.masters) m.mutable_grad().mul_(1.0 / loss_scale);
+      double squares = 0.0;
+      for (const auto& m : s.masters) squares += m.grad().to(torch::kFloat64).pow(2).sum().item<double>();
+      overflow = !std::isfinite(squares);
+    }
+    if (!overflow) {
+      if (s.spec.optimizer.grad_clip > 0) torch::nn::utils::clip_grad_norm_(s.optimized(), s.spec.optimizer.grad_clip);
+      set_learning_rate(*s.optimizer, lr);
+      s.optimizer->step();
+      for (std::size_t i = 0; i < s.masters.size(); ++i) s.params[i].detach().copy_(s.masters[i]);
+    }
+    s.buckets->zero();
   }
-  s.buckets->zero();
+  if (s.scaler && s.scaler->update(overflow)) {
+    s.runtime->logger().summary("warning: step ", s.global_step + 1, " skipped: fp16 gradients overflowed at loss scale ", loss_scale,
+             "; next scale ", s.scaler->scale(), " (", s.scaler->skipped_steps(), " skipped so far)");
+  }
   ++s.global_step;
 
   const double local_loss = s.loss_sum.item<double>() / static_cast<double>(s.grad_accum);
@@ -199,19 +265,37 @@ torch::ScalarType Engine::compute_dtype() const {
   return state_->dtype;
 }
 std::int64_t Engine::gradient_bytes() const {
+  if (state_->sharded) {
+    std::int64_t bytes = 0;
+    for (const auto& p : state_->params) bytes += p.numel() * 4;  // reduced in fp32
+    return bytes;
+  }
   return state_->buckets->gradient_bytes();
 }
 std::int64_t Engine::gradient_padding_bytes() const {
-  return state_->buckets->padding_bytes();
+  return state_->sharded ? state_->sharded->padding_elements() * 4 : state_->buckets->padding_bytes();
 }
 std::size_t Engine::bucket_count() const {
-  return state_->buckets->bucket_count();
+  return state_->sharded ? state_->sharded->group_count() : state_->buckets->bucket_count();
+}
+const zero::ShardedModel* Engine::sharded_model() const {
+  return state_->sharded.get();
+}
+double Engine::loss_scale() const {
+  return state_->scaler ? state_->scaler->scale() : 1.0;
+}
+std::int64_t Engine::skipped_steps() const {
+  return state_->scaler ? state_->scaler->skipped_steps() : 0;
+}
+zero::ParameterUseScope Engine::parameter_use_scope() const {
+  return state_->sharded ? state_->sharded->use_scope() : zero::ParameterUseScope(false);
 }
 void Engine::set_tokens_per_sample(std::int64_t tokens) {
   state_->telemetry->set_tokens_per_sample(tokens);
 }
 
 std::vector<torch::Tensor> Engine::master_parameters() const {
+  if (state_->sharded) return state_->sharded->gather_masters();
   std::vector<torch::Tensor> out;
   for (const auto& p : state_->optimized()) out.push_back(p.detach().to(torch::kFloat32));
   return out;
@@ -220,6 +304,12 @@ std::vector<torch::Tensor> Engine::master_parameters() const {
 ModelStateBytes Engine::model_state_bytes() const {
   const State& s = *state_;
   ModelStateBytes bytes;
+  if (s.sharded) {
+    bytes.params = s.sharded->parameter_bytes();
+    bytes.grads = s.sharded->gradient_bytes();
+    bytes.optimizer = optimizer_state_bytes(s.sharded->optimizer()) + s.sharded->master_bytes();
+    return bytes;
+  }
   for (const auto& p : s.params) bytes.params += payload_bytes(p);
   bytes.grads = s.buckets->buffer_bytes();
   bytes.optimizer = optimizer_state_bytes(*s.optimizer);

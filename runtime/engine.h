@@ -20,6 +20,15 @@
 // accumulate and the all-reduce runs in fp32 (twice the bytes of a bf16 reduction,
 // without its rounding); the fp32 masters' gradients are views into those buckets.
 //
+// fp16 (`precision.dtype = "fp16"`): as bf16, with the loss multiplied by a dynamic
+// scale before backward (zero/loss_scaler.h); a step whose gradients overflow is
+// skipped on every rank and logged.
+//
+// ZeRO (`zero.stage` 1–3, see zero/sharded_model.h): the parameters move into flat
+// buffers sharded over the data-parallel group; the optimizer sees only this rank's
+// fp32 master shard. At stage 3 parameters exist only while a unit is in use: between
+// steps read them through master_parameters(), not through the model.
+//
 // Gradients live in the buckets: do not call zero_grad() on the model or replace a
 // parameter's .grad (step() detects it and throws UsageError).
 #pragma once
@@ -35,8 +44,12 @@
 #include "parallax/core/metrics.h"
 #include "parallax/runtime/optimizer.h"
 #include "parallax/runtime/runtime.h"
+#include "parallax/zero/parameter_interception.h"
 
 namespace parallax {
+namespace zero {
+class ShardedModel;
+}
 
 class Engine {
  public:
@@ -74,7 +87,7 @@ class Engine {
   double last_lr() const;
   /// Metrics of the last optimizer step (loss, lr, timings, per-rank bytes and comm).
   const StepMetrics& last_metrics() const;
-  /// Dtype the model computes in (float32 or bfloat16).
+  /// Dtype the model computes in (float32, bfloat16 or float16).
   torch::ScalarType compute_dtype() const;
   /// Model-state bytes this rank holds now.
   ModelStateBytes model_state_bytes() const;
@@ -84,14 +97,22 @@ class Engine {
   std::size_t bucket_count() const;
   /// Tokens in one sample, for tokens_per_s (default 1: samples per second).
   void set_tokens_per_sample(std::int64_t tokens);
-  /// Parameters in fp32, as the optimizer sees them (the masters under bf16).
+  /// Parameters in fp32, as the optimizer sees them (the masters under bf16/fp16).
+  /// Under ZeRO this gathers the shards: a collective over the data-parallel group.
   std::vector<torch::Tensor> master_parameters() const;
+  /// The ZeRO state at stages 1–3 (groups, padding, stage-3 gathering); null at stage 0.
+  const zero::ShardedModel* sharded_model() const;
+  /// fp16: the current loss scale and the steps skipped for overflow (1 and 0 otherwise).
+  double loss_scale() const;
+  std::int64_t skipped_steps() const;
 
  protected:
   /// Casts floating-point inputs to the compute dtype.
   torch::Tensor prepare_input(const torch::Tensor& input) const;
   /// Opens the step's timing window at its first forward.
   void begin_micro_step();
+  /// Held around the model's forward: at ZeRO stage 3 it gathers parameters on use.
+  zero::ParameterUseScope parameter_use_scope() const;
   Tracer& tracer();
 
  private:
@@ -111,6 +132,7 @@ class ModuleEngine : public Engine {
   auto forward(Args&&... args) {
     begin_micro_step();
     auto span = tracer().span("forward", "compute");
+    auto gathering = parameter_use_scope();
     return model_->forward(cast(std::forward<Args>(args))...);
   }
 

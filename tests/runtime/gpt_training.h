@@ -1,0 +1,51 @@
+// Shared by the equivalence tests: the GPT example trained by a plain single-process
+// LibTorch loop (the reference) and by the engine on every rank of the world, with the
+// same seed and global batch, and the comparison of the two.
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "parallax/core/config.h"
+#include "parallax/core/metrics.h"
+
+namespace equivalence {
+
+constexpr std::int64_t kSteps = 10;
+constexpr std::int64_t kGlobalBatch = 16;
+
+/// configs/gpt_base.toml shrunk for tests (2 layers, d_model 32, several buckets), with
+/// `grad_accum` and the `extra` overrides.
+parallax::Config make_config(std::int64_t grad_accum, const std::vector<std::string>& extra = {});
+
+struct Trajectory {
+  std::vector<double> losses;
+  std::vector<torch::Tensor> params;  // fp32, final
+};
+
+/// One process, the whole global batch, LibTorch's own optimizer and clipping.
+Trajectory train_reference(const parallax::Config& config);
+
+struct DistributedRun {
+  Trajectory trajectory;
+  std::vector<parallax::StepMetrics> metrics;
+  std::int64_t gradient_bytes = 0;
+  std::int64_t padding_bytes = 0;
+  std::size_t buckets = 0;
+  std::int64_t parameter_elements = 0;  ///< trainable, counted once
+};
+
+/// The engine on every rank of the world (ranks start from different seeds; the
+/// engine's broadcast must make them agree).
+DistributedRun train_distributed(parallax::Config config);
+
+double relative_difference(double a, double b);
+
+/// Per-step loss within `loss_tolerance` (relative) and final parameters within
+/// `param_tolerance` (absolute); prints the worst of each as "[ figures  ]".
+void expect_equivalent(const Trajectory& got, const Trajectory& want, double loss_tolerance, double param_tolerance);
+
+}  // namespace equivalence

@@ -1,0 +1,147 @@
+#include "parallax/zero/flat_group.h"
+
+#include <c10/core/StorageImpl.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include "parallax/core/error.h"
+
+namespace parallax::zero {
+namespace {
+
+std::vector<std::int64_t> numels_of(const std::vector<torch::Tensor>& params) {
+  std::vector<std::int64_t> numels;
+  for (const auto& p : params) numels.push_back(p.numel());
+  return numels;
+}
+
+}  // namespace
+
+FlatGroup::FlatGroup(std::vector<torch::Tensor> params,
+                     int rank,
+                     int ranks,
+                     Residency residency,
+                     bool keep_full_gradients)
+    : params_(std::move(params)),
+      layout_(numels_of(params_), ranks),
+      rank_(rank),
+      residency_(residency),
+      keep_full_gradients_(keep_full_gradients) {
+  PARALLAX_ASSERT(!params_.empty(), "a flat group needs parameters");
+  const torch::TensorOptions options = params_.front().options().requires_grad(false);
+  torch::NoGradGuard no_grad;
+  full_ = torch::zeros({layout_.padded_numel()}, options);
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    torch::Tensor& p = params_[i];
+    PARALLAX_ASSERT(p.scalar_type() == options.dtype().toScalarType(), "a flat group holds one dtype");
+    torch::Tensor place = full_.narrow(0, layout_.offset(i), p.numel()).view(p.sizes());
+    place.copy_(p);
+    p.set_data(place);
+  }
+  const std::int64_t shard = layout_.shard_numel();
+  shard_ = full_.narrow(0, rank_ * shard, shard);
+  if (residency_ == Residency::kSharded) {
+    shard_ = shard_.clone();
+    release();
+  }
+  master_ = shard_.scalar_type() == torch::kFloat32 ? shard_.detach() : shard_.to(torch::kFloat32);
+  if (keep_full_gradients_) {
+    grad_full_ = torch::zeros({layout_.padded_numel()}, options.dtype(torch::kFloat32));
+    grad_shard_ = grad_full_.narrow(0, rank_ * shard, shard);
+  } else {
+    grad_shard_ = torch::zeros({shard}, options.dtype(torch::kFloat32));
+  }
+  master_.mutable_grad() = grad_shard_;
+}
+
+FlatGroup::~FlatGroup() = default;
+
+const c10::StorageImpl* FlatGroup::storage() const {
+  return full_.storage().unsafeGetStorageImpl();
+}
+
+void FlatGroup::allocate_full() {
+  c10::StorageImpl* storage = full_.storage().unsafeGetStorageImpl();
+  const std::size_t nbytes = static_cast<std::size_t>(full_bytes());
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(nbytes));
+  storage->set_nbytes(nbytes);
+  full_live_ = true;
+}
+
+WorkPtr FlatGroup::gather(Communicator& comm) {
+  PARALLAX_ASSERT(residency_ == Residency::kSharded && !full_live_, "gather of a group that is not released");
+  allocate_full();
+  return comm.all_gather(full_, shard_);
+}
+
+void FlatGroup::release() {
+  PARALLAX_ASSERT(residency_ == Residency::kSharded, "only a sharded group releases its parameters");
+  c10::StorageImpl* storage = full_.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(at::DataPtr(nullptr, full_.device()));
+  storage->set_nbytes(0);
+  full_live_ = false;
+}
+
+bool FlatGroup::add_gradient(std::size_t i, const torch::Tensor& grad) {
+  torch::NoGradGuard no_grad;
+  if (!grad_full_.defined()) grad_full_ = torch::zeros({layout_.padded_numel()}, grad_shard_.options());
+  grad_full_.narrow(0, layout_.offset(i), layout_.numel(i)).add_(grad.reshape({-1}));
+  return ++reported_ == params_.size();
+}
+
+WorkPtr FlatGroup::reduce(Communicator& comm) {
+  if (!grad_full_.defined()) grad_full_ = torch::zeros({layout_.padded_numel()}, grad_shard_.options());
+  received_ = torch::empty({layout_.shard_numel()}, grad_shard_.options());
+  return comm.reduce_scatter(received_, grad_full_);
+}
+
+void FlatGroup::complete_reduction() {
+  torch::NoGradGuard no_grad;
+  if (keep_full_gradients_) {
+    grad_shard_.copy_(received_);  // the rest of the full buffer is zeroed with the step
+  } else {
+    grad_shard_.add_(received_);
+    grad_full_ = torch::Tensor();
+  }
+  received_ = torch::Tensor();
+  reported_ = 0;
+}
+
+void FlatGroup::zero_gradients() {
+  if (keep_full_gradients_) {
+    grad_full_.zero_();
+  } else {
+    grad_shard_.zero_();
+  }
+  reported_ = 0;
+}
+
+void FlatGroup::write_back_master() {
+  torch::NoGradGuard no_grad;
+  if (master_.data_ptr() != shard_.data_ptr()) shard_.copy_(master_);
+}
+
+WorkPtr FlatGroup::gather_updated(Communicator& comm) {
+  PARALLAX_ASSERT(residency_ == Residency::kReplicated, "only a replicated group gathers after an update");
+  return comm.all_gather(full_, shard_);
+}
+
+std::int64_t FlatGroup::parameter_bytes() const {
+  const std::int64_t full = full_live_ ? full_bytes() : 0;
+  return residency_ == Residency::kReplicated ? full : full + payload_bytes(shard_);
+}
+
+std::int64_t FlatGroup::gradient_bytes() const {
+  std::int64_t bytes = grad_full_.defined() ? payload_bytes(grad_full_) : 0;
+  if (!keep_full_gradients_) bytes += payload_bytes(grad_shard_);
+  return bytes;
+}
+
+std::int64_t FlatGroup::master_bytes() const {
+  return master_.data_ptr() == shard_.data_ptr() ? 0 : payload_bytes(master_);
+}
+
+std::int64_t FlatGroup::full_bytes() const {
+  return layout_.padded_numel() * static_cast<std::int64_t>(full_.element_size());
+}
+
+}  // namespace parallax::zero

@@ -1,0 +1,110 @@
+// One flat, padded buffer of parameters sharded over the data-parallel group: the
+// unit of ZeRO's bookkeeping (a bucket at stages 1–2, a wrapped module at stage 3).
+//
+// Layout (see shard_layout.h): parameters back to back, padded to a multiple of the
+// group size N; rank r owns shard r. Each parameter is re-pointed (set_data) at its
+// place in the group's full buffer, so the model's own tensors read the buffer.
+//
+// What this rank holds, by residency:
+//   replicated (stages 1–2, persistent stage-3 parameters): the full buffer always;
+//     its shard is a view of it.
+//   sharded (stage 3): the shard always; the full buffer only between gather() and
+//     release(), which allocate and free its storage in place, so the parameters and
+//     any view autograd saved of them see the data again after a new gather.
+// The fp32 master shard is the shard itself when parameters are fp32, else a copy.
+// Gradients: each backward's gradient of a parameter is added (in fp32) into a full
+// gradient buffer; reduce_scatter leaves this rank's reduced shard in the gradient
+// shard (the master's .grad). With `keep_full_gradients` (stage 1) the full buffer
+// lives across micro-steps and the shard is its view; otherwise (stages 2–3) the full
+// buffer exists only from a micro-step's first gradient to its reduce-scatter.
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "parallax/core/communicator.h"
+#include "parallax/zero/shard_layout.h"
+
+namespace c10 {
+struct StorageImpl;
+}
+
+namespace parallax::zero {
+
+enum class Residency { kReplicated, kSharded };
+
+class FlatGroup {
+ public:
+  /// `params`: distinct dense leaf tensors of one dtype, identical on every rank.
+  /// Copies them into the group's buffer and re-points them at it; a sharded group
+  /// keeps only this rank's shard afterwards. Does not communicate.
+  FlatGroup(std::vector<torch::Tensor> params, int rank, int ranks, Residency residency, bool keep_full_gradients);
+  FlatGroup(const FlatGroup&) = delete;
+  FlatGroup& operator=(const FlatGroup&) = delete;
+  ~FlatGroup();
+
+  const ShardLayout& layout() const { return layout_; }
+  const std::vector<torch::Tensor>& params() const { return params_; }
+  Residency residency() const { return residency_; }
+  /// The storage the parameters point into (for stage 3's use detection).
+  const c10::StorageImpl* storage() const;
+
+  // ---- parameters (stage 3) ----
+  /// Allocates the full buffer and starts an all_gather of the shards into it.
+  WorkPtr gather(Communicator& comm);
+  /// Frees the full buffer's memory (shapes stay; data is gone until the next gather).
+  void release();
+  bool full_buffer_live() const { return full_live_; }
+
+  // ---- gradients ----
+  /// Starts a micro-step's gradient reports.
+  void begin_micro_step() { reported_ = 0; }
+  /// Adds parameter `i`'s gradient of this backward; returns true when every
+  /// parameter of the group has reported in this micro-step.
+  bool add_gradient(std::size_t i, const torch::Tensor& grad);
+  /// Reduce-scatters the full gradient buffer (zeros where nothing was added) and
+  /// returns the work; complete_reduction() folds the result into the gradient shard.
+  WorkPtr reduce(Communicator& comm);
+  void complete_reduction();
+  /// Zeroes the gradient shard (and the full gradient buffer, when kept).
+  void zero_gradients();
+
+  // ---- the optimizer's view ----
+  /// The fp32 master shard; its .grad is the gradient shard.
+  const torch::Tensor& master() const { return master_; }
+  const torch::Tensor& gradient_shard() const { return grad_shard_; }
+  /// Copies the updated master into the compute-dtype shard (and so, when replicated,
+  /// into this rank's part of the full buffer).
+  void write_back_master();
+  /// Replicated groups after an update: all-gathers every rank's shard in place.
+  WorkPtr gather_updated(Communicator& comm);
+
+  // ---- accounting (bytes this rank holds now) ----
+  std::int64_t parameter_bytes() const;
+  std::int64_t gradient_bytes() const;
+  /// The master copy when it is not the shard itself.
+  std::int64_t master_bytes() const;
+  /// Bytes of the full buffer (what a gather moves into this rank).
+  std::int64_t full_bytes() const;
+
+ private:
+  void allocate_full();
+
+  std::vector<torch::Tensor> params_;
+  ShardLayout layout_;
+  int rank_;
+  Residency residency_;
+  bool keep_full_gradients_;
+  torch::Tensor full_;       ///< [padded], compute dtype; storage freed while released
+  bool full_live_ = true;
+  torch::Tensor shard_;      ///< [S], compute dtype
+  torch::Tensor master_;     ///< [S], fp32 (aliases shard_ when compute is fp32)
+  torch::Tensor grad_full_;  ///< [padded], fp32; see the class comment for its life
+  torch::Tensor grad_shard_; ///< [S], fp32
+  torch::Tensor received_;   ///< reduce-scatter output in flight
+  std::size_t reported_ = 0;
+};
+
+}  // namespace parallax::zero

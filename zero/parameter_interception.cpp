@@ -1,0 +1,89 @@
+#include "parallax/zero/parameter_interception.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/library.h>
+
+#include <mutex>
+#include <unordered_map>
+
+namespace parallax::zero {
+namespace {
+
+constexpr c10::DispatchKey kInterceptKey = c10::DispatchKey::TESTING_ONLY_GenericMode;
+
+void report_use(const c10::IValue& value) {
+  if (value.isTensor()) {
+    const at::Tensor& tensor = value.toTensor();
+    if (!tensor.defined() || !tensor.has_storage()) return;
+    const auto entry = ParameterRegistry::instance().find(tensor.storage().unsafeGetStorageImpl());
+    if (entry.listener != nullptr) entry.listener->on_parameter_use(entry.unit);
+  } else if (value.isTensorList()) {
+    for (const at::Tensor& tensor : value.toTensorList()) report_use(c10::IValue(tensor));
+  } else if (value.isList()) {
+    for (const c10::IValue& element : value.toListRef()) report_use(element);
+  }
+}
+
+void intercept(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  const std::size_t arguments = op.schema().arguments().size();
+  {
+    // The listener gathers with ordinary operators: they must not come back here.
+    c10::impl::ExcludeDispatchKeyGuard paused(kInterceptKey);
+    for (std::size_t i = stack->size() - arguments; i < stack->size(); ++i) report_use((*stack)[i]);
+  }
+  op.redispatchBoxed(keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kInterceptKey), stack);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(_, TESTING_ONLY_GenericMode, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&intercept>());
+}
+
+struct ParameterRegistry::Impl {
+  mutable std::mutex mutex;
+  std::unordered_map<const c10::StorageImpl*, Entry> entries;
+};
+
+ParameterRegistry::ParameterRegistry() : impl_(std::make_unique<Impl>()) {}
+
+ParameterRegistry& ParameterRegistry::instance() {
+  static ParameterRegistry registry;
+  return registry;
+}
+
+void ParameterRegistry::add(const c10::StorageImpl* storage, ParameterUseListener* listener, std::size_t unit) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  impl_->entries[storage] = Entry{listener, unit};
+}
+
+void ParameterRegistry::remove(const ParameterUseListener* listener) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  for (auto it = impl_->entries.begin(); it != impl_->entries.end();) {
+    it = it->second.listener == listener ? impl_->entries.erase(it) : std::next(it);
+  }
+}
+
+ParameterRegistry::Entry ParameterRegistry::find(const c10::StorageImpl* storage) const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  const auto found = impl_->entries.find(storage);
+  return found == impl_->entries.end() ? Entry{} : found->second;
+}
+
+bool ParameterRegistry::empty() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->entries.empty();
+}
+
+struct ParameterUseScope::Guard {
+  c10::impl::IncludeDispatchKeyGuard include{kInterceptKey};
+};
+
+ParameterUseScope::ParameterUseScope(bool enabled) {
+  if (enabled) guard_ = std::make_unique<Guard>();
+}
+ParameterUseScope::ParameterUseScope(ParameterUseScope&&) noexcept = default;
+ParameterUseScope::~ParameterUseScope() = default;
+
+}  // namespace parallax::zero

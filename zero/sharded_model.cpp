@@ -1,0 +1,400 @@
+#include "parallax/zero/sharded_model.h"
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <cmath>
+#include <limits>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "parallax/core/error.h"
+#include "parallax/zero/flat_group.h"
+#include "parallax/zero/gather_schedule.h"
+
+namespace parallax::zero {
+namespace {
+
+// Runs after AccumulateGrad has stored this backward's gradient in .grad.
+class GradientReadyHook : public torch::autograd::FunctionPostHook {
+ public:
+  explicit GradientReadyHook(std::function<void()> on_ready) : on_ready_(std::move(on_ready)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list& /*inputs*/) override {
+    on_ready_();
+    return outputs;
+  }
+
+ private:
+  std::function<void()> on_ready_;
+};
+
+// "BlockImpl" is matched by "Block" and "BlockImpl"; "torch::nn::LinearImpl" also by
+// "Linear", "LinearImpl" and "torch::nn::Linear".
+bool type_matches(const std::string& type, const std::string& wanted) {
+  for (const std::string& candidate : {wanted, wanted + "Impl"}) {
+    if (type == candidate) return true;
+    if (type.size() > candidate.size() + 2 && type.compare(type.size() - candidate.size(), candidate.size(), candidate) == 0 &&
+        type.compare(type.size() - candidate.size() - 2, 2, "::") == 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// One collective carries at most INT_MAX elements (MPI counts in an int).
+constexpr std::int64_t kMaxGroupElements = std::numeric_limits<int>::max();
+
+}  // namespace
+
+struct ShardedModel::State {
+  Communicator* dp = nullptr;
+  Tracer* tracer = nullptr;
+  std::vector<torch::Tensor> params;
+  std::vector<std::unique_ptr<FlatGroup>> groups;  ///< reduction (and launch) order
+  std::vector<std::size_t> group_of_param;
+  std::vector<std::size_t> index_in_group;
+  /// Stage 3: group index of each unit, and the unit of each group (-1: replicated).
+  std::vector<std::size_t> unit_groups;
+  std::vector<std::ptrdiff_t> unit_of_group;
+  std::unique_ptr<GatherSchedule> schedule;
+  std::vector<WorkPtr> gathers;  ///< in-flight gather per unit
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, std::uintptr_t>> hooks;
+
+  std::mutex mutex;  ///< hooks and parameter uses may come from autograd threads
+  bool reduce_this_micro_step = false;
+  bool in_backward = false;
+  std::vector<bool> complete;  ///< per group, this micro-step
+  std::vector<WorkPtr> reductions;
+  std::size_t next_to_reduce = 0;
+
+  void launch_reductions_locked(bool all) {
+    while (next_to_reduce < groups.size() && (all || complete[next_to_reduce])) {
+      reductions[next_to_reduce] = groups[next_to_reduce]->reduce(*dp);
+      ++next_to_reduce;
+    }
+  }
+
+  void apply_locked(const GatherSchedule::Actions& actions) {
+    for (const std::size_t unit : actions.gather) gathers[unit] = groups[unit_groups[unit]]->gather(*dp);
+    for (const std::size_t unit : actions.release) {
+      if (gathers[unit]) {  // prefetched and never used: the buffer is still being written
+        gathers[unit]->wait();
+        gathers[unit].reset();
+      }
+      groups[unit_groups[unit]]->release();
+    }
+  }
+};
+
+ShardedModel::ShardedModel(torch::nn::Module& model,
+                           std::vector<torch::Tensor> params,
+                           const ShardingOptions& options,
+                           Communicator& dp,
+                           Tracer& tracer,
+                           const OptimizerFactory& make_optimizer)
+    : state_(std::make_unique<State>()), options_(options) {
+  State& s = *state_;
+  PARALLAX_CHECK(options_.stage >= 1 && options_.stage <= 3, ConfigError, "zero.stage = ", options_.stage,
+                 ": a sharded model needs stage 1, 2 or 3");
+  PARALLAX_CHECK(options_.bucket_bytes > 0, ConfigError, "zero.bucket_mb must be > 0");
+  s.dp = &dp;
+  s.tracer = &tracer;
+  s.params = std::move(params);
+  for (std::size_t i = 0; i < s.params.size(); ++i) {
+    const torch::Tensor& p = s.params[i];
+    PARALLAX_CHECK(p.requires_grad() && p.layout() == torch::kStrided && p.is_leaf(), UsageError, "parameter ", i,
+                   " must be a dense leaf tensor that requires grad");
+    PARALLAX_CHECK(p.numel() <= kMaxGroupElements, UsageError, "parameter ", i, " has ", p.numel(),
+                   " elements; one collective carries at most ", kMaxGroupElements);
+  }
+  std::unordered_map<const void*, std::size_t> index_of;
+  for (std::size_t i = 0; i < s.params.size(); ++i) index_of[s.params[i].unsafeGetTensorImpl()] = i;
+
+  // Parameters (indices into s.params) for each group to build, in reduction order.
+  std::vector<std::vector<std::size_t>> sharded_sets;
+  std::vector<std::size_t> replicated;
+  if (options_.stage == 3) {
+    // Units: modules in reverse pre-order (children before their parents, later
+    // blocks first, close to the order backward finishes them); each claims its
+    // parameters not yet claimed. The root unit takes what is left.
+    std::unordered_set<std::size_t> claimed;
+    for (std::size_t i = 0; i < s.params.size(); ++i) {
+      if (s.params[i].numel() <= options_.persistence_threshold) {
+        replicated.push_back(i);
+        claimed.insert(i);
+      }
+    }
+    auto modules = model.modules(/*include_self=*/false);
+    std::vector<bool> wrap_used(options_.wrap.size(), false);
+    for (auto it = modules.rbegin(); it != modules.rend(); ++it) {
+      std::vector<std::size_t> unclaimed;
+      for (const auto& p : (*it)->parameters()) {
+        const auto found = index_of.find(p.unsafeGetTensorImpl());
+        if (found != index_of.end() && !claimed.count(found->second)) unclaimed.push_back(found->second);
+      }
+      if (unclaimed.empty()) continue;
+      bool wrap = false;
+      for (std::size_t w = 0; w < options_.wrap.size(); ++w) {
+        if (type_matches((*it)->name(), options_.wrap[w])) wrap = wrap_used[w] = true;
+      }
+      std::int64_t count = 0;
+      for (std::size_t i : unclaimed) count += s.params[i].numel();
+      if (options_.wrap_min_params > 0 && count >= options_.wrap_min_params) wrap = true;
+      if (!wrap) continue;
+      std::unordered_set<std::size_t> seen;
+      std::vector<std::size_t> unit;
+      for (std::size_t i : unclaimed) {
+        if (seen.insert(i).second) unit.push_back(i);
+      }
+      for (std::size_t i : unit) claimed.insert(i);
+      sharded_sets.push_back(std::move(unit));
+    }
+    for (std::size_t w = 0; w < options_.wrap.size(); ++w) {
+      PARALLAX_CHECK(wrap_used[w], ConfigError, "zero.wrap: no module of type \"", options_.wrap[w],
+                     "\" holds trainable parameters (the root module is ", model.name(),
+                     "); name a type from the model, e.g. the one of its repeated blocks");
+    }
+    std::vector<std::size_t> root;
+    for (std::size_t i = 0; i < s.params.size(); ++i) {
+      if (!claimed.count(i)) root.push_back(i);
+    }
+    if (!root.empty()) sharded_sets.push_back(std::move(root));
+  } else {
+    for (std::size_t i = s.params.size(); i-- > 0;) replicated.push_back(i);
+  }
+
+  // Replicated parameters in buckets of bucket_bytes (of fp32 gradient).
+  std::vector<std::vector<std::size_t>> replicated_sets;
+  {
+    std::vector<std::int64_t> bytes;
+    for (std::size_t i : replicated) bytes.push_back(s.params[i].numel() * 4);
+    const std::int64_t cap = std::min(options_.bucket_bytes, kMaxGroupElements * 4);
+    for (const auto& members : group_by_bytes(bytes, cap)) {
+      std::vector<std::size_t> set;
+      for (std::size_t m : members) set.push_back(replicated[m]);
+      replicated_sets.push_back(std::move(set));
+    }
+  }
+
+  s.group_of_param.assign(s.params.size(), 0);
+  s.index_in_group.assign(s.params.size(), 0);
+  const int rank = dp.rank();
+  const int ranks = dp.size();
+  auto add_group = [&](const std::vector<std::size_t>& members, Residency residency) {
+    std::vector<torch::Tensor> tensors;
+    for (std::size_t k = 0; k < members.size(); ++k) {
+      tensors.push_back(s.params[members[k]]);
+      s.group_of_param[members[k]] = s.groups.size();
+      s.index_in_group[members[k]] = k;
+    }
+    s.groups.push_back(
+        std::make_unique<FlatGroup>(std::move(tensors), rank, ranks, residency, /*keep_full_gradients=*/options_.stage == 1));
+  };
+  for (const auto& set : sharded_sets) {
+    s.unit_groups.push_back(s.groups.size());
+    add_group(set, Residency::kSharded);
+  }
+  for (const auto& set : replicated_sets) add_group(set, Residency::kReplicated);
+  s.unit_of_group.assign(s.groups.size(), -1);
+  for (std::size_t u = 0; u < s.unit_groups.size(); ++u) s.unit_of_group[s.unit_groups[u]] = static_cast<std::ptrdiff_t>(u);
+
+  if (!s.unit_groups.empty()) {
+    std::vector<std::int64_t> unit_bytes;
+    for (std::size_t g : s.unit_groups) unit_bytes.push_back(s.groups[g]->full_bytes());
+    s.schedule = std::make_unique<GatherSchedule>(unit_bytes, options_.prefetch_bytes, options_.max_live_bytes,
+                                                  options_.reshard_after_forward);
+    s.gathers.resize(s.unit_groups.size());
+    for (std::size_t u = 0; u < s.unit_groups.size(); ++u) {
+      ParameterRegistry::instance().add(s.groups[s.unit_groups[u]]->storage(), this, u);
+    }
+  }
+
+  std::vector<torch::Tensor> masters;
+  for (const auto& group : s.groups) masters.push_back(group->master());
+  s.optimizer = make_optimizer(masters);
+  s.complete.assign(s.groups.size(), false);
+  s.reductions.resize(s.groups.size());
+
+  // One post-hook per gradient accumulator.
+  for (std::size_t i = 0; i < s.params.size(); ++i) {
+    auto accumulator = torch::autograd::impl::grad_accumulator(s.params[i]);
+    PARALLAX_CHECK(accumulator != nullptr, UsageError, "parameter ", i, " is not a leaf tensor");
+    const std::uintptr_t key = accumulator->add_post_hook(std::make_unique<GradientReadyHook>([this, i] {
+      State& st = *state_;
+      torch::Tensor& grad = st.params[i].mutable_grad();
+      const std::size_t g = st.group_of_param[i];
+      std::lock_guard<std::mutex> lock(st.mutex);
+      const bool group_complete = st.groups[g]->add_gradient(st.index_in_group[i], grad);
+      grad = torch::Tensor();  // the group holds it now
+      if (!group_complete) return;
+      st.complete[g] = true;
+      if (st.unit_of_group[g] >= 0) st.apply_locked(st.schedule->backward_done(static_cast<std::size_t>(st.unit_of_group[g])));
+      if (st.reduce_this_micro_step && options_.overlap_comm) st.launch_reductions_locked(/*all=*/false);
+    }));
+    s.hooks.emplace_back(std::move(accumulator), key);
+  }
+}
+
+ShardedModel::~ShardedModel() {
+  ParameterRegistry::instance().remove(this);
+  State& s = *state_;
+  for (auto& [accumulator, key] : s.hooks) accumulator->del_post_hook(key);
+  // Never free buffers a collective still reads; never throw from a destructor.
+  for (auto* works : {&s.reductions, &s.gathers}) {
+    for (WorkPtr& work : *works) {
+      if (!work) continue;
+      try {
+        work->wait();
+      } catch (const std::exception&) {
+      }
+    }
+  }
+}
+
+void ShardedModel::on_parameter_use(std::size_t unit) {
+  State& s = *state_;
+  std::lock_guard<std::mutex> lock(s.mutex);
+  const auto phase = s.in_backward ? GatherSchedule::Phase::kBackward : GatherSchedule::Phase::kForward;
+  s.apply_locked(s.schedule->touch(unit, phase));
+  if (s.gathers[unit]) {
+    auto span = s.tracer->span("zero gather wait", "comm");
+    s.gathers[unit]->wait();
+    s.gathers[unit].reset();
+  }
+}
+
+void ShardedModel::begin_backward(bool last_micro_step) {
+  State& s = *state_;
+  std::lock_guard<std::mutex> lock(s.mutex);
+  PARALLAX_ASSERT(!s.in_backward, "begin_backward twice without end_backward");
+  if (s.schedule) s.apply_locked(s.schedule->end_forward());
+  s.in_backward = true;
+  s.reduce_this_micro_step = options_.stage >= 2 || last_micro_step;
+  s.next_to_reduce = 0;
+  std::fill(s.complete.begin(), s.complete.end(), false);
+  for (auto& group : s.groups) group->begin_micro_step();
+}
+
+void ShardedModel::end_backward() {
+  State& s = *state_;
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    PARALLAX_ASSERT(s.in_backward, "end_backward without begin_backward");
+    s.in_backward = false;
+    // Groups with a parameter this micro-step did not use never reported complete.
+    if (s.reduce_this_micro_step) s.launch_reductions_locked(/*all=*/true);
+  }
+  if (s.reduce_this_micro_step) {
+    auto span = s.tracer->span("zero reduce_scatter wait", "comm");
+    for (std::size_t g = 0; g < s.groups.size(); ++g) {
+      s.reductions[g]->wait();
+      s.reductions[g].reset();
+      s.groups[g]->complete_reduction();
+    }
+  }
+  std::lock_guard<std::mutex> lock(s.mutex);
+  if (s.schedule) s.apply_locked(s.schedule->end_backward());
+}
+
+StepOutcome ShardedModel::step(double gradient_scale, double clip_norm, bool skip_non_finite) {
+  State& s = *state_;
+  torch::NoGradGuard no_grad;
+  StepOutcome outcome;
+  for (const auto& group : s.groups) {
+    if (gradient_scale != 1.0) group->gradient_shard().mul_(gradient_scale);
+  }
+  if (clip_norm > 0 || skip_non_finite) {
+    torch::Tensor sum_of_squares = torch::zeros({1}, torch::kFloat64);
+    for (const auto& group : s.groups) {
+      sum_of_squares += group->gradient_shard().to(torch::kFloat64).pow(2).sum();
+    }
+    s.dp->all_reduce(sum_of_squares)->wait();
+    outcome.grad_norm = std::sqrt(sum_of_squares.item<double>());
+    if (skip_non_finite && !std::isfinite(outcome.grad_norm)) {
+      outcome.skipped = true;
+      for (const auto& group : s.groups) group->zero_gradients();
+      return outcome;
+    }
+    // As torch::nn::utils::clip_grad_norm_: scale by max_norm / (norm + 1e-6) when < 1.
+    const double coefficient = clip_norm / (outcome.grad_norm + 1e-6);
+    if (clip_norm > 0 && coefficient < 1.0) {
+      for (const auto& group : s.groups) group->gradient_shard().mul_(coefficient);
+    }
+  }
+  s.optimizer->step();
+  std::vector<WorkPtr> pending;
+  for (const auto& group : s.groups) {
+    group->write_back_master();
+    if (group->residency() == Residency::kReplicated) pending.push_back(group->gather_updated(*s.dp));
+  }
+  for (const auto& work : pending) work->wait();
+  for (const auto& group : s.groups) group->zero_gradients();
+  return outcome;
+}
+
+std::vector<torch::Tensor> ShardedModel::gather_masters() {
+  State& s = *state_;
+  std::vector<torch::Tensor> full_masters;
+  for (const auto& group : s.groups) {
+    torch::Tensor full = torch::empty({group->layout().padded_numel()}, group->master().options());
+    torch::Tensor shard = group->master().detach();
+    s.dp->all_gather(full, shard)->wait();
+    full_masters.push_back(full);
+  }
+  std::vector<torch::Tensor> out;
+  for (std::size_t i = 0; i < s.params.size(); ++i) {
+    const FlatGroup& group = *s.groups[s.group_of_param[i]];
+    const std::size_t k = s.index_in_group[i];
+    out.push_back(full_masters[s.group_of_param[i]].narrow(0, group.layout().offset(k), group.layout().numel(k)).view(
+        s.params[i].sizes()));
+  }
+  return out;
+}
+
+torch::optim::Optimizer& ShardedModel::optimizer() {
+  return *state_->optimizer;
+}
+const torch::optim::Optimizer& ShardedModel::optimizer() const {
+  return *state_->optimizer;
+}
+
+std::int64_t ShardedModel::parameter_bytes() const {
+  std::int64_t bytes = 0;
+  for (const auto& group : state_->groups) bytes += group->parameter_bytes();
+  return bytes;
+}
+std::int64_t ShardedModel::gradient_bytes() const {
+  std::int64_t bytes = 0;
+  for (const auto& group : state_->groups) bytes += group->gradient_bytes();
+  return bytes;
+}
+std::int64_t ShardedModel::master_bytes() const {
+  std::int64_t bytes = 0;
+  for (const auto& group : state_->groups) bytes += group->master_bytes();
+  return bytes;
+}
+std::int64_t ShardedModel::padding_elements() const {
+  std::int64_t elements = 0;
+  for (const auto& group : state_->groups) elements += group->layout().padding();
+  return elements;
+}
+std::size_t ShardedModel::group_count() const {
+  return state_->groups.size();
+}
+std::size_t ShardedModel::unit_count() const {
+  return state_->unit_groups.size();
+}
+std::int64_t ShardedModel::peak_gathered_bytes() const {
+  return state_->schedule ? state_->schedule->peak_live_bytes() : 0;
+}
+std::int64_t ShardedModel::largest_unit_bytes() const {
+  std::int64_t largest = 0;
+  for (std::size_t g : state_->unit_groups) largest = std::max(largest, state_->groups[g]->full_bytes());
+  return largest;
+}
+
+}  // namespace parallax::zero

@@ -1,0 +1,126 @@
+// ZeRO stages 1–3 over a model's trainable parameters: flat sharded buffers, the
+// gradient reductions into owner shards, stage 3's gather and release, and the
+// sharded optimizer step. The engine (runtime/) drives it around the user's loop.
+//
+// Protocol (every rank of the data-parallel group runs the same steps):
+//  1. Construction: the parameters (identical on all ranks, already in the compute
+//     dtype) are placed in flat groups — buckets of `bucket_bytes` at stages 1–2; at
+//     stage 3 one group per unit (modules selected by `wrap`/`wrap_min_params`, the
+//     rest in a root unit) plus replicated buckets for parameters of at most
+//     `persistence_threshold` elements. The optimizer is built over the groups' fp32
+//     master shards only. Stage 3 then keeps just this rank's shards.
+//  2. Forward (stage 3): the engine opens a ParameterUseScope; the first operator to
+//     use a unit's parameter gathers the unit (all_gather), prefetching and releasing
+//     per GatherSchedule.
+//  3. begin_backward(last): stage 3's forward is over (reshard). Backward runs; as each
+//     parameter's gradient is accumulated its hook adds it (fp32) to its group's full
+//     gradient buffer and drops the parameter's .grad. A group whose gradients are
+//     complete is reduce-scattered — stage 1 on the last micro-step only, stages 2–3
+//     every micro-step — strictly in group order, so all ranks issue the same
+//     collectives; at stage 3 the unit is also released.
+//  4. end_backward(): groups whose parameters took no part (no hook fired) are
+//     reduced too; every reduction is awaited and folded into the gradient shards.
+//  5. step(): gradient shards are scaled (1/N, loss-scale undo), the global norm is one
+//     all_reduce of a float64 sum of squares (when clipping or checking for overflow),
+//     a non-finite norm skips the step on every rank, the optimizer updates the master
+//     shards, and the compute-dtype parameters are refreshed: written back into the
+//     shard, and all-gathered in place for replicated groups.
+//
+//   ShardingOptions options;  options.stage = 2;
+//   ShardedModel zero(*model, params, options, dp, tracer, factory);
+//   { auto scope = zero.use_scope(); loss = loss_fn(model->forward(x)); }
+//   zero.begin_backward(/*last=*/true); { auto scope = zero.use_scope(); loss.backward(); }
+//   zero.end_backward();  set_learning_rate(zero.optimizer(), lr);  zero.step(1.0 / N, clip, false);
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "parallax/core/communicator.h"
+#include "parallax/core/trace.h"
+#include "parallax/zero/parameter_interception.h"
+
+namespace parallax::zero {
+
+/// Per-construction options; the [zero] keys of the same names.
+struct ShardingOptions {
+  int stage = 1;
+  std::int64_t bucket_bytes = 25 << 20;
+  bool overlap_comm = true;
+  std::int64_t prefetch_bytes = 32 << 20;
+  std::int64_t persistence_threshold = 0;  ///< elements
+  std::int64_t max_live_bytes = std::int64_t{1} << 30;
+  bool reshard_after_forward = true;
+  std::vector<std::string> wrap;
+  std::int64_t wrap_min_params = 0;
+};
+
+using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor>)>;
+
+/// What one step did.
+struct StepOutcome {
+  bool skipped = false;      ///< non-finite gradients: nothing was updated
+  double grad_norm = -1.0;   ///< global norm after scaling, before clipping; -1 if not computed
+};
+
+class ShardedModel final : private ParameterUseListener {
+ public:
+  /// `params`: the trainable parameters of `model` (distinct, dense, one dtype),
+  /// identical on every rank of `dp`. Throws ConfigError for an impossible option
+  /// (a wrap type that matches no module). Does not communicate.
+  ShardedModel(torch::nn::Module& model,
+               std::vector<torch::Tensor> params,
+               const ShardingOptions& options,
+               Communicator& dp,
+               Tracer& tracer,
+               const OptimizerFactory& make_optimizer);
+  ShardedModel(const ShardedModel&) = delete;
+  ShardedModel& operator=(const ShardedModel&) = delete;
+  ~ShardedModel() override;
+
+  int stage() const { return options_.stage; }
+  /// Stage 3: parameter uses are watched while the scope lives; otherwise inert.
+  ParameterUseScope use_scope() const { return ParameterUseScope(options_.stage == 3); }
+
+  void begin_backward(bool last_micro_step);
+  /// Blocks until this micro-step's reductions are done; throws CommError.
+  void end_backward();
+  /// Multiplies gradients by `gradient_scale`, clips to `clip_norm` (0 = off), checks
+  /// for non-finite values when `skip_non_finite`, steps, refreshes parameters, zeroes
+  /// gradients. Collective; blocks.
+  StepOutcome step(double gradient_scale, double clip_norm, bool skip_non_finite);
+
+  /// The optimizer over this rank's master shards (for the learning rate, its state).
+  torch::optim::Optimizer& optimizer();
+  const torch::optim::Optimizer& optimizer() const;
+
+  /// Collective: the full fp32 master parameters, in the order of `params`.
+  std::vector<torch::Tensor> gather_masters();
+
+  /// Bytes this rank holds now.
+  std::int64_t parameter_bytes() const;
+  std::int64_t gradient_bytes() const;
+  std::int64_t master_bytes() const;
+  /// Padding elements over all groups (each group pads to a multiple of N).
+  std::int64_t padding_elements() const;
+  std::size_t group_count() const;
+  /// Stage 3: units (sharded groups), the most bytes gathered at once, and the bytes
+  /// of the largest unit.
+  std::size_t unit_count() const;
+  std::int64_t peak_gathered_bytes() const;
+  std::int64_t largest_unit_bytes() const;
+
+ private:
+  struct State;
+  void on_parameter_use(std::size_t unit) override;
+  std::unique_ptr<State> state_;
+  ShardingOptions options_;
+};
+
+}  // namespace parallax::zero
