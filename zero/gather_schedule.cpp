@@ -27,9 +27,12 @@ GatherSchedule::Actions GatherSchedule::touch(std::size_t unit, Phase phase) {
     touched_[unit] = true;
     current_[index(phase)].push_back(unit);
   }
-  if (!gathered_[unit]) gather(unit, actions);
+  if (!gathered_[unit]) {
+    // Make room first, so the peak is the budget plus this unit (plus prefetch).
+    if (phase == Phase::kForward && reshard_after_forward_) evict_beyond_budget(unit, bytes_[unit], actions);
+    gather(unit, actions);
+  }
   prefetch_after(unit, phase, actions);
-  if (phase == Phase::kForward && reshard_after_forward_) evict_beyond_budget(unit, actions);
   return actions;
 }
 
@@ -93,8 +96,8 @@ void GatherSchedule::prefetch_after(std::size_t unit, Phase phase, Actions& acti
   }
 }
 
-void GatherSchedule::evict_beyond_budget(std::size_t keep, Actions& actions) {
-  while (live_bytes_ > max_live_bytes_) {
+void GatherSchedule::evict_beyond_budget(std::size_t keep, std::int64_t incoming, Actions& actions) {
+  while (live_bytes_ + incoming > max_live_bytes_) {
     // The least recently used unit that is gathered, used in this pass, and not `keep`;
     // prefetched units (gathered, not yet used) are about to be needed.
     std::size_t victim = bytes_.size();

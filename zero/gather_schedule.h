@@ -7,12 +7,13 @@
 // same collectives.
 //
 // Protocol for one micro-step:
-//  a. Forward: touch(u) when an operator first uses a parameter of unit u (and on
-//     every later use). A released unit is gathered. The units after u in the order
-//     recorded in the previous forward are prefetched while the bytes gathered ahead
-//     of use stay within `prefetch_bytes`. With `reshard_after_forward`, units other
-//     than u are then released, least recently used first, while the gathered bytes
-//     exceed `max_live_bytes`.
+//  a. Forward: touch(u) when an operator uses a parameter of unit u. A released unit
+//     is gathered; first, with `reshard_after_forward`, units used earlier in this
+//     pass are released, least recently used first, until u fits within
+//     `max_live_bytes` (so the gathered bytes stay within the budget plus one unit,
+//     plus prefetch). Then the units after u in the order recorded in the previous
+//     forward are prefetched while the bytes gathered ahead of use stay within
+//     `prefetch_bytes`.
 //  b. end_forward(): with `reshard_after_forward`, every unit is released; the
 //     forward order just seen replaces the recorded one if it differs.
 //  c. Backward: touch(u) as in (a), prefetching along the recorded backward order;
@@ -31,7 +32,7 @@ class GatherSchedule {
  public:
   enum class Phase { kForward, kBackward };
 
-  /// What the executor must do, in this order: launch gathers, then releases.
+  /// What the executor must do, in this order: releases, then gathers (launched).
   struct Actions {
     std::vector<std::size_t> gather;
     std::vector<std::size_t> release;
@@ -61,7 +62,7 @@ class GatherSchedule {
   void gather(std::size_t unit, Actions& actions);
   void release(std::size_t unit, Actions& actions);
   void prefetch_after(std::size_t unit, Phase phase, Actions& actions);
-  void evict_beyond_budget(std::size_t keep, Actions& actions);
+  void evict_beyond_budget(std::size_t keep, std::int64_t incoming, Actions& actions);
   void finish_pass(Phase phase);
 
   std::vector<std::int64_t> bytes_;

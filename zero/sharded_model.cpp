@@ -79,7 +79,6 @@ struct ShardedModel::State {
   }
 
   void apply_locked(const GatherSchedule::Actions& actions) {
-    for (const std::size_t unit : actions.gather) gathers[unit] = groups[unit_groups[unit]]->gather(*dp);
     for (const std::size_t unit : actions.release) {
       if (gathers[unit]) {  // prefetched and never used: the buffer is still being written
         gathers[unit]->wait();
@@ -87,6 +86,7 @@ struct ShardedModel::State {
       }
       groups[unit_groups[unit]]->release();
     }
+    for (const std::size_t unit : actions.gather) gathers[unit] = groups[unit_groups[unit]]->gather(*dp);
   }
 };
 

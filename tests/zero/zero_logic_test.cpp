@@ -74,7 +74,7 @@ TEST(GatherSchedule, ReleasesAfterUseWithinTheLiveBudgetAndGathersAgainInBackwar
   EXPECT_EQ(schedule.touch(0, Phase::kForward).gather, Units{0});
   const auto second = schedule.touch(1, Phase::kForward);
   EXPECT_EQ(second.gather, Units{1});
-  EXPECT_EQ(second.release, Units{0});  // 200 > 150: the least recently used goes
+  EXPECT_EQ(second.release, Units{0});  // 100 + 100 > 150: the least recently used goes first
   const auto third = schedule.touch(2, Phase::kForward);
   EXPECT_EQ(third.gather, Units{2});
   EXPECT_EQ(third.release, Units{});  // 150 fits
@@ -84,7 +84,16 @@ TEST(GatherSchedule, ReleasesAfterUseWithinTheLiveBudgetAndGathersAgainInBackwar
   EXPECT_EQ(schedule.backward_done(2).release, Units{2});
   EXPECT_EQ(schedule.backward_done(0).release, Units{});  // its backward needed no parameter
   EXPECT_EQ(schedule.live_bytes(), 0);
-  EXPECT_EQ(schedule.peak_live_bytes(), 200);  // the budget plus one unit, at most
+  EXPECT_EQ(schedule.peak_live_bytes(), 150);  // never above the budget when units fit in it
+}
+
+TEST(GatherSchedule, WithNoBudgetOnlyTheUnitInUseIsGathered) {
+  GatherSchedule schedule({100, 300, 200}, 0, /*max_live=*/0, /*reshard=*/true);
+  for (std::size_t u : {0u, 1u, 2u, 0u}) {
+    schedule.touch(u, Phase::kForward);
+    EXPECT_EQ(schedule.live_bytes(), std::vector<std::int64_t>({100, 300, 200})[u]);
+  }
+  EXPECT_EQ(schedule.peak_live_bytes(), 300);  // the largest unit
 }
 
 TEST(GatherSchedule, PrefetchesAlongTheRecordedOrderWithinItsBudget) {
@@ -107,7 +116,7 @@ TEST(GatherSchedule, PrefetchesAlongTheRecordedOrderWithinItsBudget) {
 }
 
 TEST(GatherSchedule, KeepsUnitsUntilBackwardWithoutResharding) {
-  GatherSchedule schedule({100, 100}, 0, /*max_live=*/0, /*reshard=*/false);
+  GatherSchedule schedule({100, 100}, 0, /*max_live=*/0, /*reshard=*/false);  // budget ignored
   schedule.touch(0, Phase::kForward);
   EXPECT_EQ(schedule.touch(1, Phase::kForward).release, Units{});
   EXPECT_EQ(schedule.end_forward().release, Units{});
