@@ -1,0 +1,313 @@
+#!/usr/bin/env python3
+"""The PyTorch peer of bench_zero_step: the same GPT, data and batch, trained with
+torch.distributed (gloo) under DistributedDataParallel (--mode ddp) or DDP plus
+ZeroRedundancyOptimizer (--mode zero1, optimizer state sharded like ZeRO stage 1).
+
+It reads the same TOML as train_gpt (--config FILE..., extends, --set key.path=value),
+builds the model of examples/gpt/gpt.cpp with the same parameter order and init (so
+with the same seed both start from the same weights), makes the same synthetic token
+stream (samples are a pure function of seed and index) and runs the engine's loop:
+grad_accum micro-steps, the last one reducing gradients, global-norm clipping, the
+optimizer at the scheduled learning rate, the step's mean loss over the global batch.
+
+It prints the JSON line bench_zero_step prints, with "impl" "torch-ddp" or
+"torch-zero1": per step the slowest rank's wall time from the first forward to the end
+of the optimizer step, the median after 2 warm-up steps, ru_maxrss per rank in MiB,
+and the parameter, gradient and optimizer-state bytes each rank holds.
+
+  mpirun -np 4 python3 bench/peers/torch_zero.py --mode ddp --config configs/gpt_base.toml \
+      --rendezvous /tmp/x/rdzv --set train.steps=12
+
+Ranks meet through a file (--rendezvous: a path that does not exist yet, on a file
+system every rank sees); gloo talks over the loopback interface only.
+"""
+import argparse
+import contextlib
+import json
+import math
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+import tomllib
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.nn.parallel import DistributedDataParallel
+
+WARMUP_STEPS = 2
+MASK64 = (1 << 64) - 1
+
+
+# ---- Config: the subset of Parallax's loader this peer needs --------------------------
+
+def merge_into(base, overlay):
+    """Tables merge key by key; any other value replaces (as the C++ loader does)."""
+    for key, value in overlay.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            merge_into(base[key], value)
+        else:
+            base[key] = value
+    return base
+
+
+def load_file(path):
+    with open(path, "rb") as f:
+        document = tomllib.load(f)
+    merged = {}
+    extends = document.pop("extends", None)
+    for name in [extends] if isinstance(extends, str) else (extends or []):
+        merge_into(merged, load_file(os.path.join(os.path.dirname(path), name)))
+    return merge_into(merged, document)
+
+
+def parse_override(text):
+    """key.path=value; the value is TOML, or a bare word taken as a string."""
+    key, equals, value = text.partition("=")
+    if not equals or not key.strip():
+        raise SystemExit(f"--set {text}: expected key.path=value")
+    try:
+        return tomllib.loads(f"{key.strip()} = {value}")
+    except tomllib.TOMLDecodeError:
+        return tomllib.loads(f"{key.strip()} = {json.dumps(value.strip())}")
+
+
+def load_config(files, overrides):
+    config = {}
+    for path in files:
+        merge_into(config, load_file(path))
+    for text in overrides:
+        merge_into(config, parse_override(text))
+    return config
+
+
+def resolve_batch(train, dp):
+    """global = micro × accum × dp; one omitted value is inferred (Config::resolve)."""
+    glob, micro, accum = (train.get(k, 0) for k in ("global_batch_size", "micro_batch_size", "grad_accum"))
+    if (glob == 0) + (micro == 0) + (accum == 0) >= 2 and accum == 0:
+        accum = 1
+    if glob == 0:
+        glob = micro * accum * dp
+    elif micro == 0:
+        micro = glob // (accum * dp)
+    elif accum == 0:
+        accum = glob // (micro * dp)
+    if micro * accum * dp != glob or micro == 0:
+        raise SystemExit(f"train: global_batch_size {glob} != micro_batch_size {micro} × grad_accum {accum} × dp {dp}")
+    return glob, micro, accum
+
+
+def scheduled_lr(optimizer, scheduler, total_steps, step):
+    """runtime/optimizer.cpp's scheduled_lr: linear warmup, then constant/linear/cosine."""
+    peak = optimizer.get("lr", 3e-4)
+    warmup = scheduler.get("warmup_steps", 0)
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    kind = scheduler.get("type", "constant")
+    if kind == "constant":
+        return peak
+    progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+    floor = scheduler.get("min_lr", 0.0)
+    if kind == "linear":
+        return peak - (peak - floor) * progress
+    return floor + 0.5 * (peak - floor) * (1.0 + math.cos(math.pi * progress))
+
+
+# ---- Model and data: examples/gpt/gpt.cpp in PyTorch ---------------------------------
+
+class Block(nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        d, d_ff = m["d_model"], m["d_ff"] or 4 * m["d_model"]
+        self.n_head = m["n_head"]
+        self.ln1 = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.attn_proj = nn.Linear(d, d)
+        self.ln2 = nn.LayerNorm(d)
+        self.fc = nn.Linear(d, d_ff)
+        self.mlp_proj = nn.Linear(d_ff, d)
+
+    def forward(self, x):
+        batch, seq, d = x.shape
+        head_dim = d // self.n_head
+        heads = lambda t: t.view(batch, seq, self.n_head, head_dim).transpose(1, 2)  # noqa: E731
+        q, k, v = (heads(t) for t in self.qkv(self.ln1(x)).chunk(3, dim=-1))
+        scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(head_dim)
+        future = torch.ones(seq, seq, dtype=torch.bool).triu(1)
+        attention = torch.softmax(scores.masked_fill(future, float("-inf")), -1)
+        y = torch.matmul(attention, v).transpose(1, 2).contiguous().view(batch, seq, d)
+        h = x + self.attn_proj(y)
+        return h + self.mlp_proj(F.gelu(self.fc(self.ln2(h))))
+
+
+class GPT(nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        self.token_embedding = nn.Embedding(m["vocab_size"], m["d_model"])
+        self.position_embedding = nn.Embedding(m["block_size"], m["d_model"])
+        self.blocks = nn.ModuleList(Block(m) for _ in range(m["n_layer"]))
+        self.ln_f = nn.LayerNorm(m["d_model"])
+        self.head = nn.Linear(m["d_model"], m["vocab_size"], bias=False)
+        with torch.no_grad():
+            for p in self.parameters():
+                if p.dim() >= 2:
+                    p.normal_(0.0, 0.02)
+
+    def forward(self, tokens):
+        positions = torch.arange(tokens.size(1), dtype=torch.long)
+        x = self.token_embedding(tokens) + self.position_embedding(positions).unsqueeze(0)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+
+def mix(x):
+    """splitmix64, as in gpt.cpp."""
+    x = (x + 0x9E3779B97F4A7C15) & MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)
+
+
+class SyntheticTokens:
+    def __init__(self, vocab_size, block_size, seed, noise):
+        self.vocab, self.block, self.seed, self.noise = vocab_size, block_size, seed & MASK64, noise
+        self.successor = list(range(vocab_size))
+        for i in range(vocab_size - 1, 0, -1):
+            j = mix(self.seed ^ (0x5EED + i)) % (i + 1)
+            self.successor[i], self.successor[j] = self.successor[j], self.successor[i]
+
+    def batch(self, first, count):
+        rows = []
+        for s in range(count):
+            sample = mix(self.seed ^ mix(first + s))
+            token, row = sample % self.vocab, []
+            for t in range(self.block + 1):
+                row.append(token)
+                h = mix((sample + t + 1) & MASK64)
+                token = mix(h) % self.vocab if (h >> 11) * (1.0 / 9007199254740992.0) < self.noise else self.successor[token]
+            rows.append(row)
+        tokens = torch.tensor(rows, dtype=torch.long)
+        return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+# ---- Training ------------------------------------------------------------------------
+
+def make_optimizer(params, o, zero1):
+    kind = o.get("type", "adamw")
+    kwargs = {"lr": o.get("lr", 3e-4), "weight_decay": o.get("weight_decay", 0.0)}
+    if kind == "sgd":
+        cls, kwargs["momentum"] = torch.optim.SGD, o.get("momentum", 0.0)
+    else:
+        cls = torch.optim.AdamW if kind == "adamw" else torch.optim.Adam
+        kwargs.update(betas=tuple(o.get("betas", (0.9, 0.999))), eps=o.get("eps", 1e-8))
+    if zero1:
+        return ZeroRedundancyOptimizer(params, optimizer_class=cls, **kwargs)
+    return cls(params, **kwargs)
+
+
+def state_bytes(optimizer):
+    """Moment and momentum buffers this rank holds (the local shard under ZeRO)."""
+    local = optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer
+    return sum(v.numel() * v.element_size() for s in local.state.values() for k, v in s.items()
+               if torch.is_tensor(v) and k != "step")
+
+
+def gather(values, dtype):
+    local = torch.tensor(values, dtype=dtype)
+    out = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, local)
+    return torch.stack(out)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mode", choices=("ddp", "zero1"), required=True)
+    parser.add_argument("--config", action="append", default=[], help="TOML file (repeatable; later wins)")
+    parser.add_argument("--set", action="append", default=[], dest="overrides", help="key.path=value")
+    parser.add_argument("--rendezvous", help="file for init_method=file:// (must not exist yet); "
+                        "default: one per mpirun job in the temp dir")
+    args = parser.parse_args()
+
+    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+    world = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
+    job = os.environ.get("OMPI_MCA_ess_base_jobid", str(os.getppid()))
+    rendezvous = args.rendezvous or os.path.join(tempfile.gettempdir(), f"torch_zero_rdzv_{job}")
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    torch.set_num_threads(1)
+
+    config = load_config(args.config, args.overrides)
+    train, parallel = config.get("train", {}), config.get("parallel", {})
+    if parallel.get("tp", 1) != 1 or parallel.get("pp", 1) != 1 or parallel.get("dp", -1) not in (-1, world):
+        raise SystemExit("torch_zero.py runs plain data parallelism: parallel.tp = pp = 1, dp = world size")
+    if config.get("precision", {}).get("dtype", "fp32") != "fp32":
+        raise SystemExit("torch_zero.py runs fp32 only (precision.dtype = \"fp32\")")
+    glob, micro_batch, accum = resolve_batch(train, world)
+    steps, seed = train.get("steps", 100), train.get("seed", 1234)
+    if steps <= WARMUP_STEPS:
+        raise SystemExit(f"train.steps = {steps}: needs more than {WARMUP_STEPS} warm-up steps")
+    m = {"vocab_size": 64, "block_size": 32, "d_model": 64, "n_layer": 2, "n_head": 4, "d_ff": 0}
+    m.update(config.get("model", {}))
+    data = SyntheticTokens(m["vocab_size"], m["block_size"], seed, config.get("data", {}).get("noise", 0.1))
+    opt_cfg, sched_cfg = config.get("optimizer", {}), config.get("scheduler", {})
+    bucket_mb = config.get("zero", {}).get("bucket_mb", 25.0)
+
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
+    torch.manual_seed(seed)
+    model = DistributedDataParallel(GPT(m), bucket_cap_mb=bucket_mb, gradient_as_bucket_view=True)
+    params = list(model.parameters())
+    optimizer = make_optimizer(params, opt_cfg, args.mode == "zero1")
+    grad_clip = opt_cfg.get("grad_clip", 0.0)
+
+    step_ms, loss = [], 0.0
+    for step in range(steps):
+        batches = [data.batch(step * glob + (i * world + rank) * micro_batch, micro_batch) for i in range(accum)]
+        start = time.perf_counter()
+        loss_sum = torch.zeros(())
+        for i, (inputs, targets) in enumerate(batches):
+            with model.no_sync() if i < accum - 1 else contextlib.nullcontext():
+                logits = model(inputs)
+                micro_loss = F.cross_entropy(logits.reshape(-1, m["vocab_size"]).float(), targets.reshape(-1))
+                (micro_loss / accum).backward()
+            loss_sum += micro_loss.detach()
+        if grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(params, grad_clip)
+        for group in optimizer.param_groups:
+            group["lr"] = scheduled_lr(opt_cfg, sched_cfg, steps, step)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=False)
+        dist.all_reduce(loss_sum)  # the engine reports the mean over the global batch
+        loss = loss_sum.item() / (accum * world)
+        step_ms.append((time.perf_counter() - start) * 1000.0)
+
+    rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    state = sum(p.numel() * p.element_size() for p in params)
+    state += sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None)
+    state += state_bytes(optimizer)
+    slowest = gather(step_ms, torch.float64).max(dim=0).values[WARMUP_STEPS:].tolist()
+    all_rss = gather([rss_mib], torch.float64).view(-1).tolist()
+    all_state = gather([state], torch.int64).view(-1).tolist()
+    if rank == 0:
+        print(json.dumps({"impl": f"torch-{args.mode}", "zero_stage": 1 if args.mode == "zero1" else 0,
+                          "ranks": world, "median_step_ms": round(statistics.median(slowest), 3),
+                          "peak_rss_mib": [round(r, 1) for r in all_rss], "model_state_bytes": all_state,
+                          "final_loss": round(loss, 6) if math.isfinite(loss) else None}), flush=True)
+    # Leave without tearing down: in PyTorch 1.13, DDP's reducer can release the gloo
+    # process group at interpreter exit while holding the GIL, joining a worker thread
+    # that waits for the GIL to free a tensor, and the rank hangs. The barrier keeps any
+    # rank from leaving while a peer still needs it.
+    dist.barrier()
+    if rank == 0:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(rendezvous)
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+// bench_zero_step: step time, peak resident memory and model-state bytes per rank of the
+// GPT example under the configured ZeRO stage, as one JSON line on rank 0. bench/zero.sh
+// runs it once per stage (one mpirun each, so peak RSS belongs to one configuration)
+// next to the PyTorch peers in bench/peers/torch_zero.py, which print the same line.
+//
+//   mpirun -np 4 build/bench/bench_zero_step --config configs/gpt_base.toml \
+//       --set zero.stage=1 --set train.steps=12 --set logging.every=0
+//
+// The loop is train_gpt's: `train.steps` optimizer steps of `grad_accum` micro-steps on
+// the synthetic token stream. A step's time is the wall time from its first forward to
+// the return of the engine's step() (the batch is made before the clock starts); per
+// step the slowest rank counts, the first 2 steps are warm-up, and the median of the
+// rest is reported. Peak RSS is getrusage's ru_maxrss (KiB on Linux) after training.
+//
+// Output (one line):
+//   {"impl": "parallax", "zero_stage": 0, "ranks": 4, "median_step_ms": 9.1,
+//    "peak_rss_mib": [412.3, ...], "model_state_bytes": [1234567, ...], "final_loss": 2.1}
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gpt.h"
+#include "parallax/runtime/parallax.h"
+
+namespace {
+
+constexpr std::int64_t kWarmupSteps = 2;
+
+// Peak resident set size of this process in MiB (ru_maxrss is in KiB on Linux).
+double peak_rss_mib() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_maxrss) / 1024.0;
+}
+
+// Every rank's `local` (same length on all ranks), concatenated in rank order.
+torch::Tensor gather(parallax::Communicator& comm, const torch::Tensor& local) {
+  auto input = local.contiguous();
+  auto output = torch::empty({comm.size() * input.numel()}, input.options());
+  comm.all_gather(output, input)->wait();
+  return output.view({comm.size(), input.numel()});
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const std::size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+std::string json_list(const torch::Tensor& values, const char* format) {
+  std::string out = "[";
+  char item[64];
+  for (std::int64_t i = 0; i < values.numel(); ++i) {
+    std::snprintf(item, sizeof(item), format, values[i].item<double>());
+    out += (i > 0 ? ", " : "") + std::string(item);
+  }
+  return out + "]";
+}
+
+int run(parallax::Runtime& rt) {
+  const parallax::Config& config = rt.config();
+  const auto& train = config.train;
+  PARALLAX_CHECK(train.steps > kWarmupSteps, ConfigError, "train.steps = ", train.steps, ": bench_zero_step drops ",
+                 kWarmupSteps, " warm-up steps, so it needs at least ", kWarmupSteps + 1);
+  const auto model_options = gpt::GPTOptions::from_table(config.app_table("model"));
+  const auto data = config.app.count("data")
+                        ? gpt::SyntheticTokens::from_table(config.app_table("data"), model_options, config.train.seed)
+                        : gpt::SyntheticTokens(model_options.vocab_size, model_options.block_size, config.train.seed);
+
+  gpt::GPT model(model_options);
+  auto engine = rt.engine(model, parallax::OptimizerSpec::from(config));
+  engine.set_tokens_per_sample(model_options.block_size);
+
+  const int dp_rank = rt.mesh().coord().dp;
+  const int dp = rt.mesh().degrees().dp;
+  std::vector<double> step_ms(static_cast<std::size_t>(train.steps));
+  for (std::int64_t step = 0; step < train.steps; ++step) {
+    std::vector<std::pair<torch::Tensor, torch::Tensor>> micro_batches;
+    for (std::int64_t micro = 0; micro < train.grad_accum; ++micro) {
+      micro_batches.push_back(
+          data.batch(gpt::first_sample(step, micro, dp_rank, dp, train.micro_batch_size, train.grad_accum),
+                     train.micro_batch_size));
+    }
+    const auto start = std::chrono::steady_clock::now();
+    for (const auto& [inputs, targets] : micro_batches) {
+      engine.backward(gpt::language_model_loss(engine.forward(inputs), targets));
+      engine.step();
+    }
+    step_ms[static_cast<std::size_t>(step)] =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  }
+
+  const double rss_mib = peak_rss_mib();
+  const parallax::ModelStateBytes state = engine.model_state_bytes();
+  parallax::Communicator& world = rt.world().communicator();
+  const auto all_step_ms = gather(world, torch::tensor(step_ms, torch::kDouble));
+  const auto all_rss = gather(world, torch::tensor({rss_mib}, torch::kDouble)).view({-1});
+  const auto all_state =
+      gather(world, torch::tensor({state.params + state.grads + state.optimizer}, torch::kLong)).view({-1});
+
+  const auto slowest = std::get<0>(all_step_ms.max(/*dim=*/0));  // per step, the slowest rank
+  const auto timed = slowest.narrow(0, kWarmupSteps, train.steps - kWarmupSteps).contiguous();
+  const std::vector<double> timed_ms(timed.data_ptr<double>(), timed.data_ptr<double>() + timed.numel());
+
+  char head[256];
+  std::snprintf(head, sizeof(head),
+                "{\"impl\": \"parallax\", \"zero_stage\": %d, \"ranks\": %d, \"median_step_ms\": %.3f, ",
+                config.zero.stage, world.size(), median(timed_ms));
+  char tail[64];
+  const double loss = engine.last_loss();
+  if (std::isfinite(loss)) {
+    std::snprintf(tail, sizeof(tail), ", \"final_loss\": %.6f}", loss);
+  } else {
+    std::snprintf(tail, sizeof(tail), ", \"final_loss\": null}");  // JSON has no NaN
+  }
+  rt.logger().summary(head, "\"peak_rss_mib\": ", json_list(all_rss, "%.1f"),
+                      ", \"model_state_bytes\": ", json_list(all_state, "%.0f"), tail);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    auto rt = parallax::init(argc, argv, {{"model", "data"}, /*print_summary=*/false});
+    try {
+      return run(rt);
+    } catch (const std::exception& error) {
+      return parallax::report_error(error);  // while the runtime is alive, as train_gpt does
+    }
+  } catch (const std::exception& error) {
+    return parallax::report_error(error);
+  }
+}
