@@ -70,12 +70,30 @@ struct ShardedModel::State {
   std::vector<bool> complete;  ///< per group, this micro-step
   std::vector<WorkPtr> reductions;
   std::size_t next_to_reduce = 0;
+  std::size_t next_to_reap = 0;
 
   void launch_reductions_locked(bool all) {
     while (next_to_reduce < groups.size() && (all || complete[next_to_reduce])) {
       reductions[next_to_reduce] = groups[next_to_reduce]->reduce(*dp);
       ++next_to_reduce;
     }
+  }
+
+  /// Folds finished reductions into their shards, in order, so each group's full
+  /// gradient buffer is freed as soon as its reduce-scatter is done rather than at the
+  /// end of backward: at most the buckets in flight hold full gradients.
+  void reap_finished_reductions_locked() {
+    for (std::size_t g = next_to_reap; g < next_to_reduce; ++g) {
+      if (!reductions[g]->is_completed()) return;
+      finish_reduction(g);
+    }
+  }
+
+  void finish_reduction(std::size_t g) {
+    reductions[g]->wait();  // returns at once when completed; throws if it failed
+    reductions[g].reset();
+    groups[g]->complete_reduction();
+    next_to_reap = g + 1;
   }
 
   void apply_locked(const GatherSchedule::Actions& actions) {
@@ -233,7 +251,10 @@ ShardedModel::ShardedModel(torch::nn::Module& model,
       if (!group_complete) return;
       st.complete[g] = true;
       if (st.unit_of_group[g] >= 0) st.apply_locked(st.schedule->backward_done(static_cast<std::size_t>(st.unit_of_group[g])));
-      if (st.reduce_this_micro_step && options_.overlap_comm) st.launch_reductions_locked(/*all=*/false);
+      if (st.reduce_this_micro_step && options_.overlap_comm) {
+        st.launch_reductions_locked(/*all=*/false);
+        st.reap_finished_reductions_locked();
+      }
     }));
     s.hooks.emplace_back(std::move(accumulator), key);
   }
@@ -275,6 +296,7 @@ void ShardedModel::begin_backward(bool last_micro_step) {
   s.in_backward = true;
   s.reduce_this_micro_step = options_.stage >= 2 || last_micro_step;
   s.next_to_reduce = 0;
+  s.next_to_reap = 0;
   std::fill(s.complete.begin(), s.complete.end(), false);
   for (auto& group : s.groups) group->begin_micro_step();
 }
@@ -290,11 +312,7 @@ void ShardedModel::end_backward() {
   }
   if (s.reduce_this_micro_step) {
     auto span = s.tracer->span("zero reduce_scatter wait", "comm");
-    for (std::size_t g = 0; g < s.groups.size(); ++g) {
-      s.reductions[g]->wait();
-      s.reductions[g].reset();
-      s.groups[g]->complete_reduction();
-    }
+    for (std::size_t g = s.next_to_reap; g < s.groups.size(); ++g) s.finish_reduction(g);
   }
   std::lock_guard<std::mutex> lock(s.mutex);
   if (s.schedule) s.apply_locked(s.schedule->end_backward());
