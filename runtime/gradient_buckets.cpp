@@ -1,33 +1,14 @@
 #include "parallax/runtime/gradient_buckets.h"
 
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/function_hook.h>
-#include <torch/csrc/autograd/variable.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <limits>
 
 #include "parallax/core/error.h"
+#include "parallax/zero/gradient_hooks.h"
 
 namespace parallax {
-namespace {
-
-// Runs after AccumulateGrad has added this backward's gradient into .grad.
-class GradientReadyHook : public torch::autograd::FunctionPostHook {
- public:
-  GradientReadyHook(std::function<void()> on_ready) : on_ready_(std::move(on_ready)) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list& /*inputs*/) override {
-    on_ready_();
-    return outputs;
-  }
-
- private:
-  std::function<void()> on_ready_;
-};
-
-}  // namespace
-
 GradientBuckets::GradientBuckets(std::vector<torch::Tensor> params,
                                  std::int64_t bucket_bytes,
                                  Communicator& comm,
@@ -95,21 +76,12 @@ GradientBuckets::GradientBuckets(std::vector<torch::Tensor> params,
     buckets_.push_back(std::move(bucket));
   }
 
-  // (b) One post-hook per gradient accumulator; all checked before any hook is added.
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    accumulators.push_back(torch::autograd::impl::grad_accumulator(params_[i]));
-    PARALLAX_CHECK(accumulators.back() != nullptr, UsageError, "parameter ", i, " is not a leaf tensor");
-  }
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    const std::uintptr_t key =
-        accumulators[i]->add_post_hook(std::make_unique<GradientReadyHook>([this, i] { on_gradient_ready(i); }));
-    hooks_.emplace_back(std::move(accumulators[i]), key);
-  }
+  // (b) One callback per gradient accumulator.
+  hooks_ = std::make_unique<zero::GradientHooks>(params_, [this](std::size_t i) { on_gradient_ready(i); });
 }
 
 GradientBuckets::~GradientBuckets() {
-  for (auto& [accumulator, key] : hooks_) accumulator->del_post_hook(key);
+  hooks_.reset();
   // Never leave a collective reading freed buffers: wait for launched work, but do not
   // throw from a destructor (a failed communicator has already reported its error).
   for (Bucket& bucket : buckets_) {

@@ -34,11 +34,10 @@
 #include "parallax/core/communicator.h"
 #include "parallax/core/trace.h"
 
-namespace torch::autograd {
-struct Node;
-}
-
 namespace parallax {
+namespace zero {
+class GradientHooks;
+}
 
 class GradientBuckets {
  public:
@@ -99,9 +98,7 @@ class GradientBuckets {
   std::vector<std::int64_t> offset_of_param_;  ///< element offset within its bucket
   std::vector<const void*> grad_data_;         ///< where each .grad view must still point
   std::vector<Bucket> buckets_;
-  /// The parameters' gradient accumulators (kept alive: autograd holds them weakly) and
-  /// the keys of our hooks on them, removed on destruction.
-  std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, std::uintptr_t>> hooks_;
+  std::unique_ptr<zero::GradientHooks> hooks_;
   Communicator& comm_;
   Tracer& tracer_;
   std::int64_t gradient_bytes_ = 0;

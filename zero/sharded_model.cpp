@@ -1,9 +1,5 @@
 #include "parallax/zero/sharded_model.h"
 
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/function_hook.h>
-#include <torch/csrc/autograd/variable.h>
-
 #include <cmath>
 #include <limits>
 #include <mutex>
@@ -13,23 +9,10 @@
 #include "parallax/core/error.h"
 #include "parallax/zero/flat_group.h"
 #include "parallax/zero/gather_schedule.h"
+#include "parallax/zero/gradient_hooks.h"
 
 namespace parallax::zero {
 namespace {
-
-// Runs after AccumulateGrad has stored this backward's gradient in .grad.
-class GradientReadyHook : public torch::autograd::FunctionPostHook {
- public:
-  explicit GradientReadyHook(std::function<void()> on_ready) : on_ready_(std::move(on_ready)) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list& /*inputs*/) override {
-    on_ready_();
-    return outputs;
-  }
-
- private:
-  std::function<void()> on_ready_;
-};
 
 // "BlockImpl" is matched by "Block" and "BlockImpl"; "torch::nn::LinearImpl" also by
 // "Linear", "LinearImpl" and "torch::nn::Linear".
@@ -62,7 +45,7 @@ struct ShardedModel::State {
   std::unique_ptr<GatherSchedule> schedule;
   std::vector<WorkPtr> gathers;  ///< in-flight gather per unit
   std::unique_ptr<torch::optim::Optimizer> optimizer;
-  std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, std::uintptr_t>> hooks;
+  std::unique_ptr<GradientHooks> hooks;
 
   std::mutex mutex;  ///< hooks and parameter uses may come from autograd threads
   bool reduce_this_micro_step = false;
@@ -237,33 +220,13 @@ ShardedModel::ShardedModel(torch::nn::Module& model,
   s.complete.assign(s.groups.size(), false);
   s.reductions.resize(s.groups.size());
 
-  // One post-hook per gradient accumulator.
-  for (std::size_t i = 0; i < s.params.size(); ++i) {
-    auto accumulator = torch::autograd::impl::grad_accumulator(s.params[i]);
-    PARALLAX_CHECK(accumulator != nullptr, UsageError, "parameter ", i, " is not a leaf tensor");
-    const std::uintptr_t key = accumulator->add_post_hook(std::make_unique<GradientReadyHook>([this, i] {
-      State& st = *state_;
-      torch::Tensor& grad = st.params[i].mutable_grad();
-      const std::size_t g = st.group_of_param[i];
-      std::lock_guard<std::mutex> lock(st.mutex);
-      const bool group_complete = st.groups[g]->add_gradient(st.index_in_group[i], grad);
-      grad = torch::Tensor();  // the group holds it now
-      if (!group_complete) return;
-      st.complete[g] = true;
-      if (st.unit_of_group[g] >= 0) st.apply_locked(st.schedule->backward_done(static_cast<std::size_t>(st.unit_of_group[g])));
-      if (st.reduce_this_micro_step && options_.overlap_comm) {
-        st.launch_reductions_locked(/*all=*/false);
-        st.reap_finished_reductions_locked();
-      }
-    }));
-    s.hooks.emplace_back(std::move(accumulator), key);
-  }
+  s.hooks = std::make_unique<GradientHooks>(s.params, [this](std::size_t i) { on_gradient_ready(i); });
 }
 
 ShardedModel::~ShardedModel() {
   ParameterRegistry::instance().remove(this);
   State& s = *state_;
-  for (auto& [accumulator, key] : s.hooks) accumulator->del_post_hook(key);
+  s.hooks.reset();
   // Never free buffers a collective still reads; never throw from a destructor.
   for (auto* works : {&s.reductions, &s.gathers}) {
     for (WorkPtr& work : *works) {
@@ -273,6 +236,22 @@ ShardedModel::~ShardedModel() {
       } catch (const std::exception&) {
       }
     }
+  }
+}
+
+void ShardedModel::on_gradient_ready(std::size_t i) {
+  State& s = *state_;
+  torch::Tensor& grad = s.params[i].mutable_grad();
+  const std::size_t g = s.group_of_param[i];
+  std::lock_guard<std::mutex> lock(s.mutex);
+  const bool group_complete = s.groups[g]->add_gradient(s.index_in_group[i], grad);
+  grad = torch::Tensor();  // the group holds it now
+  if (!group_complete) return;
+  s.complete[g] = true;
+  if (s.unit_of_group[g] >= 0) s.apply_locked(s.schedule->backward_done(static_cast<std::size_t>(s.unit_of_group[g])));
+  if (s.reduce_this_micro_step && options_.overlap_comm) {
+    s.launch_reductions_locked(/*all=*/false);
+    s.reap_finished_reductions_locked();
   }
 }
 

@@ -119,6 +119,7 @@ class ShardedModel final : private ParameterUseListener {
  private:
   struct State;
   void on_parameter_use(std::size_t unit) override;
+  void on_gradient_ready(std::size_t param_index);
   std::unique_ptr<State> state_;
   ShardingOptions options_;
 };
