@@ -94,7 +94,7 @@ class RatioReporter : public benchmark::ConsoleReporter {
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   parallax::ConfigSources sources;
-  sources.overrides = {"train.global_batch_size=16", "train.grad_accum=1", "optimizer.type=\"adamw\"",
+  sources.overrides = {"train.global_batch_size=16", "train.grad_accum=1",      "optimizer.type=\"adamw\"",
                        "optimizer.lr=1e-3",          "optimizer.grad_clip=1.0", "logging.every=0"};
   parallax::Runtime runtime(parallax::load_config(sources), {{}, /*print_summary=*/false});
   g_runtime = &runtime;

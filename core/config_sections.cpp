@@ -146,8 +146,9 @@ void scheduler_check(const Config& c, const KeyPositions& positions) {
 void precision_check(const Config& c, const KeyPositions& positions) {
   PARALLAX_CHECK(c.precision.loss_scale_min <= c.precision.loss_scale_initial, ConfigError,
                  "precision.loss_scale_min = ", format_double(c.precision.loss_scale_min),
-                 position(positions, "precision.loss_scale_min"), ": expected a number <= precision.loss_scale_initial (",
-                 format_double(c.precision.loss_scale_initial), position(positions, "precision.loss_scale_initial"), ")");
+                 position(positions, "precision.loss_scale_min"),
+                 ": expected a number <= precision.loss_scale_initial (", format_double(c.precision.loss_scale_initial),
+                 position(positions, "precision.loss_scale_initial"), ")");
 }
 
 void parallel_check(const Config& c, const KeyPositions& positions) {

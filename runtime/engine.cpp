@@ -81,12 +81,12 @@ struct Engine::State {
   std::shared_ptr<torch::nn::Module> model;
   OptimizerSpec spec;
   torch::ScalarType dtype = torch::kFloat32;
-  std::vector<torch::Tensor> params;   ///< the model's (compute dtype)
-  std::vector<torch::Tensor> masters;  ///< stage 0: fp32 copies under bf16/fp16; empty under fp32
-  std::unique_ptr<GradientBuckets> buckets;             ///< stage 0
-  std::unique_ptr<torch::optim::Optimizer> optimizer;   ///< stage 0
-  std::unique_ptr<zero::ShardedModel> sharded;          ///< stages 1–3
-  std::unique_ptr<zero::LossScaler> scaler;             ///< fp16
+  std::vector<torch::Tensor> params;                   ///< the model's (compute dtype)
+  std::vector<torch::Tensor> masters;                  ///< stage 0: fp32 copies under bf16/fp16; empty under fp32
+  std::unique_ptr<GradientBuckets> buckets;            ///< stage 0
+  std::unique_ptr<torch::optim::Optimizer> optimizer;  ///< stage 0
+  std::unique_ptr<zero::ShardedModel> sharded;         ///< stages 1–3
+  std::unique_ptr<zero::LossScaler> scaler;            ///< fp16
   std::unique_ptr<StepTelemetry> telemetry;
 
   std::int64_t grad_accum = 1;
@@ -153,9 +153,11 @@ Engine::Engine(Runtime& runtime, std::shared_ptr<torch::nn::Module> model, const
   s.loss_sum = torch::zeros({}, torch::kFloat64);
   if (config.zero.stage > 0) {
     const OptimizerOptions optimizer_options = spec.optimizer;
-    s.sharded = std::make_unique<zero::ShardedModel>(
-        *s.model, s.params, sharding_options(config.zero), dp, runtime.tracer(),
-        [&optimizer_options](std::vector<torch::Tensor> shards) { return make_optimizer(optimizer_options, std::move(shards)); });
+    s.sharded =
+        std::make_unique<zero::ShardedModel>(*s.model, s.params, sharding_options(config.zero), dp, runtime.tracer(),
+                                             [&optimizer_options](std::vector<torch::Tensor> shards) {
+                                               return make_optimizer(optimizer_options, std::move(shards));
+                                             });
     return;
   }
   const std::int64_t bucket_bytes = config.zero.bucket_bytes();
@@ -235,8 +237,9 @@ bool Engine::step() {
     s.buckets->zero();
   }
   if (s.scaler && s.scaler->update(overflow)) {
-    s.runtime->logger().summary("warning: step ", s.global_step + 1, " skipped: fp16 gradients overflowed at loss scale ", loss_scale,
-             "; next scale ", s.scaler->scale(), " (", s.scaler->skipped_steps(), " skipped so far)");
+    s.runtime->logger().summary("warning: step ", s.global_step + 1,
+                                " skipped: fp16 gradients overflowed at loss scale ", loss_scale, "; next scale ",
+                                s.scaler->scale(), " (", s.scaler->skipped_steps(), " skipped so far)");
   }
   ++s.global_step;
 

@@ -16,11 +16,8 @@ std::vector<std::int64_t> numels_of(const std::vector<torch::Tensor>& params) {
 
 }  // namespace
 
-FlatGroup::FlatGroup(std::vector<torch::Tensor> params,
-                     int rank,
-                     int ranks,
-                     Residency residency,
-                     bool keep_full_gradients)
+FlatGroup::FlatGroup(
+    std::vector<torch::Tensor> params, int rank, int ranks, Residency residency, bool keep_full_gradients)
     : params_(std::move(params)),
       layout_(numels_of(params_), ranks),
       rank_(rank),

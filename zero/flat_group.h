@@ -97,13 +97,13 @@ class FlatGroup {
   int rank_;
   Residency residency_;
   bool keep_full_gradients_;
-  torch::Tensor full_;       ///< [padded], compute dtype; storage freed while released
+  torch::Tensor full_;  ///< [padded], compute dtype; storage freed while released
   bool full_live_ = true;
-  torch::Tensor shard_;      ///< [S], compute dtype
-  torch::Tensor master_;     ///< [S], fp32 (aliases shard_ when compute is fp32)
-  torch::Tensor grad_full_;  ///< [padded], fp32; see the class comment for its life
-  torch::Tensor grad_shard_; ///< [S], fp32
-  torch::Tensor received_;   ///< reduce-scatter output in flight
+  torch::Tensor shard_;       ///< [S], compute dtype
+  torch::Tensor master_;      ///< [S], fp32 (aliases shard_ when compute is fp32)
+  torch::Tensor grad_full_;   ///< [padded], fp32; see the class comment for its life
+  torch::Tensor grad_shard_;  ///< [S], fp32
+  torch::Tensor received_;    ///< reduce-scatter output in flight
   std::size_t reported_ = 0;
 };
 

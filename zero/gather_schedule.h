@@ -71,8 +71,8 @@ class GatherSchedule {
   bool reshard_after_forward_;
 
   std::vector<bool> gathered_;
-  std::vector<bool> touched_;        ///< used in the current pass
-  std::vector<bool> done_;           ///< backward finished in the current pass
+  std::vector<bool> touched_;  ///< used in the current pass
+  std::vector<bool> done_;     ///< backward finished in the current pass
   std::vector<std::int64_t> last_use_;
   std::int64_t clock_ = 0;
   std::int64_t live_bytes_ = 0;

@@ -6,10 +6,10 @@ namespace parallax::zero {
 
 LossScaler::LossScaler(const LossScalerOptions& options)
     : options_(options), scale_(options.initial_scale_), hysteresis_left_(options.hysteresis_) {
-  PARALLAX_CHECK(options_.initial_scale_ > 0 && options_.min_scale_ > 0 &&
-                     options_.min_scale_ <= options_.initial_scale_,
-                 ConfigError, "loss scaling: initial scale ", options_.initial_scale_, " and minimum ",
-                 options_.min_scale_, " must satisfy 0 < minimum <= initial");
+  PARALLAX_CHECK(
+      options_.initial_scale_ > 0 && options_.min_scale_ > 0 && options_.min_scale_ <= options_.initial_scale_,
+      ConfigError, "loss scaling: initial scale ", options_.initial_scale_, " and minimum ", options_.min_scale_,
+      " must satisfy 0 < minimum <= initial");
   PARALLAX_CHECK(options_.backoff_ > 0 && options_.backoff_ < 1, ConfigError, "loss scaling: backoff ",
                  options_.backoff_, " must be in (0, 1)");
   PARALLAX_CHECK(options_.growth_interval_ >= 1 && options_.hysteresis_ >= 1, ConfigError,

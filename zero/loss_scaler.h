@@ -24,15 +24,30 @@ namespace parallax::zero {
 struct LossScalerOptions {
   explicit LossScalerOptions(double initial_scale) : initial_scale_(initial_scale) {}
   /// The first scale, > 0.
-  LossScalerOptions& initial_scale(double v) { initial_scale_ = v; return *this; }
+  LossScalerOptions& initial_scale(double v) {
+    initial_scale_ = v;
+    return *this;
+  }
   /// Good steps before the scale doubles, ≥ 1. Default: 1000.
-  LossScalerOptions& growth_interval(std::int64_t v) { growth_interval_ = v; return *this; }
+  LossScalerOptions& growth_interval(std::int64_t v) {
+    growth_interval_ = v;
+    return *this;
+  }
   /// Factor in (0, 1) applied on backoff. Default: 0.5.
-  LossScalerOptions& backoff(double v) { backoff_ = v; return *this; }
+  LossScalerOptions& backoff(double v) {
+    backoff_ = v;
+    return *this;
+  }
   /// Overflows (since the last growth) that back off, ≥ 1. Default: 2.
-  LossScalerOptions& hysteresis(std::int64_t v) { hysteresis_ = v; return *this; }
+  LossScalerOptions& hysteresis(std::int64_t v) {
+    hysteresis_ = v;
+    return *this;
+  }
   /// The smallest scale allowed, > 0. Default: 1.
-  LossScalerOptions& min_scale(double v) { min_scale_ = v; return *this; }
+  LossScalerOptions& min_scale(double v) {
+    min_scale_ = v;
+    return *this;
+  }
 
   double initial_scale_;
   std::int64_t growth_interval_ = 1000;

@@ -19,7 +19,8 @@ namespace {
 bool type_matches(const std::string& type, const std::string& wanted) {
   for (const std::string& candidate : {wanted, wanted + "Impl"}) {
     if (type == candidate) return true;
-    if (type.size() > candidate.size() + 2 && type.compare(type.size() - candidate.size(), candidate.size(), candidate) == 0 &&
+    if (type.size() > candidate.size() + 2 &&
+        type.compare(type.size() - candidate.size(), candidate.size(), candidate) == 0 &&
         type.compare(type.size() - candidate.size() - 2, 2, "::") == 0) {
       return true;
     }
@@ -192,8 +193,8 @@ ShardedModel::ShardedModel(torch::nn::Module& model,
       s.group_of_param[members[k]] = s.groups.size();
       s.index_in_group[members[k]] = k;
     }
-    s.groups.push_back(
-        std::make_unique<FlatGroup>(std::move(tensors), rank, ranks, residency, /*keep_full_gradients=*/options_.stage == 1));
+    s.groups.push_back(std::make_unique<FlatGroup>(std::move(tensors), rank, ranks, residency,
+                                                   /*keep_full_gradients=*/options_.stage == 1));
   };
   for (const auto& set : sharded_sets) {
     s.unit_groups.push_back(s.groups.size());
@@ -201,7 +202,8 @@ ShardedModel::ShardedModel(torch::nn::Module& model,
   }
   for (const auto& set : replicated_sets) add_group(set, Residency::kReplicated);
   s.unit_of_group.assign(s.groups.size(), -1);
-  for (std::size_t u = 0; u < s.unit_groups.size(); ++u) s.unit_of_group[s.unit_groups[u]] = static_cast<std::ptrdiff_t>(u);
+  for (std::size_t u = 0; u < s.unit_groups.size(); ++u)
+    s.unit_of_group[s.unit_groups[u]] = static_cast<std::ptrdiff_t>(u);
 
   if (!s.unit_groups.empty()) {
     std::vector<std::int64_t> unit_bytes;
@@ -346,8 +348,9 @@ std::vector<torch::Tensor> ShardedModel::gather_masters() {
   for (std::size_t i = 0; i < s.params.size(); ++i) {
     const FlatGroup& group = *s.groups[s.group_of_param[i]];
     const std::size_t k = s.index_in_group[i];
-    out.push_back(full_masters[s.group_of_param[i]].narrow(0, group.layout().offset(k), group.layout().numel(k)).view(
-        s.params[i].sizes()));
+    out.push_back(full_masters[s.group_of_param[i]]
+                      .narrow(0, group.layout().offset(k), group.layout().numel(k))
+                      .view(s.params[i].sizes()));
   }
   return out;
 }

@@ -65,8 +65,8 @@ using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(
 
 /// What one step did.
 struct StepOutcome {
-  bool skipped = false;      ///< non-finite gradients: nothing was updated
-  double grad_norm = -1.0;   ///< global norm after scaling, before clipping; -1 if not computed
+  bool skipped = false;     ///< non-finite gradients: nothing was updated
+  double grad_norm = -1.0;  ///< global norm after scaling, before clipping; -1 if not computed
 };
 
 class ShardedModel final : private ParameterUseListener {

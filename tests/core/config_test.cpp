@@ -248,7 +248,8 @@ TEST_F(ConfigTest, MinLrAboveLrNamesBothKeys) {
 }
 
 TEST_F(ConfigTest, ZeroSectionReadsEveryKey) {
-  const Config config = load({write("a.toml",
+  const Config config = load({write(
+      "a.toml",
       "[zero]\nstage = 3\nbucket_mb = 4\noverlap_comm = false\nprefetch_mb = 8\npersistence_threshold = 100\n"
       "max_live_mb = 64\nreshard_after_forward = false\nwrap = [\"Block\", \"Embedding\"]\nwrap_min_params = 1000\n")});
   EXPECT_EQ(config.zero.stage, 3);
@@ -276,9 +277,10 @@ TEST_F(ConfigTest, ZeroKeysOutsideTheirRangesNameKeyValueAndAllowed) {
 }
 
 TEST_F(ConfigTest, LossScalingKeysAreCheckedTogether) {
-  const Config config = load({write("a.toml",
-      "[precision]\ndtype = \"fp16\"\nloss_scale_initial = 1024\nloss_scale_growth_interval = 50\n"
-      "loss_scale_backoff = 0.25\nloss_scale_hysteresis = 3\nloss_scale_min = 2\n")});
+  const Config config =
+      load({write("a.toml",
+                  "[precision]\ndtype = \"fp16\"\nloss_scale_initial = 1024\nloss_scale_growth_interval = 50\n"
+                  "loss_scale_backoff = 0.25\nloss_scale_hysteresis = 3\nloss_scale_min = 2\n")});
   EXPECT_EQ(config.precision.loss_scale_initial, 1024);
   EXPECT_EQ(config.precision.loss_scale_growth_interval, 50);
   EXPECT_EQ(config.precision.loss_scale_backoff, 0.25);

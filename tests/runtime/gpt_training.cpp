@@ -13,7 +13,6 @@
 
 namespace equivalence {
 
-
 parallax::Config make_config(std::int64_t grad_accum, const std::vector<std::string>& extra) {
   parallax::ConfigSources sources;
   sources.files = {PARALLAX_SOURCE_DIR "/configs/gpt_base.toml"};

@@ -24,18 +24,13 @@ constexpr std::int64_t kSteps = 6;
 Config awkward_config(int stage, std::int64_t grad_accum, const std::vector<std::string>& extra = {}) {
   ConfigSources sources;
   sources.overrides = {"train.global_batch_size=" + std::to_string(kGlobalBatch),
-                       "train.grad_accum=" + std::to_string(grad_accum),
-                       "train.steps=" + std::to_string(kSteps),
-                       "optimizer.type=\"adamw\"",
-                       "optimizer.lr=0.01",
+                       "train.grad_accum=" + std::to_string(grad_accum), "train.steps=" + std::to_string(kSteps),
+                       "optimizer.type=\"adamw\"", "optimizer.lr=0.01",
                        // Decoupled decay would shrink the unused parameter here (its
                        // gradient is a zero in a flat buffer) but not in the reference.
-                       "optimizer.weight_decay=0",
-                       "optimizer.grad_clip=0.5",
-                       "zero.stage=" + std::to_string(stage),
+                       "optimizer.weight_decay=0", "optimizer.grad_clip=0.5", "zero.stage=" + std::to_string(stage),
                        "zero.bucket_mb=0.001",  // 262 fp32 elements: `big` is larger than a bucket
-                       "zero.wrap=[\"Linear\"]",
-                       "logging.every=0"};
+                       "zero.wrap=[\"Linear\"]", "logging.every=0"};
   for (const auto& e : extra) sources.overrides.push_back(e);
   return load_config(sources);
 }
@@ -51,9 +46,9 @@ struct Awkward : torch::nn::Module {
     register_parameter("tied", first->weight);
   }
   torch::Tensor forward(const torch::Tensor& x) {
-    auto h = torch::relu(first(x)) * scale[0] + scale[1];              // [B, 6]
-    auto z = torch::nn::functional::linear(h, first->weight.t());       // [B, 7], the shared weight again
-    return big(z);                                                      // [B, 301]
+    auto h = torch::relu(first(x)) * scale[0] + scale[1];          // [B, 6]
+    auto z = torch::nn::functional::linear(h, first->weight.t());  // [B, 7], the shared weight again
+    return big(z);                                                 // [B, 301]
   }
   torch::nn::Linear first{nullptr}, big{nullptr};
   torch::Tensor scale, unused;
@@ -151,7 +146,8 @@ void expect_close(const Run& got, const Run& want, double tolerance) {
     worst_param = std::max(worst_param, diff);
     EXPECT_LE(diff, tolerance) << "parameter " << i;
   }
-  std::printf("[ figures  ] max loss relative difference %.3g, max parameter difference %.3g\n", worst_loss, worst_param);
+  std::printf("[ figures  ] max loss relative difference %.3g, max parameter difference %.3g\n", worst_loss,
+              worst_param);
 }
 
 class ZeroAwkward : public ::testing::TestWithParam<std::tuple<int, std::int64_t>> {};
@@ -171,8 +167,10 @@ TEST_P(ZeroAwkward, MatchesSingleProcess) {
   if (stage == 3) EXPECT_EQ(got.units, 3u);  // first, big, and the root (scale, unused)
 }
 
-INSTANTIATE_TEST_SUITE_P(Stages, ZeroAwkward,
-                         ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Values(1, 2)), [](const auto& info) {
+INSTANTIATE_TEST_SUITE_P(Stages,
+                         ZeroAwkward,
+                         ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Values(1, 2)),
+                         [](const auto& info) {
                            return "stage_" + std::to_string(std::get<0>(info.param)) + "_grad_accum_" +
                                   std::to_string(std::get<1>(info.param));
                          });
@@ -218,9 +216,9 @@ struct Elementwise : torch::nn::Module {
 
 Config fp16_config(int stage, const std::vector<std::string>& extra = {}) {
   ConfigSources sources;
-  sources.overrides = {"train.global_batch_size=8", "train.grad_accum=1", "optimizer.type=\"adam\"",
-                       "optimizer.lr=0.01", "zero.stage=" + std::to_string(stage), "precision.dtype=\"fp16\"",
-                       "logging.every=0"};
+  sources.overrides = {
+      "train.global_batch_size=8",           "train.grad_accum=1",       "optimizer.type=\"adam\"", "optimizer.lr=0.01",
+      "zero.stage=" + std::to_string(stage), "precision.dtype=\"fp16\"", "logging.every=0"};
   for (const auto& e : extra) sources.overrides.push_back(e);
   return load_config(sources);
 }
@@ -300,8 +298,9 @@ TEST_P(ZeroFp16, ReachingTheMinimumScaleIsAnError) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Stages, ZeroFp16, ::testing::Values(0, 1, 2, 3),
-                         [](const auto& info) { return "stage_" + std::to_string(info.param); });
+INSTANTIATE_TEST_SUITE_P(Stages, ZeroFp16, ::testing::Values(0, 1, 2, 3), [](const auto& info) {
+  return "stage_" + std::to_string(info.param);
+});
 
 }  // namespace
 }  // namespace parallax

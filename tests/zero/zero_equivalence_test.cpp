@@ -62,13 +62,14 @@ TEST_P(ZeroEquivalence, ModelStateBytesFollowTheZeroFormulas) {
       EXPECT_EQ(m.model_state_bytes[r].optimizer, want.optimizer) << "rank " << r << " step " << m.step;
     }
   }
-  std::printf("[ figures  ] stage %d, N %lld: Ψ %lld, padding %lld elements; bytes per rank params %lld grads %lld "
-              "optimizer %lld (total %lld vs stage 0 %lld)\n",
-              stage(), static_cast<long long>(n), static_cast<long long>(run.parameter_elements),
-              static_cast<long long>(run.padding_bytes / 4), static_cast<long long>(want.params),
-              static_cast<long long>(want.grads), static_cast<long long>(want.optimizer),
-              static_cast<long long>(want.params + want.grads + want.optimizer),
-              static_cast<long long>(16 * run.parameter_elements));
+  std::printf(
+      "[ figures  ] stage %d, N %lld: Ψ %lld, padding %lld elements; bytes per rank params %lld grads %lld "
+      "optimizer %lld (total %lld vs stage 0 %lld)\n",
+      stage(), static_cast<long long>(n), static_cast<long long>(run.parameter_elements),
+      static_cast<long long>(run.padding_bytes / 4), static_cast<long long>(want.params),
+      static_cast<long long>(want.grads), static_cast<long long>(want.optimizer),
+      static_cast<long long>(want.params + want.grads + want.optimizer),
+      static_cast<long long>(16 * run.parameter_elements));
 }
 
 TEST_P(ZeroEquivalence, CommunicationPerStepFollowsTheZeroFormulas) {
@@ -96,15 +97,16 @@ TEST_P(ZeroEquivalence, CommunicationPerStepFollowsTheZeroFormulas) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Stages, ZeroEquivalence,
-                         ::testing::Combine(::testing::Values(1, 2, 3), ::testing::Values(1, 2)), [](const auto& info) {
+INSTANTIATE_TEST_SUITE_P(Stages,
+                         ZeroEquivalence,
+                         ::testing::Combine(::testing::Values(1, 2, 3), ::testing::Values(1, 2)),
+                         [](const auto& info) {
                            return "stage_" + std::to_string(std::get<0>(info.param)) + "_grad_accum_" +
                                   std::to_string(std::get<1>(info.param));
                          });
 
 TEST(ZeroStage3, KeepingUnitsGatheredUntilBackwardHalvesTheGathers) {
-  const DistributedRun run =
-      train_distributed(make_config(1, zero_overrides(3, {"zero.reshard_after_forward=false"})));
+  const DistributedRun run = train_distributed(make_config(1, zero_overrides(3, {"zero.reshard_after_forward=false"})));
   const std::int64_t bytes = 4 * (run.parameter_elements + run.padding_bytes / 4);
   for (const auto& m : run.metrics) {
     for (std::size_t r = 0; r < m.comm.size(); ++r) EXPECT_EQ(m.comm[r][CommOp::kAllGather].bytes, bytes);

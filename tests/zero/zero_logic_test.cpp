@@ -28,7 +28,8 @@ TEST(ShardLayout, PadsToAMultipleOfTheRanksAndCoversEveryElementOnce) {
         if (!fragment) continue;
         EXPECT_EQ(r * layout.shard_numel() + fragment->shard_offset, layout.offset(i) + fragment->param_offset);
         EXPECT_LE(fragment->shard_offset + fragment->numel, layout.shard_numel());
-        for (std::int64_t e = 0; e < fragment->numel; ++e) ++owners[static_cast<std::size_t>(fragment->param_offset + e)];
+        for (std::int64_t e = 0; e < fragment->numel; ++e)
+          ++owners[static_cast<std::size_t>(fragment->param_offset + e)];
       }
       for (int count : owners) EXPECT_EQ(count, 1) << "param " << i << " ranks " << ranks;
     }
@@ -77,7 +78,7 @@ TEST(GatherSchedule, ReleasesAfterUseWithinTheLiveBudgetAndGathersAgainInBackwar
   EXPECT_EQ(second.release, Units{0});  // 100 + 100 > 150: the least recently used goes first
   const auto third = schedule.touch(2, Phase::kForward);
   EXPECT_EQ(third.gather, Units{2});
-  EXPECT_EQ(third.release, Units{});  // 150 fits
+  EXPECT_EQ(third.release, Units{});                              // 150 fits
   EXPECT_EQ(schedule.touch(1, Phase::kForward).gather, Units{});  // still gathered
   EXPECT_EQ(schedule.end_forward().release, (Units{1, 2}));
   EXPECT_EQ(schedule.touch(2, Phase::kBackward).gather, Units{2});
