@@ -47,6 +47,10 @@ struct ShardedModel::State {
   std::vector<WorkPtr> gathers;  ///< in-flight gather per unit
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   std::unique_ptr<GradientHooks> hooks;
+  /// Stage 3: the constructing thread watches parameter use for the model's life, so a
+  /// parameter read outside engine.forward (a print, a direct model->forward) gathers
+  /// its unit instead of reading released memory.
+  std::unique_ptr<ParameterUseScope> owner_thread_watch;
 
   std::mutex mutex;  ///< hooks and parameter uses may come from autograd threads
   bool reduce_this_micro_step = false;
@@ -223,11 +227,13 @@ ShardedModel::ShardedModel(torch::nn::Module& model,
   s.reductions.resize(s.groups.size());
 
   s.hooks = std::make_unique<GradientHooks>(s.params, [this](std::size_t i) { on_gradient_ready(i); });
+  if (!s.unit_groups.empty()) s.owner_thread_watch = std::make_unique<ParameterUseScope>(true);
 }
 
 ShardedModel::~ShardedModel() {
-  ParameterRegistry::instance().remove(this);
   State& s = *state_;
+  s.owner_thread_watch.reset();
+  ParameterRegistry::instance().remove(this);
   s.hooks.reset();
   // Never free buffers a collective still reads; never throw from a destructor.
   for (auto* works : {&s.reductions, &s.gathers}) {
@@ -390,6 +396,9 @@ std::size_t ShardedModel::unit_count() const {
 }
 std::int64_t ShardedModel::peak_gathered_bytes() const {
   return state_->schedule ? state_->schedule->peak_live_bytes() : 0;
+}
+std::int64_t ShardedModel::order_changes() const {
+  return state_->schedule ? state_->schedule->order_changes() : 0;
 }
 std::int64_t ShardedModel::largest_unit_bytes() const {
   std::int64_t largest = 0;

@@ -11,7 +11,10 @@
 //     master shards only. Stage 3 then keeps just this rank's shards.
 //  2. Forward (stage 3): the engine opens a ParameterUseScope; the first operator to
 //     use a unit's parameter gathers the unit (all_gather), prefetching and releasing
-//     per GatherSchedule.
+//     per GatherSchedule. The thread that constructed the model watches parameter use
+//     for the model's whole life, so on that thread reading a parameter between steps
+//     gathers its unit too — a collective: every rank must read it. On other threads,
+//     outside a scope, a released parameter has no data (read gather_masters()).
 //  3. begin_backward(last): stage 3's forward is over (reshard). Backward runs; as each
 //     parameter's gradient is accumulated its hook adds it (fp32) to its group's full
 //     gradient buffer and drops the parameter's .grad. A group whose gradients are
@@ -115,6 +118,8 @@ class ShardedModel final : private ParameterUseListener {
   std::size_t unit_count() const;
   std::int64_t peak_gathered_bytes() const;
   std::int64_t largest_unit_bytes() const;
+  /// Stage 3: times the recorded forward or backward order of units changed.
+  std::int64_t order_changes() const;
 
  private:
   struct State;
