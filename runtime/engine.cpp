@@ -148,6 +148,11 @@ Engine::Engine(Runtime& runtime, std::shared_ptr<torch::nn::Module> model, const
   PARALLAX_CHECK(!s.params.empty(), UsageError, "every parameter of the model is frozen (requires_grad = false)");
   if (config.precision.dtype == Dtype::kFp16) {
     s.scaler = std::make_unique<zero::LossScaler>(loss_scaler_options(config.precision));
+    if (s.params.front().is_cpu()) {
+      runtime.logger().summary(
+          "note: precision.dtype = \"fp16\" on CPU: LibTorch 1.13 has no CPU fp16 kernels for matmul or "
+          "layer_norm; a model that uses them fails in its first forward (use bf16 on CPU)");
+    }
   }
   s.telemetry = std::make_unique<StepTelemetry>(runtime);
   s.loss_sum = torch::zeros({}, torch::kFloat64);

@@ -165,6 +165,24 @@ TEST_P(ZeroAwkward, MatchesSingleProcess) {
     if (params[i].is_same(fresh->unused)) EXPECT_TRUE(torch::equal(got.run.params[i], fresh->unused.detach()));
   }
   if (stage == 3) EXPECT_EQ(got.units, 3u);  // first, big, and the root (scale, unused)
+
+  // Model-state bytes per rank, with the padding stated exactly: Ψ = 2461 (the shared
+  // weight once), Ψ' = Ψ + padding, padding < N per flat buffer.
+  const std::int64_t psi = 48 + 2408 + 2 + 3;
+  const std::int64_t n = static_cast<std::int64_t>(got.metrics.front().comm.size());
+  const std::int64_t padded = psi + got.padding;
+  if (stage > 0) ASSERT_EQ(padded % n, 0);
+  ModelStateBytes want;
+  want.params = stage == 3 ? 4 * padded / n : 4 * (stage == 0 ? psi : padded);
+  want.grads = stage == 0 ? 4 * psi : stage == 1 ? 4 * padded : 4 * padded / n;
+  want.optimizer = stage == 0 ? 8 * psi : 8 * padded / n;
+  for (const auto& m : got.metrics) {
+    for (std::size_t r = 0; r < m.model_state_bytes.size(); ++r) {
+      EXPECT_EQ(m.model_state_bytes[r].params, want.params) << "rank " << r;
+      EXPECT_EQ(m.model_state_bytes[r].grads, want.grads) << "rank " << r;
+      EXPECT_EQ(m.model_state_bytes[r].optimizer, want.optimizer) << "rank " << r;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages,
@@ -183,6 +201,17 @@ TEST(ZeroStage3, PersistentParametersStayGatheredAndStillMatch) {
   expect_close(got.run, train_reference(config), 1e-5);
   EXPECT_EQ(got.units, 2u);
   const int n = static_cast<int>(got.metrics.front().comm.size());
+  // Sharded units (first, big) padded separately; the persistent group held whole.
+  const std::int64_t unit_elements = (48 + n - 1) / n * n + (2408 + n - 1) / n * n;
+  const std::int64_t persistent_elements = (5 + n - 1) / n * n;
+  const std::int64_t all = unit_elements + persistent_elements;
+  for (const auto& m : got.metrics) {
+    for (int r = 0; r < n; ++r) {
+      EXPECT_EQ(m.model_state_bytes[r].params, 4 * unit_elements / n + 4 * persistent_elements) << "rank " << r;
+      EXPECT_EQ(m.model_state_bytes[r].grads, 4 * all / n) << "rank " << r;
+      EXPECT_EQ(m.model_state_bytes[r].optimizer, 8 * all / n) << "rank " << r;
+    }
+  }
   for (const auto& m : got.metrics) {
     for (int r = 0; r < n; ++r) {
       // Persistent group: 5 elements padded to a multiple of N, gathered once per step.

@@ -113,16 +113,31 @@ TEST(ZeroStage3, KeepingUnitsGatheredUntilBackwardHalvesTheGathers) {
   }
 }
 
-TEST(ZeroStage3, Bf16TrainsCloseToFp32Reference) {
+class ZeroBf16 : public ::testing::TestWithParam<int> {};
+
+TEST_P(ZeroBf16, TrainsCloseToFp32Reference) {
   const Trajectory reference = train_reference(make_config(1));
-  const DistributedRun run = train_distributed(make_config(1, zero_overrides(3, {"precision.dtype=\"bf16\""})));
+  const DistributedRun run =
+      train_distributed(make_config(1, zero_overrides(GetParam(), {"precision.dtype=\"bf16\""})));
   double worst = 0.0;
   for (std::size_t i = 0; i < reference.losses.size(); ++i) {
     worst = std::max(worst, relative_difference(run.trajectory.losses[i], reference.losses[i]));
   }
   // As for data parallelism (runtime/dp_equivalence_test.cpp): within 1% of fp32.
   EXPECT_LE(worst, 1e-2);
-  std::printf("[ figures  ] stage 3 bf16: max per-step loss relative difference to fp32 %.3g\n", worst);
+  // bf16 parameters (2 bytes) with fp32 masters and gradients: the gathers move 2Ψ'.
+  const std::int64_t padded = run.parameter_elements + run.padding_bytes / 4;
+  const std::int64_t n = static_cast<std::int64_t>(run.metrics.front().comm.size());
+  for (const auto& m : run.metrics) {
+    EXPECT_EQ(m.comm[0][CommOp::kAllGather].bytes, (GetParam() == 3 ? 2 : 1) * 2 * padded);
+    EXPECT_EQ(m.comm[0][CommOp::kReduceScatter].bytes, 4 * padded);
+    EXPECT_EQ(m.model_state_bytes[0].optimizer, 12 * padded / n);  // fp32 master + 2 moments
+  }
+  std::printf("[ figures  ] stage %d bf16: max per-step loss relative difference to fp32 %.3g\n", GetParam(), worst);
 }
+
+INSTANTIATE_TEST_SUITE_P(Stages, ZeroBf16, ::testing::Values(1, 2, 3), [](const auto& info) {
+  return "stage_" + std::to_string(info.param);
+});
 
 }  // namespace
