@@ -30,7 +30,8 @@
 // steps read them through master_parameters(), not through the model.
 //
 // Gradients live in the buckets: do not call zero_grad() on the model or replace a
-// parameter's .grad (step() detects it and throws UsageError).
+// parameter's .grad (step() detects it and throws UsageError). Under ZeRO a parameter's
+// .grad is empty after backward: its gradient has moved into the owner's shard.
 #pragma once
 
 #include <torch/nn/module.h>

@@ -105,6 +105,11 @@ INSTANTIATE_TEST_SUITE_P(Stages,
                                   std::to_string(std::get<1>(info.param));
                          });
 
+TEST(ZeroStage2, WithoutOverlapEveryReductionWaitsForTheEndOfBackwardAndStillMatches) {
+  const auto config = make_config(2, zero_overrides(2, {"zero.overlap_comm=false"}));
+  expect_equivalent(train_distributed(config).trajectory, train_reference(config), 1e-5, 1e-5);
+}
+
 TEST(ZeroStage3, KeepingUnitsGatheredUntilBackwardHalvesTheGathers) {
   const DistributedRun run = train_distributed(make_config(1, zero_overrides(3, {"zero.reshard_after_forward=false"})));
   const std::int64_t bytes = 4 * (run.parameter_elements + run.padding_bytes / 4);
