@@ -11,6 +11,7 @@
 #include "parallax/core/mesh.h"
 #include "parallax/runtime/gradient_buckets.h"
 #include "parallax/runtime/step_telemetry.h"
+#include "parallax/zero/deferred_construction.h"
 #include "parallax/zero/loss_scaler.h"
 #include "parallax/zero/sharded_model.h"
 
@@ -122,12 +123,31 @@ Engine::Engine(Runtime& runtime, std::shared_ptr<torch::nn::Module> model, const
   PARALLAX_CHECK(!unique.empty(), UsageError, "the model has no parameters to train");
   check_same_structure(dp, unique, s.model->buffers());
 
+  // Parameters built under zero::DeferredConstruction hold no data yet. Stage 3 gives
+  // each its data unit by unit while sharding; the other stages hold every parameter
+  // anyway. Either way they are identical on every rank (same seed), so not broadcast.
+  std::unordered_set<const void*> deferred;
+  for (const auto& p : unique) {
+    if (zero::is_deferred(p)) deferred.insert(p.unsafeGetTensorImpl());
+  }
+  if (!deferred.empty()) {
+    PARALLAX_CHECK(config.zero.stage == 3 ? s.dtype == torch::kFloat32 : true, ConfigError,
+                   "a model built under DeferredConstruction trains in fp32 at zero.stage = 3 in this build "
+                   "(precision.dtype = bf16/fp16 would materialize it whole); build it eagerly or use fp32");
+    if (config.zero.stage < 3) {
+      for (const auto& p : unique) zero::materialize(p);
+      deferred.clear();
+    }
+  }
+
   // Every data-parallel rank starts from rank 0's parameters and buffers (fp32, exact).
   {
     torch::NoGradGuard no_grad;
     std::vector<WorkPtr> pending;
     std::vector<torch::Tensor> aliases;
-    for (const auto& t : unique) aliases.push_back(t.detach());
+    for (const auto& t : unique) {
+      if (!deferred.count(t.unsafeGetTensorImpl())) aliases.push_back(t.detach());
+    }
     for (const auto& t : s.model->buffers()) {
       // MPI has no bool type: a bool buffer (a mask) travels as its bytes.
       aliases.push_back(t.scalar_type() == torch::kBool ? t.detach().view(torch::kUInt8) : t.detach());

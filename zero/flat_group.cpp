@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include "parallax/core/error.h"
+#include "parallax/zero/deferred_construction.h"
 
 namespace parallax::zero {
 namespace {
@@ -31,6 +32,7 @@ FlatGroup::FlatGroup(
     torch::Tensor& p = params_[i];
     PARALLAX_ASSERT(p.scalar_type() == options.dtype().toScalarType(), "a flat group holds one dtype");
     torch::Tensor place = full_.narrow(0, layout_.offset(i), p.numel()).view(p.sizes());
+    materialize(p);  // a parameter built under DeferredConstruction gets its data only now
     place.copy_(p);
     p.set_data(place);
   }

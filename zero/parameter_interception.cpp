@@ -1,5 +1,7 @@
 #include "parallax/zero/parameter_interception.h"
 
+#include "parallax/zero/deferred_internal.h"
+
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
@@ -25,14 +27,31 @@ void report_use(const c10::IValue& value) {
   }
 }
 
+// Operators the caller called directly are at depth 0; those they call internally are
+// deeper. Deferred construction acts on depth 0 only (see deferred_construction.h).
+thread_local int tls_depth = 0;
+
 void intercept(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
   const std::size_t arguments = op.schema().arguments().size();
+  const bool top = tls_depth == 0;
   {
-    // The listener gathers with ordinary operators: they must not come back here.
+    // The listeners work with ordinary operators: they must not come back here.
     c10::impl::ExcludeDispatchKeyGuard paused(kInterceptKey);
+    if (top) detail::before_operator(op, *stack);
     for (std::size_t i = stack->size() - arguments; i < stack->size(); ++i) report_use((*stack)[i]);
   }
-  op.redispatchBoxed(keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kInterceptKey), stack);
+  ++tls_depth;
+  try {
+    op.redispatchBoxed(keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kInterceptKey), stack);
+  } catch (...) {
+    --tls_depth;
+    throw;
+  }
+  --tls_depth;
+  if (top) {
+    c10::impl::ExcludeDispatchKeyGuard paused(kInterceptKey);
+    detail::after_operator(op, *stack);
+  }
 }
 
 }  // namespace

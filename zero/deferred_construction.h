@@ -1,0 +1,60 @@
+// Builds a model without ever holding all of its parameters: the stage-3 answer to
+// "the model does not fit on one rank".
+//
+// While a DeferredConstruction scope is alive on a thread, every tensor of at least
+// `min_elements` that a factory operator (empty, empty_strided: what zeros, randn,
+// Linear's weight... all allocate with) creates is *deferred*: each operator that
+// writes into it (uniform_, normal_, fill_, copy_, through any view) is recorded with
+// the CPU generator's state just before it, and when the next such tensor is created
+// the previous one is *sealed*: its memory is freed in place (shape and identity
+// stay). So construction holds at most two parameters' data at a time, and the global
+// generator advances exactly as in an eager construction: a model built this way and
+// one built eagerly from the same seed materialize to identical values.
+//
+// A sealed tensor is materialized (its storage allocated in place and its recorded
+// writes replayed, with the generator states restored) when materialize() is called,
+// or when an operator uses it while a ParameterUseScope or DeferredConstruction is
+// open on the thread. ZeRO stage 3 materializes one unit at a time, copies it into the
+// unit's flat buffer, keeps its shard and frees it; stages 0–2 materialize everything.
+//
+//   std::shared_ptr<GPTImpl> model;
+//   { parallax::zero::DeferredConstruction deferred;  model = GPT(options).ptr(); }
+//   auto engine = rt.engine(model, spec);    // zero.stage = 3: sharded unit by unit
+//
+// Requirements: every rank constructs with the same seed (parallax::init seeds all
+// ranks alike), since deferred parameters are not broadcast; construction code may
+// read deferred values (each read materializes the tensor again), but a write whose
+// other operands are deferred too is rejected with UsageError.
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <memory>
+
+namespace parallax::zero {
+
+class DeferredConstruction {
+ public:
+  /// Tensors smaller than `min_elements` are created normally (biases, small tables).
+  explicit DeferredConstruction(std::int64_t min_elements = 4096);
+  DeferredConstruction(const DeferredConstruction&) = delete;
+  DeferredConstruction& operator=(const DeferredConstruction&) = delete;
+  /// Seals the last deferred tensor.
+  ~DeferredConstruction();
+
+ private:
+  struct Guard;
+  std::unique_ptr<Guard> guard_;
+};
+
+/// True while `tensor`'s storage is deferred (sealed or materialized but not forgotten).
+bool is_deferred(const torch::Tensor& tensor);
+/// Allocates `tensor`'s storage in place and replays its recorded writes, then forgets
+/// the record: the tensor is an ordinary tensor afterwards. No-op for other tensors.
+void materialize(const torch::Tensor& tensor);
+/// Bytes of deferred tensors whose data is held now, and the most ever held at once.
+std::int64_t deferred_live_bytes();
+std::int64_t deferred_peak_live_bytes();
+
+}  // namespace parallax::zero
