@@ -9,3 +9,4 @@
 #include "parallax/runtime/engine.h"
 #include "parallax/runtime/optimizer.h"
 #include "parallax/runtime/runtime.h"
+#include "parallax/zero/deferred_construction.h"

@@ -3,6 +3,7 @@
 //   mpirun -np 4 ./train_gpt --config configs/dp.toml [--set train.steps=50]...
 #include <chrono>
 #include <cstdio>
+#include <optional>
 
 #include "gpt.h"
 #include "parallax/runtime/parallax.h"
@@ -16,7 +17,13 @@ int train(parallax::Runtime& rt) {
                         ? gpt::SyntheticTokens::from_table(config.app_table("data"), model_options, config.train.seed)
                         : gpt::SyntheticTokens(model_options.vocab_size, model_options.block_size, config.train.seed);
 
-  gpt::GPT model(model_options);  // init seeded LibTorch with train.seed on every rank
+  // At ZeRO stage 3 (fp32) build without ever holding the whole model: each parameter's
+  // data is recorded and freed as construction goes, and given back unit by unit while
+  // the engine shards it. LibTorch was seeded with train.seed on every rank by init.
+  std::optional<parallax::zero::DeferredConstruction> deferred;
+  if (config.zero.stage == 3 && config.precision.dtype == parallax::Dtype::kFp32) deferred.emplace();
+  gpt::GPT model(model_options);
+  deferred.reset();
   auto engine = rt.engine(model, parallax::OptimizerSpec::from(config));
   engine.set_tokens_per_sample(model_options.block_size);
 
