@@ -61,8 +61,8 @@ class DeferredTensors {
   }
 
   void after_factory(Write factory, const at::Tensor& result) {
-    if (!result.defined() || result.numel() < tls_min_elements || !result.has_storage() ||
-        !result.is_contiguous() || result.storage_offset() != 0) {
+    if (!result.defined() || result.numel() < tls_min_elements || !result.has_storage() || !result.is_contiguous() ||
+        result.storage_offset() != 0) {
       return;
     }
     std::lock_guard<std::mutex> lock(mutex_);
@@ -70,7 +70,10 @@ class DeferredTensors {
     const c10::StorageImpl* storage = result.storage().unsafeGetStorageImpl();
     records_.erase(storage);
     records_.emplace(storage, Record{c10::weak_intrusive_ptr<c10::TensorImpl>(result.getIntrusivePtr()),
-                                     result.storage(), std::move(factory), {}, true});
+                                     result.storage(),
+                                     std::move(factory),
+                                     {},
+                                     true});
     current_ = storage;
     add_live_locked(result.storage().nbytes());
   }
@@ -93,9 +96,12 @@ class DeferredTensors {
     const at::Tensor& tensor = target.toTensor();
     const auto found = records_.find(tensor.storage().unsafeGetStorageImpl());
     if (found == records_.end()) return;
-    Write write{op, {}, tensor.sizes().vec(), tensor.strides().vec(), tensor.storage_offset(),
+    Write write{op,
+                {},
+                tensor.sizes().vec(),
+                tensor.strides().vec(),
+                tensor.storage_offset(),
                 at::detail::getDefaultCPUGenerator().get_state()};
-    // Writes nested inside another operator are that operator's business.
     for (std::size_t i = stack.size() - count + 1; i < stack.size(); ++i) {
       std::vector<const c10::StorageImpl*> other;
       collect(stack[i], other);
@@ -265,8 +271,12 @@ void before_operator(const c10::OperatorHandle& op, const torch::jit::Stack& sta
   for (std::size_t i = stack.size() - count; i < stack.size(); ++i) {
     if (has_tensor(stack[i])) return;
   }
-  tls_pending_factory = std::make_unique<Write>(Write{op, std::vector<c10::IValue>(stack.end() - count, stack.end()),
-                                                      {}, {}, 0, at::detail::getDefaultCPUGenerator().get_state()});
+  tls_pending_factory = std::make_unique<Write>(Write{op,
+                                                      std::vector<c10::IValue>(stack.end() - count, stack.end()),
+                                                      {},
+                                                      {},
+                                                      0,
+                                                      at::detail::getDefaultCPUGenerator().get_state()});
 }
 
 void after_operator(const c10::OperatorHandle& /*op*/, const torch::jit::Stack& stack) {

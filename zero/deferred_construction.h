@@ -2,29 +2,33 @@
 // "the model does not fit on one rank".
 //
 // While a DeferredConstruction scope is alive on a thread, every tensor of at least
-// `min_elements` that a factory operator (empty, empty_strided: what zeros, randn,
-// Linear's weight... all allocate with) creates is *deferred*: each operator that
-// writes into it (uniform_, normal_, fill_, copy_, through any view) is recorded with
-// the CPU generator's state just before it, and when the next such tensor is created
-// the previous one is *sealed*: its memory is freed in place (shape and identity
-// stay). So construction holds at most two parameters' data at a time, and the global
-// generator advances exactly as in an eager construction: a model built this way and
-// one built eagerly from the same seed materialize to identical values.
+// `min_elements` that a factory operator called by the constructor creates (an
+// operator with no tensor arguments: empty, zeros, randn... what Linear, Embedding and
+// LayerNorm allocate with) is *deferred*: the factory call and each operator the
+// constructor calls that writes into the tensor (uniform_, normal_, fill_, copy_, also
+// through a view) are recorded with the CPU generator's state just before them. When
+// the next such tensor is created the previous one is *sealed* if it is a parameter
+// (requires grad): its memory is freed in place, its shape and identity stay. So
+// construction holds at most two parameters' data at a time, and the global generator
+// advances exactly as in an eager construction: a model built this way and one built
+// eagerly from the same seed materialize to identical values.
 //
-// A sealed tensor is materialized (its storage allocated in place and its recorded
-// writes replayed, with the generator states restored) when materialize() is called,
-// or when an operator uses it while a ParameterUseScope or DeferredConstruction is
-// open on the thread. ZeRO stage 3 materializes one unit at a time, copies it into the
-// unit's flat buffer, keeps its shard and frees it; stages 0–2 materialize everything.
+// A sealed tensor is materialized (its storage allocated in place and its record
+// replayed with the generator states restored) by materialize(), or when an operator
+// uses it while a ParameterUseScope or DeferredConstruction is open on the thread. ZeRO
+// stage 3 materializes one parameter at a time into its unit's flat buffer, keeps the
+// shard and frees the rest; stages 0–2 materialize everything.
 //
 //   std::shared_ptr<GPTImpl> model;
 //   { parallax::zero::DeferredConstruction deferred;  model = GPT(options).ptr(); }
 //   auto engine = rt.engine(model, spec);    // zero.stage = 3: sharded unit by unit
 //
-// Requirements: every rank constructs with the same seed (parallax::init seeds all
-// ranks alike), since deferred parameters are not broadcast; construction code may
-// read deferred values (each read materializes the tensor again), but a write whose
-// other operands are deferred too is rejected with UsageError.
+// Requirements: construct on the CPU (the CPU generator is what is recorded), with the
+// same seed on every rank (parallax::init seeds all ranks alike; deferred parameters
+// are not broadcast). Construction code may read deferred values (each read brings the
+// tensor back); a write whose other operands are deferred too is rejected with
+// UsageError. A parameter filled through data_ptr() instead of operators (a large
+// torch::tensor({...}) literal) cannot be replayed: raise `min_elements` above it.
 #pragma once
 
 #include <torch/types.h>
