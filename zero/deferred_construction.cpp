@@ -147,6 +147,10 @@ class DeferredTensors {
     std::lock_guard<std::mutex> lock(mutex_);
     return peak_live_bytes_;
   }
+  void reset_peak() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    peak_live_bytes_ = live_bytes_;
+  }
 
  private:
   void collect(const c10::IValue& value, std::vector<const c10::StorageImpl*>& out) const {
@@ -259,6 +263,9 @@ std::int64_t deferred_live_bytes() {
 }
 std::int64_t deferred_peak_live_bytes() {
   return DeferredTensors::instance().peak_live_bytes();
+}
+void reset_deferred_peak_live_bytes() {
+  DeferredTensors::instance().reset_peak();
 }
 
 namespace detail {

@@ -60,5 +60,7 @@ void materialize(const torch::Tensor& tensor);
 /// Bytes of deferred tensors whose data is held now, and the most ever held at once.
 std::int64_t deferred_live_bytes();
 std::int64_t deferred_peak_live_bytes();
+/// Starts a new peak: deferred_peak_live_bytes() = deferred_live_bytes().
+void reset_deferred_peak_live_bytes();
 
 }  // namespace parallax::zero
