@@ -1,9 +1,11 @@
 #include "gpt.h"
 
 #include <cmath>
+#include <optional>
 
 #include "parallax/core/config.h"
 #include "parallax/core/error.h"
+#include "parallax/zero/deferred_construction.h"
 
 namespace gpt {
 namespace {
@@ -131,6 +133,20 @@ std::int64_t first_sample(std::int64_t step,
                           std::int64_t grad_accum) {
   const std::int64_t global = micro_batch * grad_accum * dp;
   return step * global + (micro * dp + dp_rank) * micro_batch;
+}
+
+Example build_example(const parallax::Config& config) {
+  const auto options = GPTOptions::from_table(config.app_table("model"));
+  auto data = config.app.count("data")
+                  ? SyntheticTokens::from_table(config.app_table("data"), options, config.train.seed)
+                  : SyntheticTokens(options.vocab_size, options.block_size, config.train.seed);
+  // Each parameter's data is recorded and freed as construction goes, and given back
+  // unit by unit while the engine shards it.
+  std::optional<parallax::zero::DeferredConstruction> deferred;
+  if (config.zero.stage == 3 && config.precision.dtype == parallax::Dtype::kFp32) deferred.emplace();
+  GPT model(options);
+  deferred.reset();
+  return Example{options, std::move(data), std::move(model)};
 }
 
 }  // namespace gpt

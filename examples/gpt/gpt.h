@@ -16,7 +16,8 @@
 
 namespace parallax {
 class AppTable;
-}
+struct Config;
+}  // namespace parallax
 
 namespace gpt {
 
@@ -88,5 +89,16 @@ std::int64_t first_sample(std::int64_t step,
                           std::int64_t dp,
                           std::int64_t micro_batch,
                           std::int64_t grad_accum);
+
+/// What a trainer of this example builds from a loaded config: the [model] options, the
+/// [data] stream, and the model. At ZeRO stage 3 in fp32 the model is built under
+/// parallax::zero::DeferredConstruction, so no rank ever holds all of it. Call after
+/// parallax::init, which seeds LibTorch alike on every rank.
+struct Example {
+  GPTOptions options;
+  SyntheticTokens data;
+  GPT model;
+};
+Example build_example(const parallax::Config& config);
 
 }  // namespace gpt

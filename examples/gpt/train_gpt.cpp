@@ -3,7 +3,6 @@
 //   mpirun -np 4 ./train_gpt --config configs/dp.toml [--set train.steps=50]...
 #include <chrono>
 #include <cstdio>
-#include <optional>
 
 #include "gpt.h"
 #include "parallax/runtime/parallax.h"
@@ -12,18 +11,8 @@ namespace {
 
 int train(parallax::Runtime& rt) {
   const parallax::Config& config = rt.config();
-  const auto model_options = gpt::GPTOptions::from_table(config.app_table("model"));
-  const auto data = config.app.count("data")
-                        ? gpt::SyntheticTokens::from_table(config.app_table("data"), model_options, config.train.seed)
-                        : gpt::SyntheticTokens(model_options.vocab_size, model_options.block_size, config.train.seed);
-
-  // At ZeRO stage 3 (fp32) build without ever holding the whole model: each parameter's
-  // data is recorded and freed as construction goes, and given back unit by unit while
-  // the engine shards it. LibTorch was seeded with train.seed on every rank by init.
-  std::optional<parallax::zero::DeferredConstruction> deferred;
-  if (config.zero.stage == 3 && config.precision.dtype == parallax::Dtype::kFp32) deferred.emplace();
-  gpt::GPT model(model_options);
-  deferred.reset();
+  // At ZeRO stage 3 the model is built without any rank ever holding all of it.
+  auto [model_options, data, model] = gpt::build_example(config);
   auto engine = rt.engine(model, parallax::OptimizerSpec::from(config));
   engine.set_tokens_per_sample(model_options.block_size);
 
