@@ -1,10 +1,10 @@
 // ZeRO stages 1–3 compute what one process computes, hold the bytes the ZeRO formulas
-// say, and move the bytes they say: the GPT example (tied embedding and head) trained
+// say, and move the bytes they say: the GPT example trained
 // on every rank of the world against a single-process LibTorch run of the same global
 // batch, with the per-rank model-state bytes and per-step communication counters of
 // the metrics contract held to exact formulas.
 //
-// Notation: Ψ trainable parameters (tied weight once), N data-parallel ranks, P the
+// Notation: Ψ trainable parameters, N data-parallel ranks, P the
 // padding elements (each flat buffer pads to a multiple of N; ShardedModel reports P),
 // Ψ' = Ψ + P, so Ψ'/N is exact. fp32 AdamW: 4 bytes of parameter, 4 of gradient and 8
 // of moments per element.
