@@ -53,20 +53,6 @@ torch::ScalarType compute_dtype_for(Dtype dtype) {
   throw InternalError("unknown precision.dtype");
 }
 
-zero::ShardingOptions sharding_options(const ZeroOptions& zero) {
-  zero::ShardingOptions options;
-  options.stage = zero.stage;
-  options.bucket_bytes = zero.bucket_bytes();
-  options.overlap_comm = zero.overlap_comm;
-  options.prefetch_bytes = zero.prefetch_bytes();
-  options.persistence_threshold = zero.persistence_threshold;
-  options.max_live_bytes = zero.max_live_bytes();
-  options.reshard_after_forward = zero.reshard_after_forward;
-  options.wrap = zero.wrap;
-  options.wrap_min_params = zero.wrap_min_params;
-  return options;
-}
-
 zero::LossScalerOptions loss_scaler_options(const PrecisionOptions& precision) {
   return zero::LossScalerOptions(precision.loss_scale_initial)
       .growth_interval(precision.loss_scale_growth_interval)
@@ -178,11 +164,10 @@ Engine::Engine(Runtime& runtime, std::shared_ptr<torch::nn::Module> model, const
   s.loss_sum = torch::zeros({}, torch::kFloat64);
   if (config.zero.stage > 0) {
     const OptimizerOptions optimizer_options = spec.optimizer;
-    s.sharded =
-        std::make_unique<zero::ShardedModel>(*s.model, s.params, sharding_options(config.zero), dp, runtime.tracer(),
-                                             [&optimizer_options](std::vector<torch::Tensor> shards) {
-                                               return make_optimizer(optimizer_options, std::move(shards));
-                                             });
+    s.sharded = std::make_unique<zero::ShardedModel>(*s.model, s.params, config.zero, dp, runtime.tracer(),
+                                                     [&optimizer_options](std::vector<torch::Tensor> shards) {
+                                                       return make_optimizer(optimizer_options, std::move(shards));
+                                                     });
     return;
   }
   const std::int64_t bucket_bytes = config.zero.bucket_bytes();

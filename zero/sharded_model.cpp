@@ -98,7 +98,7 @@ struct ShardedModel::State {
 
 ShardedModel::ShardedModel(torch::nn::Module& model,
                            std::vector<torch::Tensor> params,
-                           const ShardingOptions& options,
+                           const ZeroOptions& options,
                            Communicator& dp,
                            Tracer& tracer,
                            const OptimizerFactory& make_optimizer)
@@ -106,7 +106,7 @@ ShardedModel::ShardedModel(torch::nn::Module& model,
   State& s = *state_;
   PARALLAX_CHECK(options_.stage >= 1 && options_.stage <= 3, ConfigError, "zero.stage = ", options_.stage,
                  ": a sharded model needs stage 1, 2 or 3");
-  PARALLAX_CHECK(options_.bucket_bytes > 0, ConfigError, "zero.bucket_mb must be > 0");
+  PARALLAX_CHECK(options_.bucket_bytes() > 0, ConfigError, "zero.bucket_mb must be > 0");
   s.dp = &dp;
   s.tracer = &tracer;
   s.params = std::move(params);
@@ -178,7 +178,7 @@ ShardedModel::ShardedModel(torch::nn::Module& model,
   {
     std::vector<std::int64_t> bytes;
     for (std::size_t i : replicated) bytes.push_back(s.params[i].numel() * 4);
-    const std::int64_t cap = std::min(options_.bucket_bytes, kMaxGroupElements * 4);
+    const std::int64_t cap = std::min(options_.bucket_bytes(), kMaxGroupElements * 4);
     for (const auto& members : group_by_bytes(bytes, cap)) {
       std::vector<std::size_t> set;
       for (std::size_t m : members) set.push_back(replicated[m]);
@@ -212,7 +212,7 @@ ShardedModel::ShardedModel(torch::nn::Module& model,
   if (!s.unit_groups.empty()) {
     std::vector<std::int64_t> unit_bytes;
     for (std::size_t g : s.unit_groups) unit_bytes.push_back(s.groups[g]->full_bytes());
-    s.schedule = std::make_unique<GatherSchedule>(unit_bytes, options_.prefetch_bytes, options_.max_live_bytes,
+    s.schedule = std::make_unique<GatherSchedule>(unit_bytes, options_.prefetch_bytes(), options_.max_live_bytes(),
                                                   options_.reshard_after_forward);
     s.gathers.resize(s.unit_groups.size());
     for (std::size_t u = 0; u < s.unit_groups.size(); ++u) {

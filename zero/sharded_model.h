@@ -29,7 +29,7 @@
 //     shards, and the compute-dtype parameters are refreshed: written back into the
 //     shard, and all-gathered in place for replicated groups.
 //
-//   ShardingOptions options;  options.stage = 2;
+//   ZeroOptions options;  options.stage = 2;      // the [zero] section (core/config.h)
 //   ShardedModel zero(*model, params, options, dp, tracer, factory);
 //   { auto scope = zero.use_scope(); loss = loss_fn(model->forward(x)); }
 //   zero.begin_backward(/*last=*/true); { auto scope = zero.use_scope(); loss.backward(); }
@@ -42,27 +42,14 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <string>
 #include <vector>
 
 #include "parallax/core/communicator.h"
+#include "parallax/core/config.h"
 #include "parallax/core/trace.h"
 #include "parallax/zero/parameter_interception.h"
 
 namespace parallax::zero {
-
-/// Per-construction options; the [zero] keys of the same names.
-struct ShardingOptions {
-  int stage = 1;
-  std::int64_t bucket_bytes = 25 << 20;
-  bool overlap_comm = true;
-  std::int64_t prefetch_bytes = 32 << 20;
-  std::int64_t persistence_threshold = 0;  ///< elements
-  std::int64_t max_live_bytes = std::int64_t{1} << 30;
-  bool reshard_after_forward = true;
-  std::vector<std::string> wrap;
-  std::int64_t wrap_min_params = 0;
-};
 
 using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor>)>;
 
@@ -79,7 +66,7 @@ class ShardedModel final : private ParameterUseListener {
   /// (a wrap type that matches no module). Does not communicate.
   ShardedModel(torch::nn::Module& model,
                std::vector<torch::Tensor> params,
-               const ShardingOptions& options,
+               const ZeroOptions& options,
                Communicator& dp,
                Tracer& tracer,
                const OptimizerFactory& make_optimizer);
@@ -126,7 +113,7 @@ class ShardedModel final : private ParameterUseListener {
   void on_parameter_use(std::size_t unit) override;
   void on_gradient_ready(std::size_t param_index);
   std::unique_ptr<State> state_;
-  ShardingOptions options_;
+  ZeroOptions options_;
 };
 
 }  // namespace parallax::zero
