@@ -5,6 +5,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/utils.h>
 
+#include <atomic>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -43,14 +44,9 @@ thread_local std::int64_t tls_min_elements = -1;  // >= 0 while constructing on 
 thread_local std::unique_ptr<Write> tls_pending_factory;
 
 bool has_tensor(const c10::IValue& value) {
-  if (value.isTensor()) return value.toTensor().defined();
-  if (value.isTensorList()) return value.toTensorList().size() > 0;
-  if (value.isList()) {
-    for (const c10::IValue& element : value.toListRef()) {
-      if (has_tensor(element)) return true;
-    }
-  }
-  return false;
+  bool found = false;
+  detail::for_each_tensor(value, [&found](const at::Tensor&) { found = true; });
+  return found;
 }
 
 class DeferredTensors {
@@ -74,6 +70,7 @@ class DeferredTensors {
                                      std::move(factory),
                                      {},
                                      true});
+    record_count_.store(records_.size(), std::memory_order_release);
     current_ = storage;
     add_live_locked(result.storage().nbytes());
   }
@@ -83,8 +80,9 @@ class DeferredTensors {
   void before(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
     const auto& schema = op.schema();
     const std::size_t count = schema.arguments().size();
+    // Every operator of a stage-3 forward passes here: skip the lock when nothing is deferred.
+    if (record_count_.load(std::memory_order_acquire) == 0) return;
     std::lock_guard<std::mutex> lock(mutex_);
-    if (records_.empty()) return;
     std::vector<const c10::StorageImpl*> touched;
     for (std::size_t i = stack.size() - count; i < stack.size(); ++i) collect(stack[i], touched);
     for (const c10::StorageImpl* storage : touched) ensure_live_locked(storage);
@@ -137,6 +135,7 @@ class DeferredTensors {
     if (current_ == found->first) current_ = nullptr;
     live_bytes_ -= static_cast<std::int64_t>(tensor.storage().nbytes());
     records_.erase(found);
+    record_count_.store(records_.size(), std::memory_order_release);
   }
 
   std::int64_t live_bytes() {
@@ -154,16 +153,11 @@ class DeferredTensors {
 
  private:
   void collect(const c10::IValue& value, std::vector<const c10::StorageImpl*>& out) const {
-    if (value.isTensor()) {
-      const at::Tensor& tensor = value.toTensor();
-      if (!tensor.defined() || !tensor.has_storage()) return;
+    detail::for_each_tensor(value, [&](const at::Tensor& tensor) {
+      if (!tensor.has_storage()) return;
       const c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
       if (records_.count(storage)) out.push_back(storage);
-    } else if (value.isTensorList()) {
-      for (const at::Tensor& tensor : value.toTensorList()) collect(c10::IValue(tensor), out);
-    } else if (value.isList()) {
-      for (const c10::IValue& element : value.toListRef()) collect(element, out);
-    }
+    });
   }
 
   void add_live_locked(std::size_t bytes) {
@@ -185,6 +179,7 @@ class DeferredTensors {
     const auto tensor = record.tensor.lock();
     if (!tensor || !at::Tensor(tensor).requires_grad()) {
       records_.erase(found);
+      record_count_.store(records_.size(), std::memory_order_release);
       return;
     }
     storage->set_data_ptr_noswap(at::DataPtr(nullptr, record.storage.device()));
@@ -230,6 +225,7 @@ class DeferredTensors {
 
   std::mutex mutex_;
   std::unordered_map<const c10::StorageImpl*, Record> records_;
+  std::atomic<std::size_t> record_count_{0};  ///< records_.size(), readable without the lock
   const c10::StorageImpl* current_ = nullptr;
   std::int64_t live_bytes_ = 0;
   std::int64_t peak_live_bytes_ = 0;

@@ -1,9 +1,24 @@
-// Private to zero/: the dispatcher fallback's calls into deferred construction.
+// Private to zero/: what the dispatcher fallback (parameter_interception.cpp) and
+// deferred construction share.
 #pragma once
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
 namespace parallax::zero::detail {
+
+/// Calls `visit(tensor)` for every defined tensor in an operator argument: a tensor, a
+/// tensor list, or a list of optional tensors.
+template <typename Visit>
+void for_each_tensor(const c10::IValue& value, const Visit& visit) {
+  if (value.isTensor()) {
+    const at::Tensor& tensor = value.toTensor();
+    if (tensor.defined()) visit(tensor);
+  } else if (value.isTensorList()) {
+    for (const at::Tensor& tensor : value.toTensorList()) for_each_tensor(c10::IValue(tensor), visit);
+  } else if (value.isList()) {
+    for (const c10::IValue& element : value.toListRef()) for_each_tensor(element, visit);
+  }
+}
 
 /// Around every intercepted operator: before it runs (its arguments on the stack's
 /// top: rematerializes sealed arguments, records writes into deferred tensors), and

@@ -15,16 +15,11 @@ namespace {
 constexpr c10::DispatchKey kInterceptKey = c10::DispatchKey::TESTING_ONLY_GenericMode;
 
 void report_use(const c10::IValue& value) {
-  if (value.isTensor()) {
-    const at::Tensor& tensor = value.toTensor();
-    if (!tensor.defined() || !tensor.has_storage()) return;
+  detail::for_each_tensor(value, [](const at::Tensor& tensor) {
+    if (!tensor.has_storage()) return;
     const auto entry = ParameterRegistry::instance().find(tensor.storage().unsafeGetStorageImpl());
     if (entry.listener != nullptr) entry.listener->on_parameter_use(entry.unit);
-  } else if (value.isTensorList()) {
-    for (const at::Tensor& tensor : value.toTensorList()) report_use(c10::IValue(tensor));
-  } else if (value.isList()) {
-    for (const c10::IValue& element : value.toListRef()) report_use(element);
-  }
+  });
 }
 
 // Operators the caller called directly are at depth 0; those they call internally are
