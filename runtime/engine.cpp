@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <unordered_set>
 
 #include "parallax/core/error.h"
@@ -231,15 +232,19 @@ bool Engine::step() {
     auto span = tracer().span("optimizer", "compute");
     torch::NoGradGuard no_grad;
     if (s.scaler) {
-      // Gradients are identical on every rank after the all-reduce, so every rank
-      // reaches the same verdict without communicating.
       for (const auto& m : s.masters) m.mutable_grad().mul_(1.0 / loss_scale);
-      double squares = 0.0;
-      for (const auto& m : s.masters) squares += m.grad().to(torch::kFloat64).pow(2).sum().item<double>();
-      overflow = !std::isfinite(squares);
+    }
+    const double clip = s.spec.optimizer.grad_clip;
+    if (clip > 0 || s.scaler) {
+      // One global norm serves clipping and the overflow check (an infinite threshold
+      // never clips). Gradients are identical on every rank after the all-reduce, so
+      // every rank reaches the same verdict without communicating; an overflowing
+      // step's gradients are discarded below whatever clipping did to them.
+      const double norm =
+          torch::nn::utils::clip_grad_norm_(s.optimized(), clip > 0 ? clip : std::numeric_limits<double>::infinity());
+      overflow = s.scaler != nullptr && !std::isfinite(norm);
     }
     if (!overflow) {
-      if (s.spec.optimizer.grad_clip > 0) torch::nn::utils::clip_grad_norm_(s.optimized(), s.spec.optimizer.grad_clip);
       set_learning_rate(*s.optimizer, lr);
       s.optimizer->step();
       for (std::size_t i = 0; i < s.masters.size(); ++i) s.params[i].detach().copy_(s.masters[i]);
