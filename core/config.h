@@ -145,6 +145,37 @@ struct ZeroOptions {
   static std::int64_t megabytes_to_bytes(double mb) { return static_cast<std::int64_t>(mb * 1024.0 * 1024.0); }
 };
 
+enum class OffloadTarget { kNone, kCpu, kNvme };
+
+/// [offload]: ZeRO-Offload / ZeRO-Infinity. Where the sharded model state lives.
+struct OffloadOptions {
+  /// none | cpu | nvme: the fp32 master shard and Adam moments in host memory, the
+  /// step run by the fused CPU Adam (cpu); the moments in files under nvme_path,
+  /// streamed through host buffers (nvme). Needs zero.stage >= 1 and Adam/AdamW.
+  /// Default: none.
+  OffloadTarget optimizer = OffloadTarget::kNone;
+  /// none | cpu | nvme (zero.stage = 3, with the optimizer offloaded): no persistent
+  /// parameter shard on the device; a unit's gather fetches this rank's part from the
+  /// host master (cpu) or from its file (nvme, which needs optimizer = "nvme").
+  /// Default: none.
+  OffloadTarget param = OffloadTarget::kNone;
+  /// Host buffers the device copies to and from are page-locked (CUDA tensors only;
+  /// CPU training ignores it). Default: true.
+  bool pin_memory = true;
+  /// Directory of the NVMe tier's files (one per rank, deleted as soon as it is
+  /// opened, so nothing is left behind after any exit). Default: "" (required for nvme).
+  std::string nvme_path;
+  /// MiB of one host buffer of the NVMe tier: the moments (and, with param = "nvme",
+  /// the master) of one tile of parameters. Default: 64.
+  double buffer_mb = 64.0;
+  /// Host buffers of the NVMe tier, >= 2: with 2, reading tile k+1 and writing tile
+  /// k-1 overlap updating tile k; more read further ahead. Default: 4.
+  std::int64_t buffer_count = 4;
+
+  bool optimizer_offloaded() const { return optimizer != OffloadTarget::kNone; }
+  std::int64_t buffer_bytes() const { return static_cast<std::int64_t>(buffer_mb * 1024.0 * 1024.0); }
+};
+
 enum class CommBackend { kAuto, kMpi, kNccl };
 
 /// [comm]
@@ -203,6 +234,7 @@ struct Config {
   PrecisionOptions precision;
   ParallelOptions parallel;
   ZeroOptions zero;
+  OffloadOptions offload;
   CommOptions comm;
   LoggingOptions logging;
 

@@ -21,6 +21,8 @@ constexpr EnumName<SchedulerType> kSchedulerNames[] = {
     {SchedulerType::kConstant, "constant"}, {SchedulerType::kLinear, "linear"}, {SchedulerType::kCosine, "cosine"}};
 constexpr EnumName<Dtype> kDtypeNames[] = {{Dtype::kFp32, "fp32"}, {Dtype::kBf16, "bf16"}, {Dtype::kFp16, "fp16"}};
 constexpr EnumName<ParallelMode> kModeNames[] = {{ParallelMode::kManual, "manual"}, {ParallelMode::kAuto, "auto"}};
+constexpr EnumName<OffloadTarget> kOffloadNames[] = {
+    {OffloadTarget::kNone, "none"}, {OffloadTarget::kCpu, "cpu"}, {OffloadTarget::kNvme, "nvme"}};
 constexpr EnumName<CommBackend> kBackendNames[] = {
     {CommBackend::kAuto, "auto"}, {CommBackend::kMpi, "mpi"}, {CommBackend::kNccl, "nccl"}};
 // Same spellings as parse_log_level in logging.h.
@@ -52,6 +54,7 @@ constexpr Rule kTimeoutSeconds{[](double v) { return v >= 0.001 && v <= 1e6; }, 
 constexpr Rule kLossScale{[](double v) { return v > 0 && v <= 1.7e38; }, "a number in (0, 1.7e38]"};
 constexpr Rule kBackoff{[](double v) { return v > 0 && v < 1; }, "a number in (0, 1)"};
 constexpr Rule kMegabytesOrZero{[](double v) { return v >= 0 && v <= 1048576; }, "MiB in [0, 1048576]"};
+constexpr Rule kBufferCount{[](double v) { return v >= 2; }, "an integer >= 2"};
 constexpr Rule kBucketMegabytes{[](double v) { return v >= 0.001 && v <= 8192; }, "MiB in [0.001, 8192]"};
 
 // ---- Fields ------------------------------------------------------------------------
@@ -108,6 +111,15 @@ void zero_fields(FieldVisitor& v, Config& c) {
   v.integer("wrap_min_params", c.zero.wrap_min_params, kCountOrZero);
 }
 
+void offload_fields(FieldVisitor& v, Config& c) {
+  v.choice("optimizer", c.offload.optimizer, kOffloadNames);
+  v.choice("param", c.offload.param, kOffloadNames);
+  v.boolean("pin_memory", c.offload.pin_memory);
+  v.text("nvme_path", c.offload.nvme_path);
+  v.number("buffer_mb", c.offload.buffer_mb, kBucketMegabytes);
+  v.integer("buffer_count", c.offload.buffer_count, kBufferCount);
+}
+
 void comm_fields(FieldVisitor& v, Config& c) {
   // "nccl" is accepted here; whether this build and these tensors can use it is the
   // runtime's question.
@@ -158,6 +170,45 @@ void parallel_check(const Config& c, const KeyPositions& positions) {
                  "\"manual\" (set tp, pp and dp)");
 }
 
+// Whether the directory can take the NVMe tier's files is checked where they are
+// created (offload/), on every rank's own node; here only what the keys say.
+void offload_check(const Config& c, const KeyPositions& positions) {
+  const OffloadOptions& o = c.offload;
+  const std::string optimizer =
+      std::string("offload.optimizer = \"") + to_string(o.optimizer) + "\"" + position(positions, "offload.optimizer");
+  const std::string param =
+      std::string("offload.param = \"") + to_string(o.param) + "\"" + position(positions, "offload.param");
+  if (o.optimizer != OffloadTarget::kNone) {
+    PARALLAX_CHECK(c.zero.stage >= 1, ConfigError, optimizer,
+                   ": offloading moves ZeRO's sharded optimizer state to the host; it needs zero.stage = 1, 2 or 3 "
+                   "(zero.stage = ",
+                   c.zero.stage, position(positions, "zero.stage"), ")");
+    PARALLAX_CHECK(c.optimizer.type != OptimizerType::kSgd, ConfigError, optimizer,
+                   ": the offloaded step is the fused CPU Adam; optimizer.type = \"sgd\"",
+                   position(positions, "optimizer.type"), " cannot be offloaded (use \"adam\" or \"adamw\")");
+  }
+  if (o.param != OffloadTarget::kNone) {
+    PARALLAX_CHECK(c.zero.stage == 3, ConfigError, param,
+                   ": only zero.stage = 3 shards the parameters, so only it can offload them (zero.stage = ",
+                   c.zero.stage, position(positions, "zero.stage"), ")");
+    PARALLAX_CHECK(o.optimizer != OffloadTarget::kNone, ConfigError, param,
+                   ": an offloaded parameter shard is the optimizer's fp32 master on the host; set offload.optimizer = "
+                   "\"cpu\" or \"nvme\" too");
+    PARALLAX_CHECK(o.param != OffloadTarget::kNvme || o.optimizer == OffloadTarget::kNvme, ConfigError, param,
+                   ": the master shard on NVMe is streamed with the optimizer's moments; set offload.optimizer = "
+                   "\"nvme\" too (or offload.param = \"cpu\")");
+  }
+  if (o.optimizer == OffloadTarget::kNvme || o.param == OffloadTarget::kNvme) {
+    PARALLAX_CHECK(!o.nvme_path.empty(), ConfigError, o.optimizer == OffloadTarget::kNvme ? optimizer : param,
+                   ": the NVMe tier needs offload.nvme_path, a writable directory on a local drive of every node");
+  } else {
+    PARALLAX_CHECK(o.nvme_path.empty(), ConfigError, "offload.nvme_path = \"", o.nvme_path, "\"",
+                   position(positions, "offload.nvme_path"),
+                   ": no NVMe tier is in use (offload.optimizer and offload.param are not \"nvme\"); remove the key or "
+                   "set one of them to \"nvme\"");
+  }
+}
+
 }  // namespace
 
 const std::vector<SectionDef>& sections() {
@@ -169,6 +220,7 @@ const std::vector<SectionDef>& sections() {
       {"precision", precision_fields, precision_check},
       {"parallel", parallel_fields, parallel_check},
       {"zero", zero_fields, nullptr},
+      {"offload", offload_fields, offload_check},
       {"comm", comm_fields, nullptr},
       {"logging", logging_fields, nullptr},
   };
@@ -195,6 +247,9 @@ const char* to_string(Dtype dtype) {
 }
 const char* to_string(ParallelMode mode) {
   return detail::name_of(detail::kModeNames, mode);
+}
+const char* to_string(OffloadTarget target) {
+  return detail::name_of(detail::kOffloadNames, target);
 }
 const char* to_string(CommBackend backend) {
   return detail::name_of(detail::kBackendNames, backend);

@@ -35,7 +35,7 @@ std::string to_json_line(const StepMetrics& m) {
   for (std::size_t r = 0; r < m.model_state_bytes.size(); ++r) {
     const ModelStateBytes& b = m.model_state_bytes[r];
     out << (r ? "," : "") << "{\"params\":" << b.params << ",\"grads\":" << b.grads << ",\"optimizer\":" << b.optimizer
-        << "}";
+        << ",\"host\":" << b.host << ",\"nvme\":" << b.nvme << "}";
   }
   out << "],\"comm\":[";
   for (std::size_t r = 0; r < m.comm.size(); ++r) {

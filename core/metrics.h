@@ -2,7 +2,8 @@
 //
 // One object per optimizer step, written by rank 0:
 //   {"step": 3, "loss": 2.71, "lr": 0.0003, "step_ms": 41.2, "tokens_per_s": 12400.0,
-//    "model_state_bytes": [{"params": 4096, "grads": 4096, "optimizer": 8192}, ...],
+//    "model_state_bytes": [{"params": 4096, "grads": 4096, "optimizer": 8192,
+//                           "host": 0, "nvme": 0}, ...],
 //    "comm": [{"all_reduce": {"calls": 2, "bytes": 4096}, ...}, ...]}
 // `model_state_bytes` and `comm` are arrays indexed by world rank. `comm` holds the
 // step's activity only; bytes are logical payloads (see communicator.h).
@@ -17,11 +18,16 @@
 
 namespace parallax {
 
-/// Bytes of model state one rank actually holds.
+/// Bytes of model state one rank actually holds. params, grads and optimizer are
+/// where the model computes (the device); host and nvme are what offloading moved
+/// there ([offload]): fp32 master shards, gradient shards and moments, or the host
+/// buffers the NVMe tier streams them through.
 struct ModelStateBytes {
   std::int64_t params = 0;
   std::int64_t grads = 0;
   std::int64_t optimizer = 0;  ///< optimizer state plus fp32 master weights when kept
+  std::int64_t host = 0;       ///< offloaded state in host memory
+  std::int64_t nvme = 0;       ///< offloaded state in the NVMe tier's files
 };
 
 struct StepMetrics {

@@ -78,6 +78,7 @@ class CpuAdam {
             std::int64_t step) const;
 
   CpuAdamOptions& options() { return options_; }
+  const CpuAdamOptions& options() const { return options_; }
   /// The instruction set the kernel runs with here: "avx512", "avx2" or "portable".
   static const char* instruction_set();
 

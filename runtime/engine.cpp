@@ -10,6 +10,7 @@
 
 #include "parallax/core/error.h"
 #include "parallax/core/mesh.h"
+#include "parallax/offload/offloaded_adam.h"
 #include "parallax/runtime/gradient_buckets.h"
 #include "parallax/runtime/step_telemetry.h"
 #include "parallax/zero/deferred_construction.h"
@@ -165,10 +166,11 @@ Engine::Engine(Runtime& runtime, std::shared_ptr<torch::nn::Module> model, const
   s.loss_sum = torch::zeros({}, torch::kFloat64);
   if (config.zero.stage > 0) {
     const OptimizerOptions optimizer_options = spec.optimizer;
-    s.sharded = std::make_unique<zero::ShardedModel>(*s.model, s.params, config.zero, dp, runtime.tracer(),
-                                                     [&optimizer_options](std::vector<torch::Tensor> shards) {
-                                                       return make_optimizer(optimizer_options, std::move(shards));
-                                                     });
+    s.sharded =
+        std::make_unique<zero::ShardedModel>(*s.model, s.params, config.zero, config.offload, spec.optimizer, dp,
+                                             runtime.tracer(), [&optimizer_options](std::vector<torch::Tensor> shards) {
+                                               return make_optimizer(optimizer_options, std::move(shards));
+                                             });
     return;
   }
   const std::int64_t bucket_bytes = config.zero.bucket_bytes();
@@ -224,7 +226,11 @@ bool Engine::step() {
   bool overflow = false;
   if (s.sharded) {
     auto span = tracer().span("optimizer", "compute");
-    set_learning_rate(s.sharded->optimizer(), lr);
+    if (offload::OffloadedAdam* host = s.sharded->offloaded_optimizer()) {
+      host->set_learning_rate(lr);
+    } else {
+      set_learning_rate(s.sharded->optimizer(), lr);
+    }
     const double gradient_scale = 1.0 / (static_cast<double>(s.runtime->mesh().dp().size()) * loss_scale);
     overflow = s.sharded->step(gradient_scale, s.spec.optimizer.grad_clip, s.scaler != nullptr).skipped;
   } else {
@@ -325,7 +331,10 @@ ModelStateBytes Engine::model_state_bytes() const {
   if (s.sharded) {
     bytes.params = s.sharded->parameter_bytes();
     bytes.grads = s.sharded->gradient_bytes();
-    bytes.optimizer = optimizer_state_bytes(s.sharded->optimizer()) + s.sharded->master_bytes();
+    bytes.optimizer = s.sharded->master_bytes();
+    if (s.sharded->offloaded_optimizer() == nullptr) bytes.optimizer += optimizer_state_bytes(s.sharded->optimizer());
+    bytes.host = s.sharded->host_bytes();
+    bytes.nvme = s.sharded->nvme_bytes();
     return bytes;
   }
   for (const auto& p : s.params) bytes.params += payload_bytes(p);

@@ -12,7 +12,8 @@
 namespace parallax {
 namespace {
 
-constexpr std::int64_t kFieldsPerRank = 4 + 2 * static_cast<std::int64_t>(kCommOpCount);
+constexpr std::int64_t kStateFields = 6;  // loss, then the ModelStateBytes fields
+constexpr std::int64_t kFieldsPerRank = kStateFields + 2 * static_cast<std::int64_t>(kCommOpCount);
 
 std::string human_rate(double per_second) {
   char text[32];
@@ -62,9 +63,11 @@ StepMetrics StepTelemetry::end_window(std::int64_t step, double local_loss, doub
   m[1] = static_cast<double>(state.params);
   m[2] = static_cast<double>(state.grads);
   m[3] = static_cast<double>(state.optimizer);
+  m[4] = static_cast<double>(state.host);
+  m[5] = static_cast<double>(state.nvme);
   for (std::size_t op = 0; op < kCommOpCount; ++op) {
-    m[4 + 2 * op] = static_cast<double>(delta.ops[op].calls);
-    m[5 + 2 * op] = static_cast<double>(delta.ops[op].bytes);
+    m[kStateFields + 2 * op] = static_cast<double>(delta.ops[op].calls);
+    m[kStateFields + 1 + 2 * op] = static_cast<double>(delta.ops[op].bytes);
   }
   Communicator& telemetry = runtime_.telemetry();
   telemetry.set_step(step);
@@ -80,12 +83,13 @@ StepMetrics StepTelemetry::end_window(std::int64_t step, double local_loss, doub
   for (int r = 0; r < ranks; ++r) {
     const double* f = a + r * kFieldsPerRank;
     loss_sum += f[0];
-    metrics.model_state_bytes.push_back(
-        {static_cast<std::int64_t>(f[1]), static_cast<std::int64_t>(f[2]), static_cast<std::int64_t>(f[3])});
+    metrics.model_state_bytes.push_back({static_cast<std::int64_t>(f[1]), static_cast<std::int64_t>(f[2]),
+                                         static_cast<std::int64_t>(f[3]), static_cast<std::int64_t>(f[4]),
+                                         static_cast<std::int64_t>(f[5])});
     CommCounters counters;
     for (std::size_t op = 0; op < kCommOpCount; ++op) {
-      counters.ops[op].calls = static_cast<std::int64_t>(f[4 + 2 * op]);
-      counters.ops[op].bytes = static_cast<std::int64_t>(f[5 + 2 * op]);
+      counters.ops[op].calls = static_cast<std::int64_t>(f[kStateFields + 2 * op]);
+      counters.ops[op].bytes = static_cast<std::int64_t>(f[kStateFields + 1 + 2 * op]);
     }
     metrics.comm.push_back(counters);
   }

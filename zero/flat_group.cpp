@@ -69,7 +69,29 @@ void FlatGroup::allocate_full() {
 WorkPtr FlatGroup::gather(Communicator& comm) {
   PARALLAX_ASSERT(residency_ == Residency::kSharded && !full_live_, "gather of a group that is not released");
   allocate_full();
-  return comm.all_gather(full_, shard_);
+  if (!fetch_) return comm.all_gather(full_, shard_);
+  const std::int64_t shard = layout_.shard_numel();
+  torch::Tensor own = full_.narrow(0, rank_ * shard, shard);
+  {
+    torch::NoGradGuard no_grad;
+    fetch_(own);
+  }
+  return comm.all_gather(full_, own);  // in place: this rank's part is already there
+}
+
+void FlatGroup::use_host_gradient(torch::Tensor gradient) {
+  PARALLAX_ASSERT(gradient.numel() == layout_.shard_numel() && gradient.scalar_type() == torch::kFloat32,
+                  "a host gradient shard must hold the shard's elements in fp32");
+  master_ = torch::Tensor();
+  grad_shard_ = std::move(gradient);
+  host_gradient_ = true;
+}
+
+void FlatGroup::fetch_shard_from(std::function<void(const torch::Tensor& slot)> fetch) {
+  PARALLAX_ASSERT(residency_ == Residency::kSharded && !full_live_ && host_gradient_,
+                  "only a released sharded group of an offloaded optimizer fetches its shard");
+  fetch_ = std::move(fetch);
+  shard_ = torch::Tensor();
 }
 
 void FlatGroup::release() {
@@ -115,6 +137,7 @@ void FlatGroup::zero_gradients() {
 }
 
 void FlatGroup::write_back_master() {
+  PARALLAX_ASSERT(master_.defined(), "write_back_master with an offloaded optimizer");
   torch::NoGradGuard no_grad;
   if (master_.data_ptr() != shard_.data_ptr()) shard_.copy_(master_);
 }
@@ -126,17 +149,19 @@ WorkPtr FlatGroup::gather_updated(Communicator& comm) {
 
 std::int64_t FlatGroup::parameter_bytes() const {
   const std::int64_t full = full_live_ ? full_bytes() : 0;
-  return residency_ == Residency::kReplicated ? full : full + payload_bytes(shard_);
+  if (residency_ == Residency::kReplicated || !shard_.defined()) return full;
+  return full + payload_bytes(shard_);
 }
 
 std::int64_t FlatGroup::gradient_bytes() const {
   std::int64_t bytes = grad_full_.defined() ? payload_bytes(grad_full_) : 0;
-  if (!keep_full_gradients_) bytes += payload_bytes(grad_shard_);
+  if (!keep_full_gradients_ && !host_gradient_) bytes += payload_bytes(grad_shard_);
   return bytes;
 }
 
 std::int64_t FlatGroup::master_bytes() const {
-  return master_.data_ptr() == shard_.data_ptr() ? 0 : payload_bytes(master_);
+  if (!master_.defined() || master_.data_ptr() == shard_.data_ptr()) return 0;
+  return payload_bytes(master_);
 }
 
 std::int64_t FlatGroup::full_bytes() const {

@@ -14,7 +14,11 @@
 // The fp32 master shard is the shard itself when parameters are fp32, else a copy.
 // Gradients: each backward's gradient of a parameter is added (in fp32) into a full
 // gradient buffer; reduce_scatter leaves this rank's reduced shard in the gradient
-// shard (the master's .grad). With `keep_full_gradients` (stage 1) the full buffer
+// shard (the master's .grad). With an offloaded optimizer (use_host_gradient) the
+// master and the gradient shard are the optimizer's host buffers instead, and with
+// parameter offload (fetch_shard_from) a sharded group keeps no shard at all: each
+// gather fills this rank's part of the full buffer from the host first.
+// With `keep_full_gradients` (stage 1) the full buffer
 // lives across micro-steps and the shard is its view; otherwise (stages 2–3) the full
 // buffer exists only from a micro-step's first gradient to its reduce-scatter.
 #pragma once
@@ -22,6 +26,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "parallax/core/communicator.h"
@@ -71,12 +76,24 @@ class FlatGroup {
   /// Zeroes the gradient shard (and the full gradient buffer, when kept).
   void zero_gradients();
 
+  // ---- offloading ----
+  /// The optimizer is offloaded: the reduced gradient shard goes into `gradient`
+  /// (host fp32, shard_numel elements) and the group keeps no master of its own.
+  void use_host_gradient(torch::Tensor gradient);
+  /// Parameter offload (sharded groups, released): frees the compute-dtype shard; every
+  /// gather() first calls `fetch(slot)` to fill this rank's part of the full buffer.
+  void fetch_shard_from(std::function<void(const torch::Tensor& slot)> fetch);
+  /// The compute-dtype shard this rank keeps (a view of the full buffer when
+  /// replicated; undefined after fetch_shard_from). Writing it updates the parameters.
+  const torch::Tensor& shard() const { return shard_; }
+
   // ---- the optimizer's view ----
-  /// The fp32 master shard; its .grad is the gradient shard.
+  /// The fp32 master shard; its .grad is the gradient shard. Undefined once the
+  /// optimizer is offloaded.
   const torch::Tensor& master() const { return master_; }
   const torch::Tensor& gradient_shard() const { return grad_shard_; }
   /// Copies the updated master into the compute-dtype shard (and so, when replicated,
-  /// into this rank's part of the full buffer).
+  /// into this rank's part of the full buffer). Not for an offloaded optimizer.
   void write_back_master();
   /// Replicated groups after an update: all-gathers every rank's shard in place.
   WorkPtr gather_updated(Communicator& comm);
@@ -105,6 +122,8 @@ class FlatGroup {
   torch::Tensor grad_shard_;  ///< [S], fp32
   torch::Tensor received_;    ///< reduce-scatter output in flight
   std::size_t reported_ = 0;
+  bool host_gradient_ = false;  ///< grad_shard_ is the offloaded optimizer's
+  std::function<void(const torch::Tensor&)> fetch_;
 };
 
 }  // namespace parallax::zero

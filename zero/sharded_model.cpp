@@ -6,7 +6,10 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include <unistd.h>
+
 #include "parallax/core/error.h"
+#include "parallax/offload/offloaded_adam.h"
 #include "parallax/zero/flat_group.h"
 #include "parallax/zero/gather_schedule.h"
 #include "parallax/zero/gradient_hooks.h"
@@ -31,6 +34,31 @@ bool type_matches(const std::string& type, const std::string& wanted) {
 // One collective carries at most INT_MAX elements (MPI counts in an int).
 constexpr std::int64_t kMaxGroupElements = std::numeric_limits<int>::max();
 
+offload::OffloadedAdamOptions offloaded_adam_options(const OffloadOptions& offload,
+                                                     const OptimizerOptions& optimizer,
+                                                     const Communicator& dp,
+                                                     bool device_is_cuda) {
+  PARALLAX_CHECK(optimizer.type != OptimizerType::kSgd, ConfigError,
+                 "offload.optimizer: the offloaded step is the fused CPU Adam; optimizer.type = \"sgd\" cannot be "
+                 "offloaded");
+  offload::OffloadedAdamOptions options;
+  options.adam = offload::CpuAdamOptions(optimizer.lr)
+                     .betas(optimizer.betas[0], optimizer.betas[1])
+                     .eps(optimizer.eps)
+                     .weight_decay(optimizer.weight_decay)
+                     .decoupled(optimizer.type == OptimizerType::kAdamW);
+  options.moments_on_nvme = offload.optimizer == OffloadTarget::kNvme;
+  options.masters_on_nvme = offload.param == OffloadTarget::kNvme;
+  options.nvme_path = offload.nvme_path;
+  options.buffer_bytes = offload.buffer_bytes();
+  options.buffer_count = offload.buffer_count;
+  options.pin_memory = offload.pin_memory && device_is_cuda;
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  options.owner = detail::concat("rank ", dp.rank(), " of group '", dp.name(), "' on ", host);
+  return options;
+}
+
 }  // namespace
 
 struct ShardedModel::State {
@@ -44,8 +72,9 @@ struct ShardedModel::State {
   std::vector<std::size_t> unit_groups;
   std::vector<std::ptrdiff_t> unit_of_group;
   std::unique_ptr<GatherSchedule> schedule;
-  std::vector<WorkPtr> gathers;  ///< in-flight gather per unit
-  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  std::vector<WorkPtr> gathers;                        ///< in-flight gather per unit
+  std::unique_ptr<torch::optim::Optimizer> optimizer;  ///< unless offloaded
+  std::unique_ptr<offload::OffloadedAdam> offloaded;   ///< [offload] optimizer != none
   std::unique_ptr<GradientHooks> hooks;
   /// Stage 3: the constructing thread watches parameter use for the model's life, so a
   /// parameter read outside engine.forward (a print, a direct model->forward) gathers
@@ -99,6 +128,8 @@ struct ShardedModel::State {
 ShardedModel::ShardedModel(torch::nn::Module& model,
                            std::vector<torch::Tensor> params,
                            const ZeroOptions& options,
+                           const OffloadOptions& offload,
+                           const OptimizerOptions& optimizer,
                            Communicator& dp,
                            Tracer& tracer,
                            const OptimizerFactory& make_optimizer)
@@ -220,9 +251,26 @@ ShardedModel::ShardedModel(torch::nn::Module& model,
     }
   }
 
-  std::vector<torch::Tensor> masters;
-  for (const auto& group : s.groups) masters.push_back(group->master());
-  s.optimizer = make_optimizer(masters);
+  if (offload.optimizer_offloaded()) {
+    PARALLAX_CHECK(offload.param == OffloadTarget::kNone || options_.stage == 3, ConfigError,
+                   "offload.param: only zero.stage = 3 shards the parameters, so only it can offload them");
+    std::vector<torch::Tensor> initial;
+    for (const auto& group : s.groups) initial.push_back(group->shard());
+    s.offloaded = std::make_unique<offload::OffloadedAdam>(
+        offloaded_adam_options(offload, optimizer, dp, s.params.front().is_cuda()), initial);
+    for (std::size_t g = 0; g < s.groups.size(); ++g) {
+      FlatGroup& group = *s.groups[g];
+      group.use_host_gradient(s.offloaded->gradient(g));
+      if (offload.param != OffloadTarget::kNone && group.residency() == Residency::kSharded) {
+        offload::OffloadedAdam* host = s.offloaded.get();
+        group.fetch_shard_from([host, g](const torch::Tensor& slot) { host->read_master(g, slot); });
+      }
+    }
+  } else {
+    std::vector<torch::Tensor> masters;
+    for (const auto& group : s.groups) masters.push_back(group->master());
+    s.optimizer = make_optimizer(masters);
+  }
   s.complete.assign(s.groups.size(), false);
   s.reductions.resize(s.groups.size());
 
@@ -330,11 +378,20 @@ StepOutcome ShardedModel::step(double gradient_scale, double clip_norm, bool ski
       for (const auto& group : s.groups) group->gradient_shard().mul_(coefficient);
     }
   }
-  s.optimizer->step();
+  if (s.offloaded) {
+    s.offloaded->step();
+  } else {
+    s.optimizer->step();
+  }
   std::vector<WorkPtr> pending;
-  for (const auto& group : s.groups) {
-    group->write_back_master();
-    if (group->residency() == Residency::kReplicated) pending.push_back(group->gather_updated(*s.dp));
+  for (std::size_t g = 0; g < s.groups.size(); ++g) {
+    FlatGroup& group = *s.groups[g];
+    if (!s.offloaded) {
+      group.write_back_master();
+    } else if (group.shard().defined()) {  // else (parameter offload) the next gather fetches it
+      s.offloaded->read_master(g, group.shard());
+    }
+    if (group.residency() == Residency::kReplicated) pending.push_back(group.gather_updated(*s.dp));
   }
   for (const auto& work : pending) work->wait();
   for (const auto& group : s.groups) group->zero_gradients();
@@ -344,9 +401,19 @@ StepOutcome ShardedModel::step(double gradient_scale, double clip_norm, bool ski
 std::vector<torch::Tensor> ShardedModel::gather_masters() {
   State& s = *state_;
   std::vector<torch::Tensor> full_masters;
-  for (const auto& group : s.groups) {
-    torch::Tensor full = torch::empty({group->layout().padded_numel()}, group->master().options());
-    torch::Tensor shard = group->master().detach();
+  for (std::size_t g = 0; g < s.groups.size(); ++g) {
+    const FlatGroup& group = *s.groups[g];
+    const std::int64_t numel = group.layout().shard_numel();
+    torch::Tensor full;
+    torch::Tensor shard;
+    if (s.offloaded) {
+      full = torch::empty({group.layout().padded_numel()}, torch::kFloat32);
+      shard = full.narrow(0, s.dp->rank() * numel, numel);  // gathered in place
+      s.offloaded->read_master(g, shard);
+    } else {
+      shard = group.master().detach();
+      full = torch::empty({group.layout().padded_numel()}, shard.options());
+    }
     s.dp->all_gather(full, shard)->wait();
     full_masters.push_back(full);
   }
@@ -362,10 +429,24 @@ std::vector<torch::Tensor> ShardedModel::gather_masters() {
 }
 
 torch::optim::Optimizer& ShardedModel::optimizer() {
+  PARALLAX_CHECK(state_->optimizer, UsageError, "the optimizer is offloaded: use offloaded_optimizer()");
   return *state_->optimizer;
 }
 const torch::optim::Optimizer& ShardedModel::optimizer() const {
+  PARALLAX_CHECK(state_->optimizer, UsageError, "the optimizer is offloaded: use offloaded_optimizer()");
   return *state_->optimizer;
+}
+offload::OffloadedAdam* ShardedModel::offloaded_optimizer() {
+  return state_->offloaded.get();
+}
+const offload::OffloadedAdam* ShardedModel::offloaded_optimizer() const {
+  return state_->offloaded.get();
+}
+std::int64_t ShardedModel::host_bytes() const {
+  return state_->offloaded ? state_->offloaded->host_bytes() : 0;
+}
+std::int64_t ShardedModel::nvme_bytes() const {
+  return state_->offloaded ? state_->offloaded->nvme_bytes() : 0;
 }
 
 std::int64_t ShardedModel::parameter_bytes() const {

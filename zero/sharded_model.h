@@ -29,8 +29,15 @@
 //     shards, and the compute-dtype parameters are refreshed: written back into the
 //     shard, and all-gathered in place for replicated groups.
 //
+// Offload ([offload], see offload/offloaded_adam.h): the masters, gradient shards and
+// moments are an OffloadedAdam's host buffers (or its NVMe tier); reductions land in
+// the host gradient shards as each group's reduce-scatter finishes, the step runs on
+// the CPU, and the updated masters are copied into the compute-dtype shards. With
+// parameter offload a stage-3 unit keeps no shard on the device: its gather reads
+// this rank's part from the host master (or the file) first.
+//
 //   ZeroOptions options;  options.stage = 2;      // the [zero] section (core/config.h)
-//   ShardedModel zero(*model, params, options, dp, tracer, factory);
+//   ShardedModel zero(*model, params, options, OffloadOptions{}, optimizer_options, dp, tracer, factory);
 //   { auto scope = zero.use_scope(); loss = loss_fn(model->forward(x)); }
 //   zero.begin_backward(/*last=*/true); { auto scope = zero.use_scope(); loss.backward(); }
 //   zero.end_backward();  set_learning_rate(zero.optimizer(), lr);  zero.step(1.0 / N, clip, false);
@@ -49,6 +56,10 @@
 #include "parallax/core/trace.h"
 #include "parallax/zero/parameter_interception.h"
 
+namespace parallax::offload {
+class OffloadedAdam;
+}
+
 namespace parallax::zero {
 
 using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor>)>;
@@ -62,11 +73,16 @@ struct StepOutcome {
 class ShardedModel final : private ParameterUseListener {
  public:
   /// `params`: the trainable parameters of `model` (distinct, dense, one dtype),
-  /// identical on every rank of `dp`. Throws ConfigError for an impossible option
-  /// (a wrap type that matches no module). Does not communicate.
+  /// identical on every rank of `dp`. `make_optimizer` builds the optimizer over the
+  /// master shards unless `offload` moves it to the host, where `optimizer` (Adam or
+  /// AdamW) gives its hyper-parameters. Throws ConfigError for an impossible option
+  /// (a wrap type that matches no module, an NVMe directory that cannot take the
+  /// file). Does not communicate.
   ShardedModel(torch::nn::Module& model,
                std::vector<torch::Tensor> params,
                const ZeroOptions& options,
+               const OffloadOptions& offload,
+               const OptimizerOptions& optimizer,
                Communicator& dp,
                Tracer& tracer,
                const OptimizerFactory& make_optimizer);
@@ -86,9 +102,13 @@ class ShardedModel final : private ParameterUseListener {
   /// gradients. Collective; blocks.
   StepOutcome step(double gradient_scale, double clip_norm, bool skip_non_finite);
 
-  /// The optimizer over this rank's master shards (for the learning rate, its state).
+  /// The optimizer over this rank's master shards (for the learning rate, its state);
+  /// not available when offloaded.
   torch::optim::Optimizer& optimizer();
   const torch::optim::Optimizer& optimizer() const;
+  /// The host optimizer when [offload] moved it there, else null.
+  offload::OffloadedAdam* offloaded_optimizer();
+  const offload::OffloadedAdam* offloaded_optimizer() const;
 
   /// Collective: the full fp32 master parameters, in the order of `params`.
   std::vector<torch::Tensor> gather_masters();
@@ -97,6 +117,9 @@ class ShardedModel final : private ParameterUseListener {
   std::int64_t parameter_bytes() const;
   std::int64_t gradient_bytes() const;
   std::int64_t master_bytes() const;
+  /// Offloaded state: bytes in host memory and in the NVMe tier's file.
+  std::int64_t host_bytes() const;
+  std::int64_t nvme_bytes() const;
   /// Padding elements over all groups (each group pads to a multiple of N).
   std::int64_t padding_elements() const;
   std::size_t group_count() const;

@@ -291,6 +291,48 @@ TEST_F(ConfigTest, LossScalingKeysAreCheckedTogether) {
                   "precision.loss_scale_min = 8.0 at ");
 }
 
+TEST_F(ConfigTest, OffloadSectionReadsEveryKey) {
+  const Config config =
+      load({write("a.toml",
+                  "[zero]\nstage = 3\n[offload]\noptimizer = \"nvme\"\nparam = \"nvme\"\npin_memory = false\n"
+                  "nvme_path = \"/local/nvme\"\nbuffer_mb = 16\nbuffer_count = 2\n")});
+  EXPECT_EQ(config.offload.optimizer, OffloadTarget::kNvme);
+  EXPECT_EQ(config.offload.param, OffloadTarget::kNvme);
+  EXPECT_FALSE(config.offload.pin_memory);
+  EXPECT_EQ(config.offload.nvme_path, "/local/nvme");
+  EXPECT_EQ(config.offload.buffer_bytes(), 16 << 20);
+  EXPECT_EQ(config.offload.buffer_count, 2);
+  EXPECT_CONTAINS(to_toml(config), "[offload]\noptimizer = \"nvme\"\nparam = \"nvme\"");
+}
+
+TEST_F(ConfigTest, EveryInvalidOffloadCombinationSaysWhy) {
+  std::string path;
+  const std::string at_stage_0 = load_error("[offload]\noptimizer = \"cpu\"\n", &path);
+  EXPECT_CONTAINS(at_stage_0, "offload.optimizer = \"cpu\" at " + path + ":2:13");
+  EXPECT_CONTAINS(at_stage_0, "it needs zero.stage = 1, 2 or 3 (zero.stage = 0)");
+  const std::string param_below_3 =
+      load_error("[zero]\nstage = 2\n[offload]\noptimizer = \"cpu\"\nparam = \"cpu\"\n", &path);
+  EXPECT_CONTAINS(param_below_3, "offload.param = \"cpu\" at " + path + ":5:9");
+  EXPECT_CONTAINS(param_below_3, "only zero.stage = 3 shards the parameters");
+  EXPECT_CONTAINS(param_below_3, "(zero.stage = 2 at " + path + ":2:9)");
+  EXPECT_CONTAINS(load_error("[zero]\nstage = 3\n[offload]\nparam = \"cpu\"\n"),
+                  "set offload.optimizer = \"cpu\" or \"nvme\" too");
+  EXPECT_CONTAINS(load_error("[zero]\nstage = 3\n[offload]\noptimizer = \"cpu\"\nparam = \"nvme\"\n"
+                             "nvme_path = \"/tmp\"\n"),
+                  "set offload.optimizer = \"nvme\" too");
+  const std::string no_path = load_error("[zero]\nstage = 1\n[offload]\noptimizer = \"nvme\"\n");
+  EXPECT_CONTAINS(no_path, "offload.optimizer = \"nvme\" at ");
+  EXPECT_CONTAINS(no_path, "needs offload.nvme_path");
+  EXPECT_CONTAINS(load_error("[zero]\nstage = 1\n[offload]\noptimizer = \"cpu\"\nnvme_path = \"/tmp\"\n"),
+                  "no NVMe tier is in use");
+  EXPECT_CONTAINS(load_error("[zero]\nstage = 1\n[optimizer]\ntype = \"sgd\"\n[offload]\noptimizer = \"cpu\"\n"),
+                  "optimizer.type = \"sgd\" at ");
+  EXPECT_CONTAINS(load_error("[offload]\nbuffer_count = 1\n"), "offload.buffer_count = 1 at ");
+  EXPECT_CONTAINS(load_error("[offload]\nbuffer_count = 1\n"), "expected an integer >= 2");
+  EXPECT_CONTAINS(load_error("[offload]\noptimizer = \"disk\"\n"), "\"none\", \"cpu\", \"nvme\"");
+  EXPECT_CONTAINS(load_error("[offload]\nnvme_pth = \"/tmp\"\n"), "did you mean");
+}
+
 TEST_F(ConfigTest, AutoModeIsNotAvailableYet) {
   const std::string mode = load_error("[parallel]\nmode = \"auto\"\n");
   EXPECT_CONTAINS(mode, "parallel.mode = \"auto\" at ");
@@ -555,6 +597,7 @@ TEST(EnumNames, AreTheTomlSpellings) {
   EXPECT_STREQ(to_string(ParallelMode::kManual), "manual");
   EXPECT_STREQ(to_string(ParallelMode::kAuto), "auto");
   EXPECT_STREQ(to_string(CommBackend::kNccl), "nccl");
+  EXPECT_STREQ(to_string(OffloadTarget::kNvme), "nvme");
 }
 
 }  // namespace

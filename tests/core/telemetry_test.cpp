@@ -35,7 +35,8 @@ TEST(Metrics, JsonLineHasTheContractFieldsIndexedByRank) {
   EXPECT_EQ(line.find('\n'), std::string::npos);
   EXPECT_NE(line.find("\"step\":3,\"loss\":2.5,\"lr\":0.001,\"step_ms\":40,\"tokens_per_s\":1000"), std::string::npos)
       << line;
-  EXPECT_NE(line.find("\"model_state_bytes\":[{\"params\":16,\"grads\":16,\"optimizer\":32},"), std::string::npos);
+  EXPECT_NE(line.find("\"model_state_bytes\":[{\"params\":16,\"grads\":16,\"optimizer\":32,\"host\":0,\"nvme\":0},"),
+            std::string::npos);
   EXPECT_NE(line.find("{\"all_reduce\":{\"calls\":0,\"bytes\":0}"), std::string::npos);
   EXPECT_NE(line.find("{\"all_reduce\":{\"calls\":2,\"bytes\":64},\"reduce_scatter\""), std::string::npos);
   for (const char* op : {"reduce_scatter", "all_gather", "broadcast", "send", "recv", "barrier"}) {

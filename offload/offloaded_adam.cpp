@@ -1,0 +1,162 @@
+#include "parallax/offload/offloaded_adam.h"
+
+#include <algorithm>
+#include <future>
+
+#include "parallax/core/communicator.h"
+#include "parallax/core/error.h"
+#include "parallax/offload/swap_file.h"
+
+namespace parallax::offload {
+namespace {
+
+// Waits for every operation; rethrows the first failure only after all are done, so
+// no buffer is reused or freed while the I/O thread still touches it.
+void wait_all(std::vector<std::future<void>>& pending) {
+  std::exception_ptr failure;
+  for (auto& operation : pending) {
+    if (!operation.valid()) continue;
+    try {
+      operation.get();
+    } catch (...) {
+      if (!failure) failure = std::current_exception();
+    }
+  }
+  pending.clear();
+  if (failure) std::rethrow_exception(failure);
+}
+
+}  // namespace
+
+OffloadedAdam::OffloadedAdam(const OffloadedAdamOptions& options, const std::vector<torch::Tensor>& initial_masters)
+    : options_(options), update_(options.adam) {
+  PARALLAX_CHECK(!options_.masters_on_nvme || options_.moments_on_nvme, ConfigError,
+                 "masters on NVMe need the moments there too (offload.optimizer = \"nvme\")");
+  PARALLAX_CHECK(options_.buffer_count >= 2, ConfigError, "offload.buffer_count = ", options_.buffer_count,
+                 ": expected an integer >= 2");
+  PARALLAX_CHECK(!initial_masters.empty(), UsageError, "an offloaded optimizer needs at least one shard");
+  for (const auto& master : initial_masters) {
+    PARALLAX_CHECK(master.dim() == 1 && master.is_floating_point(), UsageError,
+                   "a master shard must be a 1-D floating tensor, got ", master.sizes(), " ", master.scalar_type());
+    offsets_.push_back(total_);
+    numels_.push_back(master.numel());
+    total_ += master.numel();
+  }
+  torch::NoGradGuard no_grad;
+  const auto host = torch::TensorOptions().dtype(torch::kFloat32).pinned_memory(options_.pin_memory);
+  gradients_ = torch::zeros({total_}, host);
+  for (std::size_t i = 0; i < numels_.size(); ++i)
+    gradient_views_.push_back(gradients_.narrow(0, offsets_[i], numels_[i]));
+
+  torch::Tensor masters = torch::empty({total_}, host);
+  for (std::size_t i = 0; i < numels_.size(); ++i) masters.narrow(0, offsets_[i], numels_[i]).copy_(initial_masters[i]);
+  if (!options_.moments_on_nvme) {
+    masters_ = masters;
+    moments_ = torch::zeros({2, total_}, host);
+    return;
+  }
+  streams_ = options_.masters_on_nvme ? 3 : 2;
+  tile_elements_ = std::max<std::int64_t>(1, options_.buffer_bytes / (4 * streams_));
+  tile_elements_ = std::min(tile_elements_, total_);
+  // The file reserves its whole size (zeros: the moments' starting values).
+  file_ = std::make_unique<SwapFile>(options_.nvme_path, streams_ * total_ * 4, options_.owner);
+  if (options_.masters_on_nvme) {
+    file_->write(2 * total_ * 4, masters.data_ptr<float>(), total_ * 4);
+  } else {
+    masters_ = masters;
+  }
+  const std::int64_t buffers = std::min(options_.buffer_count, (total_ + tile_elements_ - 1) / tile_elements_ + 1);
+  for (std::int64_t b = 0; b < buffers; ++b) buffers_.push_back(torch::empty({streams_, tile_elements_}, host));
+}
+
+OffloadedAdam::~OffloadedAdam() = default;
+
+void OffloadedAdam::read_master(std::size_t i, const torch::Tensor& destination) const {
+  PARALLAX_CHECK(i < numels_.size() && destination.numel() == numels_[i], UsageError, "read_master(", i, "): expected ",
+                 i < numels_.size() ? numels_[i] : -1, " elements, got ", destination.numel());
+  torch::NoGradGuard no_grad;
+  if (masters_.defined()) {
+    destination.view({-1}).copy_(masters_.narrow(0, offsets_[i], numels_[i]));
+    return;
+  }
+  const bool direct =
+      destination.is_cpu() && destination.scalar_type() == torch::kFloat32 && destination.is_contiguous();
+  torch::Tensor staging = direct ? destination : torch::empty({numels_[i]}, torch::kFloat32);
+  file_->read((2 * total_ + offsets_[i]) * 4, staging.data_ptr<float>(), numels_[i] * 4);
+  if (!direct) destination.view({-1}).copy_(staging);
+}
+
+void OffloadedAdam::step() {
+  ++steps_;
+  if (file_) {
+    step_through_tiles();
+  } else {
+    step_in_memory();
+  }
+}
+
+void OffloadedAdam::step_in_memory() {
+  update_.step(masters_.data_ptr<float>(), gradients_.data_ptr<float>(), moments_[0].data_ptr<float>(),
+               moments_[1].data_ptr<float>(), total_, steps_);
+}
+
+void OffloadedAdam::step_through_tiles() {
+  const std::int64_t e = tile_elements_;
+  const std::int64_t tiles = (total_ + e - 1) / e;
+  const std::int64_t slots = static_cast<std::int64_t>(buffers_.size());
+  std::vector<std::vector<std::future<void>>> pending(static_cast<std::size_t>(slots));
+  auto elements_of = [&](std::int64_t k) { return std::min(e, total_ - k * e); };
+  // Stream s of tile k sits at (s·T + k·E) floats in the file and at row s of its buffer.
+  auto transfer = [&](std::int64_t k, bool write) {
+    const std::size_t slot = static_cast<std::size_t>(k % slots);
+    float* buffer = buffers_[slot].data_ptr<float>();
+    for (std::int64_t s = 0; s < streams_; ++s) {
+      const std::int64_t offset = (s * total_ + k * e) * 4;
+      const std::int64_t bytes = elements_of(k) * 4;
+      pending[slot].push_back(write ? file_->write_async(offset, buffer + s * e, bytes)
+                                    : file_->read_async(offset, buffer + s * e, bytes));
+    }
+  };
+  try {
+    for (std::int64_t k = 0; k < std::min(tiles, slots - 1); ++k) transfer(k, false);
+    for (std::int64_t k = 0; k < tiles; ++k) {
+      const std::size_t slot = static_cast<std::size_t>(k % slots);
+      wait_all(pending[slot]);  // tile k is in (and the slot's previous tile is out)
+      // Queued behind tile k−1's write, which last used the buffer it reads into.
+      if (k + slots - 1 < tiles) transfer(k + slots - 1, false);
+      float* buffer = buffers_[slot].data_ptr<float>();
+      float* master = options_.masters_on_nvme ? buffer + 2 * e : masters_.data_ptr<float>() + k * e;
+      update_.step(master, gradients_.data_ptr<float>() + k * e, buffer, buffer + e, elements_of(k), steps_);
+      transfer(k, true);
+    }
+    for (auto& slot : pending) wait_all(slot);
+  } catch (...) {
+    for (auto& slot : pending) {
+      try {
+        wait_all(slot);
+      } catch (...) {
+      }
+    }
+    throw;
+  }
+}
+
+std::int64_t OffloadedAdam::host_bytes() const {
+  std::int64_t bytes = payload_bytes(gradients_);
+  if (masters_.defined()) bytes += payload_bytes(masters_);
+  if (moments_.defined()) bytes += payload_bytes(moments_);
+  for (const auto& buffer : buffers_) bytes += payload_bytes(buffer);
+  return bytes;
+}
+
+std::int64_t OffloadedAdam::nvme_bytes() const {
+  return file_ ? file_->size() : 0;
+}
+std::int64_t OffloadedAdam::nvme_bytes_read() const {
+  return file_ ? file_->bytes_read() : 0;
+}
+std::int64_t OffloadedAdam::nvme_bytes_written() const {
+  return file_ ? file_->bytes_written() : 0;
+}
+
+}  // namespace parallax::offload

@@ -1,0 +1,109 @@
+// ZeRO-Offload's optimizer: one rank's fp32 master shards, their gradients and their
+// Adam moments in host memory, updated by the fused CpuAdam; with the NVMe tier the
+// moments (and, for parameter offload to NVMe, the masters) live in a SwapFile and
+// are streamed through a few host buffers instead.
+//
+// Host layout: the shards are concatenated; one gradient buffer and (in memory) one
+// master buffer and two moment buffers of T = Σ shard elements each. The caller's
+// reduce-scatter writes into gradient(i); read_master(i, ...) is how the device side
+// gets parameters back.
+//
+// NVMe tier: the file holds the moments (m, then v: T floats each) and optionally the
+// masters (T floats more). A step walks tiles of E elements (E·streams·4 bytes =
+// buffer_bytes) through `buffer_count` host buffers: while tile k is updated, the I/O
+// thread writes tile k−1 back and reads tiles up to k + buffer_count − 1 ahead, in
+// FIFO order, so a buffer is refilled only after its previous tile was written.
+//
+//   OffloadedAdam adam(options, {shard0, shard1});   // copies the starting values
+//   (reduce gradients into adam.gradient(i)) ... adam.set_learning_rate(lr); adam.step();
+//   adam.read_master(0, device_shard);                // updated parameters, converted
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "parallax/offload/cpu_adam.h"
+
+namespace parallax::offload {
+
+class SwapFile;
+
+struct OffloadedAdamOptions {
+  /// The update rule (lr is reset by set_learning_rate).
+  CpuAdamOptions adam{1e-3};
+  /// The moments in the NVMe tier's file instead of host memory.
+  bool moments_on_nvme = false;
+  /// The masters there too (needs moments_on_nvme).
+  bool masters_on_nvme = false;
+  /// Directory of the file (offload.nvme_path).
+  std::string nvme_path;
+  /// Bytes of one host buffer of the tier (offload.buffer_mb), and how many (>= 2).
+  std::int64_t buffer_bytes = 64 << 20;
+  std::int64_t buffer_count = 4;
+  /// Page-locked host tensors (CUDA LibTorch only; the caller decides).
+  bool pin_memory = false;
+  /// Who this is, for messages: "rank 3 on node7".
+  std::string owner;
+};
+
+class OffloadedAdam {
+ public:
+  /// `initial_masters`: each shard's starting values (1-D, floating, any device),
+  /// copied to host fp32. Throws ConfigError for a bad option or a directory that
+  /// cannot take the file.
+  OffloadedAdam(const OffloadedAdamOptions& options, const std::vector<torch::Tensor>& initial_masters);
+  OffloadedAdam(const OffloadedAdam&) = delete;
+  OffloadedAdam& operator=(const OffloadedAdam&) = delete;
+  ~OffloadedAdam();
+
+  std::size_t shard_count() const { return numels_.size(); }
+  /// Shard i's gradient: host fp32, read by step(); the caller fills and zeroes it.
+  const torch::Tensor& gradient(std::size_t i) const { return gradient_views_[i]; }
+  /// Copies shard i's master into `destination` (same element count; converted to its
+  /// dtype and device). Blocking; safe from several threads, not during step().
+  void read_master(std::size_t i, const torch::Tensor& destination) const;
+
+  void set_learning_rate(double lr) { update_.options().lr(lr); }
+  double learning_rate() const { return update_.options().lr_; }
+  /// One Adam step of every shard from its gradient. Blocks. Throws IoError (NVMe),
+  /// after every pending read and write has finished.
+  void step();
+  /// Steps taken (Adam's t).
+  std::int64_t step_count() const { return steps_; }
+
+  /// Bytes held now in host memory (gradients, masters and moments, or the tier's
+  /// buffers) and in the NVMe tier's file.
+  std::int64_t host_bytes() const;
+  std::int64_t nvme_bytes() const;
+  /// The tier's traffic so far.
+  std::int64_t nvme_bytes_read() const;
+  std::int64_t nvme_bytes_written() const;
+  /// Elements per tile of the NVMe tier (0 without it).
+  std::int64_t tile_elements() const { return tile_elements_; }
+
+ private:
+  void step_in_memory();
+  void step_through_tiles();
+
+  OffloadedAdamOptions options_;
+  CpuAdam update_;
+  std::int64_t steps_ = 0;
+  std::vector<std::int64_t> numels_;
+  std::vector<std::int64_t> offsets_;  ///< of each shard in the concatenated space
+  std::int64_t total_ = 0;
+  torch::Tensor gradients_;  ///< [T]
+  std::vector<torch::Tensor> gradient_views_;
+  torch::Tensor masters_;  ///< [T], unless on NVMe
+  torch::Tensor moments_;  ///< [2, T], unless on NVMe
+  // NVMe tier
+  std::unique_ptr<SwapFile> file_;
+  std::int64_t streams_ = 0;  ///< floats per element in the file: m, v (and master)
+  std::int64_t tile_elements_ = 0;
+  std::vector<torch::Tensor> buffers_;  ///< [streams, E] each
+};
+
+}  // namespace parallax::offload
