@@ -1,0 +1,140 @@
+// Offloaded ZeRO computes what one process computes: the GPT example trained with the
+// optimizer (and at stage 3 the parameters) on the host or the NVMe tier, on every
+// rank of the world, against the single-process LibTorch reference and against the
+// same ZeRO stage without offload. The bytes each rank holds on the device, on the
+// host and in the tier's file follow ZeRO-Offload's accounting exactly, and the tier
+// leaves no file behind.
+//
+// Notation as in zero_equivalence_test: Ψ' = Ψ + padding, N ranks, T = Ψ'/N elements of
+// this rank's shards. fp32 AdamW.
+#include <gtest/gtest.h>
+#include <mpi.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include "gpt.h"
+#include "gpt_training.h"
+#include "parallax/runtime/parallax.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace equivalence;
+
+// Same on every rank (the configs must hash alike): the launcher is their common parent.
+fs::path scratch_directory() {
+  return fs::temp_directory_path() / ("parallax_offload_equivalence_" + std::to_string(::getppid()));
+}
+
+constexpr double kBufferMegabytes = 0.01;  // 10,485 bytes: several tiles per shard here
+
+struct Variant {
+  int stage;
+  std::string optimizer;  // cpu | nvme
+  std::string param;      // none | cpu | nvme
+  std::int64_t buffer_count;
+  std::string name() const {
+    return "stage_" + std::to_string(stage) + "_" + optimizer + (param == "none" ? "" : "_param_" + param) +
+           "_buffers_" + std::to_string(buffer_count);
+  }
+  bool nvme() const { return optimizer == "nvme" || param == "nvme"; }
+};
+
+std::vector<std::string> overrides(const Variant& v) {
+  std::vector<std::string> out{"zero.stage=" + std::to_string(v.stage),
+                               "zero.wrap=[\"Block\"]",
+                               "offload.optimizer=\"" + v.optimizer + "\"",
+                               "offload.param=\"" + v.param + "\"",
+                               "offload.buffer_mb=" + std::to_string(kBufferMegabytes),
+                               "offload.buffer_count=" + std::to_string(v.buffer_count)};
+  if (v.nvme()) out.push_back("offload.nvme_path=\"" + scratch_directory().string() + "\"");
+  return out;
+}
+
+class OffloadEquivalence : public ::testing::TestWithParam<std::tuple<Variant, std::int64_t>> {
+ protected:
+  void SetUp() override { fs::create_directories(scratch_directory()); }
+  void TearDown() override {
+    MPI_Barrier(MPI_COMM_WORLD);  // every rank is done with the directory
+    EXPECT_TRUE(fs::is_empty(scratch_directory())) << "the NVMe tier left a file behind";
+    MPI_Barrier(MPI_COMM_WORLD);
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (rank == 0) fs::remove_all(scratch_directory());
+  }
+  const Variant& variant() const { return std::get<0>(GetParam()); }
+  std::int64_t grad_accum() const { return std::get<1>(GetParam()); }
+};
+
+TEST_P(OffloadEquivalence, MatchesTheReferenceAndTheSameStageWithoutOffload) {
+  const auto config = make_config(grad_accum(), overrides(variant()));
+  const Trajectory reference = train_reference(config);
+  const DistributedRun offloaded = train_distributed(config);
+  expect_equivalent(offloaded.trajectory, reference, 1e-5, 1e-5);  // the ZeRO tests' bounds
+  const DistributedRun on_device = train_distributed(
+      make_config(grad_accum(), {"zero.stage=" + std::to_string(variant().stage), "zero.wrap=[\"Block\"]"}));
+  expect_equivalent(offloaded.trajectory, on_device.trajectory, 1e-5, 1e-5);
+}
+
+TEST_P(OffloadEquivalence, BytesOnDeviceHostAndNvmeFollowZeroOffload) {
+  const Variant& v = variant();
+  const DistributedRun run = train_distributed(make_config(grad_accum(), overrides(v)));
+  const std::int64_t n = static_cast<std::int64_t>(run.metrics.front().comm.size());
+  const std::int64_t padded = run.parameter_elements + run.padding_bytes / 4;  // Ψ'
+  const std::int64_t t = padded / n;
+  // The device keeps the parameters (all of them at stages 1–2, the shard at stage 3,
+  // none with parameter offload) and the gradient buffers (stage 1's full buffer
+  // persists; stages 2–3 free theirs once reduced into the host shard).
+  parallax::ModelStateBytes want;
+  want.params = v.stage < 3 ? 4 * padded : v.param == "none" ? 4 * t : 0;
+  want.grads = v.stage == 1 ? 4 * padded : 0;
+  want.optimizer = 0;
+  // The host: the gradient shard, the master (unless in the file) and the moments
+  // (unless in the file, then the tier's buffers of E elements × streams).
+  const std::int64_t streams = v.param == "nvme" ? 3 : 2;
+  const auto buffer_bytes = static_cast<std::int64_t>(kBufferMegabytes * 1024 * 1024);
+  const std::int64_t tile = std::min(t, buffer_bytes / (4 * streams));
+  const std::int64_t buffers = std::min(v.buffer_count, (t + tile - 1) / tile + 1);
+  want.host = 4 * t + (v.param == "nvme" ? 0 : 4 * t) + (v.optimizer == "nvme" ? buffers * streams * tile * 4 : 8 * t);
+  want.nvme = v.optimizer == "nvme" ? streams * 4 * t : 0;
+  for (const auto& m : run.metrics) {
+    for (std::size_t r = 0; r < m.model_state_bytes.size(); ++r) {
+      const auto& got = m.model_state_bytes[r];
+      EXPECT_EQ(got.params, want.params) << "rank " << r << " step " << m.step;
+      EXPECT_EQ(got.grads, want.grads) << "rank " << r << " step " << m.step;
+      EXPECT_EQ(got.optimizer, want.optimizer) << "rank " << r << " step " << m.step;
+      EXPECT_EQ(got.host, want.host) << "rank " << r << " step " << m.step;
+      EXPECT_EQ(got.nvme, want.nvme) << "rank " << r << " step " << m.step;
+    }
+  }
+  std::printf(
+      "[ figures  ] %s, N %lld: bytes per rank device %lld (params %lld, grads %lld), host %lld, nvme %lld; "
+      "without offload %lld on the device\n",
+      v.name().c_str(), static_cast<long long>(n), static_cast<long long>(want.params + want.grads),
+      static_cast<long long>(want.params), static_cast<long long>(want.grads), static_cast<long long>(want.host),
+      static_cast<long long>(want.nvme),
+      static_cast<long long>((v.stage == 3 ? 4 * t : 4 * padded) + (v.stage == 1 ? 4 * padded : 4 * t) + 8 * t));
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants,
+                         OffloadEquivalence,
+                         ::testing::Combine(::testing::Values(Variant{1, "cpu", "none", 4},
+                                                              Variant{1, "nvme", "none", 2},
+                                                              Variant{2, "cpu", "none", 4},
+                                                              Variant{2, "nvme", "none", 3},
+                                                              Variant{3, "cpu", "none", 4},
+                                                              Variant{3, "nvme", "none", 2},
+                                                              Variant{3, "cpu", "cpu", 4},
+                                                              Variant{3, "nvme", "cpu", 2},
+                                                              Variant{3, "nvme", "nvme", 2}),
+                                            ::testing::Values(1, 2)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param).name() + "_grad_accum_" +
+                                  std::to_string(std::get<1>(info.param));
+                         });
+
+}  // namespace
