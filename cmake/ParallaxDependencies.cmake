@@ -8,6 +8,9 @@ find_package(Protobuf REQUIRED)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(HWLOC REQUIRED IMPORTED_TARGET hwloc)
 find_package(Threads REQUIRED)
+# at::parallel_for is a header template: without OpenMP in the including translation
+# unit it runs serially, whatever at::get_num_threads() says.
+find_package(OpenMP REQUIRED COMPONENTS CXX)
 
 # LibTorch built with CUDA sets TORCH_CUDA_LIBRARIES (or c10_cuda) in TorchConfig.
 set(PARALLAX_TORCH_HAS_CUDA OFF)

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "parallax/core/cpu_binding.h"
 #include "parallax/core/error.h"
 
 namespace parallax::offload {
@@ -158,6 +159,21 @@ const char* CpuAdam::instruction_set() {
       break;
   }
   return "portable";
+}
+
+std::vector<int> CpuAdam::bind_threads(const std::vector<int>& pus) {
+  PARALLAX_CHECK(!pus.empty(), UsageError, "binding the optimizer's threads needs at least one PU");
+  const int threads = at::get_num_threads();
+  std::vector<int> bound(static_cast<std::size_t>(threads), -1);
+  // One index per thread: at::parallel_for gives each of the `threads` workers one.
+  at::parallel_for(0, threads, 1, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t i = begin; i < end; ++i) {
+      const int pu = pus[static_cast<std::size_t>(at::get_thread_num()) % pus.size()];
+      bind_calling_thread(pu);
+      bound[static_cast<std::size_t>(at::get_thread_num())] = pu;
+    }
+  });
+  return bound;
 }
 
 }  // namespace parallax::offload

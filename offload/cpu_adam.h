@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace parallax::offload {
 
@@ -81,6 +82,10 @@ class CpuAdam {
   const CpuAdamOptions& options() const { return options_; }
   /// The instruction set the kernel runs with here: "avx512", "avx2" or "portable".
   static const char* instruction_set();
+  /// Binds the threads step() runs on (LibTorch's intra-op threads; thread 0 is the
+  /// caller) one per PU of `pus`, round-robin, e.g. to core/cpu_binding.h's
+  /// rank_cpu_share(). Returns the PU of each thread. Throws TopologyError.
+  static std::vector<int> bind_threads(const std::vector<int>& pus);
 
  private:
   CpuAdamOptions options_;

@@ -8,8 +8,11 @@
 #include <limits>
 #include <unordered_set>
 
+#include "parallax/core/config_loader.h"
+#include "parallax/core/cpu_binding.h"
 #include "parallax/core/error.h"
 #include "parallax/core/mesh.h"
+#include "parallax/offload/cpu_adam.h"
 #include "parallax/offload/offloaded_adam.h"
 #include "parallax/runtime/gradient_buckets.h"
 #include "parallax/runtime/step_telemetry.h"
@@ -61,6 +64,20 @@ zero::LossScalerOptions loss_scaler_options(const PrecisionOptions& precision) {
       .backoff(precision.loss_scale_backoff)
       .hysteresis(precision.loss_scale_hysteresis)
       .min_scale(precision.loss_scale_min);
+}
+
+// The CPU Adam streams memory: keep its threads on this rank's own cores, and say where.
+void bind_offload_threads(Runtime& runtime, const zero::ShardedModel& sharded) {
+  const World& world = runtime.world();
+  const std::vector<int> pus = rank_cpu_share(world.local_rank(), world.local_size());
+  const std::vector<int> bound = offload::CpuAdam::bind_threads(pus);
+  std::string where;
+  for (std::size_t t = 0; t < bound.size(); ++t) where += (t ? "," : "") + std::to_string(bound[t]);
+  const OffloadOptions& offload = runtime.config().offload;
+  runtime.logger().summary("# offload: optimizer ", to_string(offload.optimizer), ", param ", to_string(offload.param),
+                           "; fused CPU Adam (", offload::CpuAdam::instruction_set(), "), rank 0's ", bound.size(),
+                           " intra-op thread(s) bound to PU(s) {", where, "}; rank 0 holds ", sharded.host_bytes(),
+                           " bytes on the host and ", sharded.nvme_bytes(), " in the NVMe tier");
 }
 
 }  // namespace

@@ -97,7 +97,8 @@ proto::Plan make_plan(const Config& config) {
   plan.mutable_degrees()->set_pp(config.parallel.pp);
   plan.mutable_degrees()->set_dp(config.parallel.dp);
   plan.set_zero_stage(config.zero.stage);
-  plan.set_optimizer_offload("none");
+  plan.set_optimizer_offload(to_string(config.offload.optimizer));
+  plan.set_param_offload(to_string(config.offload.param));
   plan.set_micro_batch_size(config.train.micro_batch_size);
   plan.set_grad_accum(config.train.grad_accum);
   plan.set_global_batch_size(config.train.global_batch_size);

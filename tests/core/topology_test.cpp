@@ -9,7 +9,9 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <thread>
 
+#include "parallax/core/cpu_binding.h"
 #include "parallax/core/error.h"
 
 namespace parallax {
@@ -218,4 +220,38 @@ TEST(Cluster, ConstructorValidates) {
 }
 
 }  // namespace
+TEST(CpuBinding, RankSharesAreDisjointContiguousAndCoverTheCores) {
+  const std::vector<int> all = parallax::rank_cpu_share(0, 1);
+  ASSERT_FALSE(all.empty());
+  const int n = static_cast<int>(all.size());
+  for (int ranks = 2; ranks <= n; ++ranks) {
+    std::vector<int> joined;
+    for (int r = 0; r < ranks; ++r) {
+      const std::vector<int> share = parallax::rank_cpu_share(r, ranks);
+      EXPECT_GE(static_cast<int>(share.size()), n / ranks) << r << " of " << ranks;
+      joined.insert(joined.end(), share.begin(), share.end());
+    }
+    EXPECT_EQ(joined, all) << ranks << " ranks";
+  }
+  // More ranks than cores: one core each, dealt round-robin.
+  for (int r = 0; r < n + 2; ++r) {
+    EXPECT_EQ(parallax::rank_cpu_share(r, n + 2), std::vector<int>{all[static_cast<std::size_t>(r % n)]});
+  }
+  // Near a device: only the cores it is near; a set that names no usable PU is ignored.
+  EXPECT_EQ(parallax::rank_cpu_share(0, 1, std::to_string(all.back())), std::vector<int>{all.back()});
+  EXPECT_EQ(parallax::rank_cpu_share(0, 1, "100000"), all);
+  EXPECT_THROW(parallax::rank_cpu_share(2, 2), parallax::UsageError);
+}
+
+TEST(CpuBinding, BindingTheCallingThreadSticks) {
+  const int pu = parallax::rank_cpu_share(0, 1).back();
+  std::string seen;
+  std::thread([&] {
+    parallax::bind_calling_thread(pu);
+    seen = parallax::calling_thread_binding();
+  }).join();
+  EXPECT_EQ(seen, std::to_string(pu));
+  EXPECT_THROW(parallax::bind_calling_thread(1 << 20), parallax::TopologyError);
+}
+
 }  // namespace parallax

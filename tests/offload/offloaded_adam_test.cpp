@@ -11,6 +11,7 @@
 #include <fstream>
 #include <string>
 
+#include "parallax/core/cpu_binding.h"
 #include "parallax/core/error.h"
 #include "parallax/offload/offloaded_adam.h"
 #include "parallax/offload/swap_file.h"
@@ -166,6 +167,21 @@ TEST(OffloadedAdam, FollowsTorchAdamWAcrossShards) {
   // Gradients, masters and two moments: 16 bytes per element, all on the host.
   EXPECT_EQ(adam.host_bytes(), 16 * (257 + 64 + 31));
   EXPECT_EQ(adam.nvme_bytes(), 0);
+}
+
+TEST(CpuAdamThreads, EachIntraOpThreadRunsOnItsPu) {
+  at::set_num_threads(2);
+  const std::vector<int> pus = parallax::rank_cpu_share(0, 1);
+  const std::vector<int> bound = parallax::offload::CpuAdam::bind_threads(pus);
+  ASSERT_EQ(bound.size(), static_cast<std::size_t>(at::get_num_threads()));
+  std::vector<std::string> seen(bound.size());
+  at::parallel_for(0, static_cast<std::int64_t>(bound.size()), 1, [&](std::int64_t, std::int64_t) {
+    seen[static_cast<std::size_t>(at::get_thread_num())] = parallax::calling_thread_binding();
+  });
+  for (std::size_t t = 0; t < bound.size(); ++t) {
+    EXPECT_EQ(bound[t], pus[t % pus.size()]);
+    EXPECT_EQ(seen[t], std::to_string(bound[t])) << "thread " << t;
+  }
 }
 
 TEST_F(ScratchDirectory, SwapFileIsNamelessReservedAndFreedOnDestruction) {

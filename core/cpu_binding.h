@@ -1,0 +1,32 @@
+// Which cores a rank's compute threads run on, and binding a thread to one (hwloc).
+//
+// On a node with several ranks, each rank takes an equal, contiguous share of the
+// cores the process may run on (the launcher's binding if it set one, else the whole
+// machine), optionally only those near its device; one PU per core, so two threads
+// never share a core's hyperthreads. The offloaded optimizer binds LibTorch's intra-op
+// threads to that share, so the memory-bound CPU Adam streams from the rank's own
+// cores instead of migrating between them.
+//
+//   const std::vector<int> pus = rank_cpu_share(world.local_rank(), world.local_size());
+//   bind_calling_thread(pus.front());
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace parallax {
+
+/// The PUs (OS indexes), one per core, of the `local_rank`-th of `local_size` equal
+/// shares of the cores this process may run on; when `near` (an hwloc list such as a
+/// GPU's cpuset, "0-15") overlaps them, of those cores only. With more ranks than
+/// cores, core `local_rank` mod cores. Never empty. Throws TopologyError if hwloc
+/// fails, UsageError for local_rank outside [0, local_size).
+std::vector<int> rank_cpu_share(int local_rank, int local_size, const std::string& near = "");
+
+/// Binds the calling thread to PU `os_index`. Throws TopologyError naming it.
+void bind_calling_thread(int os_index);
+
+/// The PUs the calling thread may run on, hwloc list format ("2", "0-15").
+std::string calling_thread_binding();
+
+}  // namespace parallax
