@@ -12,6 +12,7 @@
 #include "parallax/core/cpu_binding.h"
 #include "parallax/core/error.h"
 #include "parallax/core/mesh.h"
+#include "parallax/core/world.h"
 #include "parallax/offload/cpu_adam.h"
 #include "parallax/offload/offloaded_adam.h"
 #include "parallax/runtime/gradient_buckets.h"

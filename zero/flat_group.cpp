@@ -117,6 +117,8 @@ WorkPtr FlatGroup::reduce(Communicator& comm) {
 
 void FlatGroup::complete_reduction() {
   torch::NoGradGuard no_grad;
+  // An offloaded optimizer's host shard: bring the reduced shard over first.
+  if (received_.device() != grad_shard_.device()) received_ = received_.to(grad_shard_.device());
   if (keep_full_gradients_) {
     grad_shard_.copy_(received_);  // the rest of the full buffer is zeroed with the step
   } else {

@@ -256,8 +256,23 @@ ShardedModel::ShardedModel(torch::nn::Module& model,
                    "offload.param: only zero.stage = 3 shards the parameters, so only it can offload them");
     std::vector<torch::Tensor> initial;
     for (const auto& group : s.groups) initial.push_back(group->shard());
-    s.offloaded = std::make_unique<offload::OffloadedAdam>(
-        offloaded_adam_options(offload, optimizer, dp, s.params.front().is_cuda()), initial);
+    // A rank whose node cannot take the NVMe tier must not leave its peers waiting in
+    // the first collective: every rank learns whether all of them succeeded.
+    std::exception_ptr failure;
+    try {
+      s.offloaded = std::make_unique<offload::OffloadedAdam>(
+          offloaded_adam_options(offload, optimizer, dp, s.params.front().is_cuda()), initial);
+    } catch (const Error&) {
+      failure = std::current_exception();
+    }
+    torch::Tensor failed_ranks = torch::full({1}, failure ? 1 : 0, torch::kInt64);
+    dp.all_reduce(failed_ranks)->wait();
+    if (failure) std::rethrow_exception(failure);
+    PARALLAX_CHECK(failed_ranks.item<std::int64_t>() == 0, ConfigError, failed_ranks.item<std::int64_t>(),
+                   " rank(s) of group '", dp.name(),
+                   "' could not set up the offloaded optimizer (their own errors give the reason, e.g. "
+                   "offload.nvme_path); rank ",
+                   dp.rank(), " could");
     for (std::size_t g = 0; g < s.groups.size(); ++g) {
       FlatGroup& group = *s.groups[g];
       group.use_host_gradient(s.offloaded->gradient(g));

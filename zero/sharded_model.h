@@ -77,7 +77,8 @@ class ShardedModel final : private ParameterUseListener {
   /// master shards unless `offload` moves it to the host, where `optimizer` (Adam or
   /// AdamW) gives its hyper-parameters. Throws ConfigError for an impossible option
   /// (a wrap type that matches no module, an NVMe directory that cannot take the
-  /// file). Does not communicate.
+  /// file: then on every rank, so none waits for the failed one). Communicates only
+  /// when offloading (one all_reduce over `dp` to agree that every rank is ready).
   ShardedModel(torch::nn::Module& model,
                std::vector<torch::Tensor> params,
                const ZeroOptions& options,

@@ -120,6 +120,38 @@ TEST_P(OffloadEquivalence, BytesOnDeviceHostAndNvmeFollowZeroOffload) {
       static_cast<long long>((v.stage == 3 ? 4 * t : 4 * padded) + (v.stage == 1 ? 4 * padded : 4 * t) + 8 * t));
 }
 
+// A directory only rank 0's "node" has (the same path, through each process's own
+// working directory): every rank fails at engine creation, with its own reason or
+// with the count of peers that failed, instead of waiting for them.
+TEST(OffloadSetup, ANodeWithoutTheNvmeDirectoryFailsEveryRankInsteadOfHangingThem) {
+  int rank = 0, ranks = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  if (ranks == 1) GTEST_SKIP() << "needs a peer";
+  const fs::path home = scratch_directory() / ("rank" + std::to_string(rank));
+  fs::create_directories(rank == 0 ? home / "tier" : home);
+  const fs::path previous = fs::current_path();
+  fs::current_path(home);
+  const std::string path = "/proc/self/cwd/tier";
+  const auto config =
+      make_config(1, {"zero.stage=2", "offload.optimizer=\"nvme\"", "offload.nvme_path=\"" + path + "\""});
+  try {
+    train_distributed(config);
+    ADD_FAILURE() << "expected a ConfigError";
+  } catch (const parallax::ConfigError& e) {
+    const std::string message = e.detail();
+    if (rank == 0) {
+      EXPECT_NE(message.find(std::to_string(ranks - 1) + " rank(s) of group"), std::string::npos) << message;
+    } else {
+      EXPECT_NE(message.find("offload.nvme_path = \"" + path + "\""), std::string::npos) << message;
+      EXPECT_NE(message.find("No such file or directory"), std::string::npos) << message;
+    }
+  }
+  fs::current_path(previous);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 0) fs::remove_all(scratch_directory());
+}
+
 INSTANTIATE_TEST_SUITE_P(Variants,
                          OffloadEquivalence,
                          ::testing::Combine(::testing::Values(Variant{1, "cpu", "none", 4},
