@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# bench/zero.sh: the GPT example on 4 ranks under ZeRO stages 0–3 (bench_zero_step) and,
-# with the same model, batch and config, under PyTorch DDP and DDP +
-# ZeroRedundancyOptimizer over gloo (bench/peers/torch_zero.py). Each configuration is
-# its own mpirun, so its peak RSS is its own. Prints a table of median step time, max
-# peak RSS per rank and model-state bytes per rank, each as a ratio to Parallax stage 0
-# measured in the same run.
+# bench/zero.sh: the GPT example on 4 ranks under ZeRO stages 0–3 (bench_zero_step), under
+# ZeRO-Offload (stage 2 with the optimizer on the CPU; stage 3 with optimizer and
+# parameters on the CPU, and on the NVMe tier under $TMPDIR) and, with the same model,
+# batch and config, under PyTorch DDP and DDP + ZeroRedundancyOptimizer over gloo
+# (bench/peers/torch_zero.py). Each configuration is its own mpirun, so its peak RSS is
+# its own. Prints a table of median step time, max peak RSS per rank and model-state
+# bytes per rank on the device (and, offloaded, on the host and NVMe), each as a ratio to
+# Parallax stage 0 measured in the same run.
 #
 #   bench/zero.sh [--set key.path=value]...      e.g. --set model.d_model=256
 #
@@ -77,6 +79,12 @@ run() {
 for stage in 0 1 2 3; do
   run "parallax-zero$stage" "$BENCH" "${ARGS[@]}" --set "zero.stage=$stage"
 done
+run "zero2-off-cpu" "$BENCH" "${ARGS[@]}" --set zero.stage=2 --set 'offload.optimizer="cpu"'
+run "zero3-off-cpu+p" "$BENCH" "${ARGS[@]}" --set zero.stage=3 --set 'offload.optimizer="cpu"' \
+  --set 'offload.param="cpu"'
+mkdir -p "$LOGS/nvme"
+run "zero3-off-nvme+p" "$BENCH" "${ARGS[@]}" --set zero.stage=3 --set 'offload.optimizer="nvme"' \
+  --set 'offload.param="nvme"' --set "offload.nvme_path=\"$LOGS/nvme\""
 if [[ -n "$PYTHON_TORCH" ]]; then
   for mode in ddp zero1; do
     run "torch-$mode" "$PYTHON_TORCH" bench/peers/torch_zero.py --mode "$mode" --rendezvous "$LOGS/rendezvous.$mode" \
@@ -108,21 +116,24 @@ awk '
     if (rest ~ /^\{/) {
       ms[NR] = field(rest, "median_step_ms"); rss[NR] = list_max(rest, "peak_rss_mib")
       state[NR] = list_max(rest, "model_state_bytes"); loss[NR] = field(rest, "final_loss")
+      host[NR] = list_max(rest, "host_bytes"); nvme[NR] = list_max(rest, "nvme_bytes")
       if ($1 == "parallax-zero0") { base_ms = ms[NR]; base_rss = rss[NR]; base_state = state[NR] }
     }
   }
   END {
-    printf "%-16s %10s %7s %12s %7s %18s %7s %10s\n", "impl/stage", "step ms", "ratio", "max RSS MiB", "ratio",
-           "state bytes/rank", "ratio", "final loss"
+    printf "%-16s %10s %7s %12s %7s %18s %7s %12s %12s %10s\n", "impl/stage", "step ms", "ratio", "max RSS MiB",
+           "ratio", "device state/rank", "ratio", "host/rank", "nvme/rank", "final loss"
     for (i = 1; i <= NR; ++i) {
       if (text[i] !~ /^\{/) { printf "%-16s %s\n", name[i], text[i]; continue }
-      printf "%-16s %10.1f %7s %12.1f %7s %18.0f %7s %10s\n", name[i], ms[i], ratio(ms[i], base_ms), rss[i],
+      printf "%-16s %10.1f %7s %12.1f %7s %18.0f %7s %12s %12s %10s\n", name[i], ms[i], ratio(ms[i], base_ms), rss[i],
              ratio(rss[i], base_rss), state[i], ratio(state[i], base_state),
+             host[i] == "" ? "-" : sprintf("%.0f", host[i]), nvme[i] == "" ? "-" : sprintf("%.0f", nvme[i]),
              loss[i] == "null" ? "n/a" : sprintf("%.4f", loss[i])
     }
   }
 ' "$RESULTS"
-echo "(state bytes/rank and RSS: the largest rank; ratios to parallax-zero0; logs in $LOGS)"
+echo "(bytes/rank and RSS: the largest rank; ratios to parallax-zero0; on CPU the \"device\" and the host are"
+echo " the same memory, so offloading moves bytes between columns, not out of RSS; logs in $LOGS)"
 if [[ -z "$PYTHON_TORCH" ]]; then
   echo
   echo "PyTorch peers skipped: no python3 here imports torch. On Debian 12 install it with:"

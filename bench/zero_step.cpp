@@ -12,9 +12,11 @@
 // step the slowest rank counts, the first 2 steps are warm-up, and the median of the
 // rest is reported. Peak RSS is getrusage's ru_maxrss (KiB on Linux) after training.
 //
-// Output (one line):
-//   {"impl": "parallax", "zero_stage": 0, "ranks": 4, "median_step_ms": 9.1,
-//    "peak_rss_mib": [412.3, ...], "model_state_bytes": [1234567, ...], "final_loss": 2.1}
+// Output (one line; model_state_bytes are the device side, host_bytes and nvme_bytes what
+// [offload] moved off it):
+//   {"impl": "parallax", "zero_stage": 0, "offload": "none/none", "ranks": 4,
+//    "median_step_ms": 9.1, "peak_rss_mib": [412.3, ...], "model_state_bytes": [1234567, ...],
+//    "host_bytes": [0, ...], "nvme_bytes": [0, ...], "final_loss": 2.1}
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -26,6 +28,7 @@
 #include <vector>
 
 #include "gpt.h"
+#include "parallax/core/config_loader.h"
 #include "parallax/runtime/parallax.h"
 
 namespace {
@@ -99,6 +102,8 @@ int run(parallax::Runtime& rt) {
   const auto all_rss = gather(world, torch::tensor({rss_mib}, torch::kDouble)).view({-1});
   const auto all_state =
       gather(world, torch::tensor({state.params + state.grads + state.optimizer}, torch::kLong)).view({-1});
+  const auto all_host = gather(world, torch::tensor({state.host}, torch::kLong)).view({-1});
+  const auto all_nvme = gather(world, torch::tensor({state.nvme}, torch::kLong)).view({-1});
 
   const auto slowest = std::get<0>(all_step_ms.max(/*dim=*/0));  // per step, the slowest rank
   const auto timed = slowest.narrow(0, kWarmupSteps, train.steps - kWarmupSteps).contiguous();
@@ -106,8 +111,10 @@ int run(parallax::Runtime& rt) {
 
   char head[256];
   std::snprintf(head, sizeof(head),
-                "{\"impl\": \"parallax\", \"zero_stage\": %d, \"ranks\": %d, \"median_step_ms\": %.3f, ",
-                config.zero.stage, world.size(), median(timed_ms));
+                "{\"impl\": \"parallax\", \"zero_stage\": %d, \"offload\": \"%s/%s\", \"ranks\": %d, "
+                "\"median_step_ms\": %.3f, ",
+                config.zero.stage, parallax::to_string(config.offload.optimizer),
+                parallax::to_string(config.offload.param), world.size(), median(timed_ms));
   char tail[64];
   const double loss = engine.last_loss();
   if (std::isfinite(loss)) {
@@ -115,8 +122,9 @@ int run(parallax::Runtime& rt) {
   } else {
     std::snprintf(tail, sizeof(tail), ", \"final_loss\": null}");  // JSON has no NaN
   }
-  rt.logger().summary(head, "\"peak_rss_mib\": ", json_list(all_rss, "%.1f"),
-                      ", \"model_state_bytes\": ", json_list(all_state, "%.0f"), tail);
+  rt.logger().summary(
+      head, "\"peak_rss_mib\": ", json_list(all_rss, "%.1f"), ", \"model_state_bytes\": ", json_list(all_state, "%.0f"),
+      ", \"host_bytes\": ", json_list(all_host, "%.0f"), ", \"nvme_bytes\": ", json_list(all_nvme, "%.0f"), tail);
   return 0;
 }
 

@@ -65,7 +65,8 @@ OffloadedAdam::OffloadedAdam(const OffloadedAdamOptions& options, const std::vec
   } else {
     masters_ = masters;
   }
-  const std::int64_t buffers = std::min(options_.buffer_count, (total_ + tile_elements_ - 1) / tile_elements_ + 1);
+  // Never more buffers than tiles: a state that fits one tile streams through one buffer.
+  const std::int64_t buffers = std::min(options_.buffer_count, (total_ + tile_elements_ - 1) / tile_elements_);
   for (std::int64_t b = 0; b < buffers; ++b) buffers_.push_back(torch::empty({streams_, tile_elements_}, host));
 }
 
@@ -120,10 +121,11 @@ void OffloadedAdam::step_through_tiles() {
   try {
     for (std::int64_t k = 0; k < std::min(tiles, slots - 1); ++k) transfer(k, false);
     for (std::int64_t k = 0; k < tiles; ++k) {
+      // Queued behind tile k−1's write, which last used the buffer it reads into (with
+      // one buffer: tile k itself, read after tile k−1 is written).
+      if (k + slots - 1 < tiles) transfer(k + slots - 1, false);
       const std::size_t slot = static_cast<std::size_t>(k % slots);
       wait_all(pending[slot]);  // tile k is in (and the slot's previous tile is out)
-      // Queued behind tile k−1's write, which last used the buffer it reads into.
-      if (k + slots - 1 < tiles) transfer(k + slots - 1, false);
       float* buffer = buffers_[slot].data_ptr<float>();
       float* master = options_.masters_on_nvme ? buffer + 2 * e : masters_.data_ptr<float>() + k * e;
       update_.step(master, gradients_.data_ptr<float>() + k * e, buffer, buffer + e, elements_of(k), steps_);

@@ -10,9 +10,10 @@
 //
 // NVMe tier: the file holds the moments (m, then v: T floats each) and optionally the
 // masters (T floats more). A step walks tiles of E elements (E·streams·4 bytes =
-// buffer_bytes) through `buffer_count` host buffers: while tile k is updated, the I/O
-// thread writes tile k−1 back and reads tiles up to k + buffer_count − 1 ahead, in
-// FIFO order, so a buffer is refilled only after its previous tile was written.
+// buffer_bytes) through `buffer_count` host buffers (no more than there are tiles):
+// while tile k is updated, the I/O thread writes tile k−1 back and reads tiles up to
+// k + buffer_count − 1 ahead, in FIFO order, so a buffer is refilled only after its
+// previous tile was written.
 //
 //   OffloadedAdam adam(options, {shard0, shard1});   // copies the starting values
 //   (reduce gradients into adam.gradient(i)) ... adam.set_learning_rate(lr); adam.step();

@@ -189,6 +189,7 @@ Engine::Engine(Runtime& runtime, std::shared_ptr<torch::nn::Module> model, const
                                              runtime.tracer(), [&optimizer_options](std::vector<torch::Tensor> shards) {
                                                return make_optimizer(optimizer_options, std::move(shards));
                                              });
+    if (config.offload.optimizer_offloaded()) bind_offload_threads(runtime, *s.sharded);
     return;
   }
   const std::int64_t bucket_bytes = config.zero.bucket_bytes();

@@ -18,6 +18,7 @@
 
 #include "gpt.h"
 #include "gpt_training.h"
+#include "parallax/core/cpu_binding.h"
 #include "parallax/runtime/parallax.h"
 
 namespace {
@@ -98,7 +99,7 @@ TEST_P(OffloadEquivalence, BytesOnDeviceHostAndNvmeFollowZeroOffload) {
   const std::int64_t streams = v.param == "nvme" ? 3 : 2;
   const auto buffer_bytes = static_cast<std::int64_t>(kBufferMegabytes * 1024 * 1024);
   const std::int64_t tile = std::min(t, buffer_bytes / (4 * streams));
-  const std::int64_t buffers = std::min(v.buffer_count, (t + tile - 1) / tile + 1);
+  const std::int64_t buffers = std::min(v.buffer_count, (t + tile - 1) / tile);
   want.host = 4 * t + (v.param == "nvme" ? 0 : 4 * t) + (v.optimizer == "nvme" ? buffers * streams * tile * 4 : 8 * t);
   want.nvme = v.optimizer == "nvme" ? streams * 4 * t : 0;
   for (const auto& m : run.metrics) {
@@ -150,6 +151,16 @@ TEST(OffloadSetup, ANodeWithoutTheNvmeDirectoryFailsEveryRankInsteadOfHangingThe
   fs::current_path(previous);
   MPI_Barrier(MPI_COMM_WORLD);
   if (rank == 0) fs::remove_all(scratch_directory());
+}
+
+// The engine binds the CPU Adam's threads (here one: the calling thread) to this rank's
+// share of the cores; ranks of this test all share one node.
+TEST(OffloadSetup, TheEngineBindsTheOptimizerThreadsToTheRanksCores) {
+  int rank = 0, ranks = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  train_distributed(make_config(1, {"zero.stage=1", "offload.optimizer=\"cpu\""}));
+  EXPECT_EQ(parallax::calling_thread_binding(), std::to_string(parallax::rank_cpu_share(rank, ranks).front()));
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants,

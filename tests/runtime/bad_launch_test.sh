@@ -52,6 +52,12 @@ expect_failure "config missing on one rank" \
   '\[rank 1\] ConfigError: .*/no/such/config.toml' '\[rank 0\] ConfigError: loading the configuration failed on 1 other rank' -- \
   -np 1 "$train" --config "$configs/dp.toml" : -np 1 "$train" --config /no/such/config.toml
 
+# The NVMe tier's directory does not exist: every rank names it at engine creation.
+expect_failure "nvme_path missing" \
+  '\[rank 0\] ConfigError: offload.nvme_path = "/no/such/dir": rank 0' \
+  '\[rank 1\] ConfigError: offload.nvme_path = "/no/such/dir": rank 1' -- \
+  -np 2 "$train" --config "$configs/offload.toml" --set 'offload.optimizer="nvme"' --set 'offload.nvme_path="/no/such/dir"'
+
 if [ "$failures" -ne 0 ]; then
   echo "$failures bad-launch case(s) failed"; exit 1
 fi
