@@ -1,0 +1,104 @@
+// The strategy sections of the config ([zero], [precision]'s loss scaling, [offload]):
+// every key read, and every value or combination outside what is allowed refused with
+// a message naming the file position, the keys and why.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "config_test_support.h"
+#include "parallax/core/config.h"
+#include "parallax/core/config_loader.h"
+
+namespace parallax {
+namespace {
+
+using namespace config_testing;
+
+TEST_F(ConfigTest, ZeroSectionReadsEveryKey) {
+  const Config config = load({write(
+      "a.toml",
+      "[zero]\nstage = 3\nbucket_mb = 4\noverlap_comm = false\nprefetch_mb = 8\npersistence_threshold = 100\n"
+      "max_live_mb = 64\nreshard_after_forward = false\nwrap = [\"Block\", \"Embedding\"]\nwrap_min_params = 1000\n")});
+  EXPECT_EQ(config.zero.stage, 3);
+  EXPECT_EQ(config.zero.bucket_bytes(), 4 << 20);
+  EXPECT_FALSE(config.zero.overlap_comm);
+  EXPECT_EQ(config.zero.prefetch_bytes(), 8 << 20);
+  EXPECT_EQ(config.zero.persistence_threshold, 100);
+  EXPECT_EQ(config.zero.max_live_bytes(), 64 << 20);
+  EXPECT_FALSE(config.zero.reshard_after_forward);
+  EXPECT_EQ(config.zero.wrap, (std::vector<std::string>{"Block", "Embedding"}));
+  EXPECT_EQ(config.zero.wrap_min_params, 1000);
+  // to_toml writes what loads back.
+  EXPECT_CONTAINS(to_toml(config), "wrap = [\"Block\", \"Embedding\"]");
+}
+
+TEST_F(ConfigTest, ZeroKeysOutsideTheirRangesNameKeyValueAndAllowed) {
+  std::string path;
+  EXPECT_CONTAINS(load_error("[zero]\nstage = 4\n", &path), "zero.stage = 4 at " + path + ":2:9: expected 0..3");
+  EXPECT_CONTAINS(load_error("[zero]\nwrap = \"Block\"\n"), "zero.wrap = \"Block\"");
+  EXPECT_CONTAINS(load_error("[zero]\nwrap = \"Block\"\n"), "expected an array of strings");
+  EXPECT_CONTAINS(load_error("[zero]\nwrap = [\"\"]\n"), "expected an array of non-empty strings");
+  EXPECT_CONTAINS(load_error("[zero]\nprefetch_mb = -1\n"), "expected MiB in [0, 1048576]");
+  EXPECT_CONTAINS(load_error("[zero]\npersistence_threshold = -5\n"), "expected an integer >= 0");
+  EXPECT_CONTAINS(load_error("[zero]\nreshard_after_forwrd = true\n"), "did you mean");
+}
+
+TEST_F(ConfigTest, LossScalingKeysAreCheckedTogether) {
+  const Config config =
+      load({write("a.toml",
+                  "[precision]\ndtype = \"fp16\"\nloss_scale_initial = 1024\nloss_scale_growth_interval = 50\n"
+                  "loss_scale_backoff = 0.25\nloss_scale_hysteresis = 3\nloss_scale_min = 2\n")});
+  EXPECT_EQ(config.precision.loss_scale_initial, 1024);
+  EXPECT_EQ(config.precision.loss_scale_growth_interval, 50);
+  EXPECT_EQ(config.precision.loss_scale_backoff, 0.25);
+  EXPECT_EQ(config.precision.loss_scale_hysteresis, 3);
+  EXPECT_EQ(config.precision.loss_scale_min, 2);
+  EXPECT_CONTAINS(load_error("[precision]\nloss_scale_backoff = 1.5\n"), "expected a number in (0, 1)");
+  EXPECT_CONTAINS(load_error("[precision]\nloss_scale_initial = 4\nloss_scale_min = 8\n"),
+                  "precision.loss_scale_min = 8.0 at ");
+}
+
+TEST_F(ConfigTest, OffloadSectionReadsEveryKey) {
+  const Config config =
+      load({write("a.toml",
+                  "[zero]\nstage = 3\n[offload]\noptimizer = \"nvme\"\nparam = \"nvme\"\npin_memory = false\n"
+                  "nvme_path = \"/local/nvme\"\nbuffer_mb = 16\nbuffer_count = 2\n")});
+  EXPECT_EQ(config.offload.optimizer, OffloadTarget::kNvme);
+  EXPECT_EQ(config.offload.param, OffloadTarget::kNvme);
+  EXPECT_FALSE(config.offload.pin_memory);
+  EXPECT_EQ(config.offload.nvme_path, "/local/nvme");
+  EXPECT_EQ(config.offload.buffer_bytes(), 16 << 20);
+  EXPECT_EQ(config.offload.buffer_count, 2);
+  EXPECT_CONTAINS(to_toml(config), "[offload]\noptimizer = \"nvme\"\nparam = \"nvme\"");
+}
+
+TEST_F(ConfigTest, EveryInvalidOffloadCombinationSaysWhy) {
+  std::string path;
+  const std::string at_stage_0 = load_error("[offload]\noptimizer = \"cpu\"\n", &path);
+  EXPECT_CONTAINS(at_stage_0, "offload.optimizer = \"cpu\" at " + path + ":2:13");
+  EXPECT_CONTAINS(at_stage_0, "it needs zero.stage = 1, 2 or 3 (zero.stage = 0)");
+  const std::string param_below_3 =
+      load_error("[zero]\nstage = 2\n[offload]\noptimizer = \"cpu\"\nparam = \"cpu\"\n", &path);
+  EXPECT_CONTAINS(param_below_3, "offload.param = \"cpu\" at " + path + ":5:9");
+  EXPECT_CONTAINS(param_below_3, "only zero.stage = 3 shards the parameters");
+  EXPECT_CONTAINS(param_below_3, "(zero.stage = 2 at " + path + ":2:9)");
+  EXPECT_CONTAINS(load_error("[zero]\nstage = 3\n[offload]\nparam = \"cpu\"\n"),
+                  "set offload.optimizer = \"cpu\" or \"nvme\" too");
+  EXPECT_CONTAINS(load_error("[zero]\nstage = 3\n[offload]\noptimizer = \"cpu\"\nparam = \"nvme\"\n"
+                             "nvme_path = \"/tmp\"\n"),
+                  "set offload.optimizer = \"nvme\" too");
+  const std::string no_path = load_error("[zero]\nstage = 1\n[offload]\noptimizer = \"nvme\"\n");
+  EXPECT_CONTAINS(no_path, "offload.optimizer = \"nvme\" at ");
+  EXPECT_CONTAINS(no_path, "needs offload.nvme_path");
+  EXPECT_CONTAINS(load_error("[zero]\nstage = 1\n[offload]\noptimizer = \"cpu\"\nnvme_path = \"/tmp\"\n"),
+                  "no NVMe tier is in use");
+  EXPECT_CONTAINS(load_error("[zero]\nstage = 1\n[optimizer]\ntype = \"sgd\"\n[offload]\noptimizer = \"cpu\"\n"),
+                  "optimizer.type = \"sgd\" at ");
+  EXPECT_CONTAINS(load_error("[offload]\nbuffer_count = 1\n"), "offload.buffer_count = 1 at ");
+  EXPECT_CONTAINS(load_error("[offload]\nbuffer_count = 1\n"), "expected an integer >= 2");
+  EXPECT_CONTAINS(load_error("[offload]\noptimizer = \"disk\"\n"), "\"none\", \"cpu\", \"nvme\"");
+  EXPECT_CONTAINS(load_error("[offload]\nnvme_pth = \"/tmp\"\n"), "did you mean");
+}
+
+}  // namespace
+}  // namespace parallax
