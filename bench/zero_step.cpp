@@ -3,7 +3,7 @@
 // runs it once per stage (one mpirun each, so peak RSS belongs to one configuration)
 // next to the PyTorch peers in bench/peers/torch_zero.py, which print the same line.
 //
-//   mpirun -np 4 build/bench/bench_zero_step --config configs/gpt_base.toml \
+//   mpirun -np 4 build/bench/bench_zero_step --config configs/gpt_base.toml
 //       --set zero.stage=1 --set train.steps=12 --set logging.every=0
 //
 // The loop is train_gpt's: `train.steps` optimizer steps of `grad_accum` micro-steps on

@@ -41,8 +41,8 @@ PARALLAX_DEFINE_ERROR(ConfigError);
 PARALLAX_DEFINE_ERROR(CommError);
 /// Topology discovery or an impossible placement.
 PARALLAX_DEFINE_ERROR(TopologyError);
-/// A failed read or write of a file Parallax manages (the NVMe tier's).
-PARALLAX_DEFINE_ERROR(IoError);
+/// A failure of offloaded state: a read or write of the NVMe tier's file.
+PARALLAX_DEFINE_ERROR(OffloadError);
 /// Invalid use of the public API (wrong argument, wrong call order).
 PARALLAX_DEFINE_ERROR(UsageError);
 /// A broken internal invariant: a bug in Parallax, not in the caller.

@@ -70,7 +70,7 @@ class OffloadedAdam {
 
   void set_learning_rate(double lr) { update_.options().lr(lr); }
   double learning_rate() const { return update_.options().lr_; }
-  /// One Adam step of every shard from its gradient. Blocks. Throws IoError (NVMe),
+  /// One Adam step of every shard from its gradient. Blocks. Throws OffloadError (NVMe),
   /// after every pending read and write has finished.
   void step();
   /// Steps taken (Adam's t).

@@ -16,6 +16,20 @@ std::string system_reason(int error) {
   return std::strerror(error);
 }
 
+// Repeats `call(done)` (a pread or pwrite of the rest, from `done` bytes on) until
+// `bytes` have moved; an interrupted call is retried.
+template <typename Call>
+void move_all(const char* verb, std::int64_t offset, std::int64_t bytes, const std::string& path, Call call) {
+  std::int64_t done = 0;
+  while (done < bytes) {
+    const ssize_t moved = call(done);
+    if (moved < 0 && errno == EINTR) continue;
+    PARALLAX_CHECK(moved > 0, OffloadError, verb, " ", bytes, " bytes at offset ", offset, " of the NVMe tier's file ",
+                   path, " (deleted) failed: ", moved == 0 ? std::string("no progress") : system_reason(errno));
+    done += moved;
+  }
+}
+
 }  // namespace
 
 SwapFile::SwapFile(const std::string& directory, std::int64_t bytes, const std::string& owner) : bytes_(bytes) {
@@ -51,28 +65,18 @@ SwapFile::~SwapFile() {
 void SwapFile::read(std::int64_t offset, void* destination, std::int64_t bytes) const {
   PARALLAX_ASSERT(offset >= 0 && bytes >= 0 && offset + bytes <= bytes_, "swap file read out of range");
   char* out = static_cast<char*>(destination);
-  std::int64_t done = 0;
-  while (done < bytes) {
-    const ssize_t got = ::pread(fd_, out + done, static_cast<std::size_t>(bytes - done), offset + done);
-    if (got < 0 && errno == EINTR) continue;
-    PARALLAX_CHECK(got > 0, IoError, "reading ", bytes, " bytes at offset ", offset, " of the NVMe tier's file ", path_,
-                   " (deleted) failed: ", got == 0 ? std::string("unexpected end of file") : system_reason(errno));
-    done += got;
-  }
+  move_all("reading", offset, bytes, path_, [&](std::int64_t done) {
+    return ::pread(fd_, out + done, static_cast<std::size_t>(bytes - done), offset + done);
+  });
   bytes_read_ += bytes;
 }
 
 void SwapFile::write(std::int64_t offset, const void* source, std::int64_t bytes) {
   PARALLAX_ASSERT(offset >= 0 && bytes >= 0 && offset + bytes <= bytes_, "swap file write out of range");
   const char* in = static_cast<const char*>(source);
-  std::int64_t done = 0;
-  while (done < bytes) {
-    const ssize_t put = ::pwrite(fd_, in + done, static_cast<std::size_t>(bytes - done), offset + done);
-    if (put < 0 && errno == EINTR) continue;
-    PARALLAX_CHECK(put > 0, IoError, "writing ", bytes, " bytes at offset ", offset, " of the NVMe tier's file ", path_,
-                   " (deleted) failed: ", put == 0 ? std::string("nothing written") : system_reason(errno));
-    done += put;
-  }
+  move_all("writing", offset, bytes, path_, [&](std::int64_t done) {
+    return ::pwrite(fd_, in + done, static_cast<std::size_t>(bytes - done), offset + done);
+  });
   bytes_written_ += bytes;
 }
 

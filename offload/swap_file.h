@@ -44,11 +44,11 @@ class SwapFile {
   /// The name the file had (it no longer has one), for messages.
   const std::string& path() const { return path_; }
 
-  /// Blocking. Throws IoError naming the file, offset and reason.
+  /// Blocking. Throws OffloadError naming the file, offset and reason.
   void read(std::int64_t offset, void* destination, std::int64_t bytes) const;
   void write(std::int64_t offset, const void* source, std::int64_t bytes);
 
-  /// Queued on the I/O thread; the future rethrows the operation's IoError.
+  /// Queued on the I/O thread; the future rethrows the operation's OffloadError.
   std::future<void> read_async(std::int64_t offset, void* destination, std::int64_t bytes);
   std::future<void> write_async(std::int64_t offset, const void* source, std::int64_t bytes);
 

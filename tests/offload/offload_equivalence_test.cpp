@@ -163,6 +163,30 @@ TEST(OffloadSetup, TheEngineBindsTheOptimizerThreadsToTheRanksCores) {
   EXPECT_EQ(parallax::calling_thread_binding(), std::to_string(parallax::rank_cpu_share(rank, ranks).front()));
 }
 
+// bf16 parameters with fp32 masters on the host: the same run as bf16 ZeRO on the
+// device, up to the CPU Adam's rounding (which bf16 may round either way).
+TEST(OffloadBf16, TrainsLikeTheSameStageOnTheDevice) {
+  const Trajectory fp32 = train_reference(make_config(1));
+  for (const auto& [stage, param] : {std::pair<int, std::string>{2, "none"}, {3, "cpu"}}) {
+    const std::vector<std::string> zero{"zero.stage=" + std::to_string(stage), "zero.wrap=[\"Block\"]",
+                                        "precision.dtype=\"bf16\""};
+    std::vector<std::string> offload = zero;
+    offload.insert(offload.end(), {"offload.optimizer=\"cpu\"", "offload.param=\"" + param + "\""});
+    const DistributedRun on_host = train_distributed(make_config(1, offload));
+    const DistributedRun on_device = train_distributed(make_config(1, zero));
+    double worst_to_device = 0.0, worst_to_fp32 = 0.0;
+    for (std::size_t i = 0; i < fp32.losses.size(); ++i) {
+      worst_to_device =
+          std::max(worst_to_device, relative_difference(on_host.trajectory.losses[i], on_device.trajectory.losses[i]));
+      worst_to_fp32 = std::max(worst_to_fp32, relative_difference(on_host.trajectory.losses[i], fp32.losses[i]));
+    }
+    EXPECT_LE(worst_to_device, 1e-3) << "stage " << stage;
+    EXPECT_LE(worst_to_fp32, 1e-2) << "stage " << stage;  // as ZeRO's bf16 test
+    std::printf("[ figures  ] stage %d bf16 offload (param %s): loss within %.3g of bf16 on the device, %.3g of fp32\n",
+                stage, param.c_str(), worst_to_device, worst_to_fp32);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Variants,
                          OffloadEquivalence,
                          ::testing::Combine(::testing::Values(Variant{1, "cpu", "none", 4},

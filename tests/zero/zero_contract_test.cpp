@@ -162,16 +162,22 @@ TEST_P(ZeroAwkward, MatchesSingleProcess) {
   const auto fresh = std::make_shared<Awkward>();
   const auto params = unique_parameters(*fresh);
   for (std::size_t i = 0; i < params.size(); ++i) {
-    if (params[i].is_same(fresh->unused)) EXPECT_TRUE(torch::equal(got.run.params[i], fresh->unused.detach()));
+    if (params[i].is_same(fresh->unused)) {
+      EXPECT_TRUE(torch::equal(got.run.params[i], fresh->unused.detach()));
+    }
   }
-  if (stage == 3) EXPECT_EQ(got.units, 3u);  // first, big, and the root (scale, unused)
+  if (stage == 3) {
+    EXPECT_EQ(got.units, 3u);  // first, big, and the root (scale, unused)
+  }
 
   // Model-state bytes per rank, with the padding stated exactly: Ψ = 2461 (the shared
   // weight once), Ψ' = Ψ + padding, padding < N per flat buffer.
   const std::int64_t psi = 48 + 2408 + 2 + 3;
   const std::int64_t n = static_cast<std::int64_t>(got.metrics.front().comm.size());
   const std::int64_t padded = psi + got.padding;
-  if (stage > 0) ASSERT_EQ(padded % n, 0);
+  if (stage > 0) {
+    ASSERT_EQ(padded % n, 0);
+  }
   ModelStateBytes want;
   want.params = stage == 3 ? 4 * padded / n : 4 * (stage == 0 ? psi : padded);
   want.grads = stage == 0 ? 4 * psi : stage == 1 ? 4 * padded : 4 * padded / n;
