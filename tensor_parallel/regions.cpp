@@ -1,0 +1,101 @@
+#include "parallax/tensor_parallel/regions.h"
+
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <cstdint>
+
+#include "parallax/core/error.h"
+
+namespace parallax::tensor_parallel {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::tensor_list;
+
+// The communicator travels through the autograd context as an integer: an IValue holds
+// no raw pointer. The caller keeps it alive across backward (the engine owns it).
+void remember(AutogradContext* ctx, Communicator& tp) {
+  ctx->saved_data["tp"] = static_cast<std::int64_t>(reinterpret_cast<std::intptr_t>(&tp));
+}
+Communicator& recall(AutogradContext* ctx) {
+  return *reinterpret_cast<Communicator*>(static_cast<std::intptr_t>(ctx->saved_data["tp"].toInt()));
+}
+
+torch::Tensor summed(const torch::Tensor& x, Communicator& tp) {
+  torch::Tensor out = x.contiguous().clone();
+  tp.all_reduce(out)->wait();
+  return out;
+}
+
+torch::Tensor own_part(const torch::Tensor& x, Communicator& tp) {
+  const std::int64_t last = x.size(-1);
+  PARALLAX_CHECK(last % tp.size() == 0, UsageError, "the last dimension (", last, ") does not split over the ",
+                 tp.size(), " ranks of group '", tp.name(), "'");
+  return x.chunk(tp.size(), -1)[static_cast<std::size_t>(tp.rank())].contiguous();
+}
+
+torch::Tensor gathered(const torch::Tensor& x, Communicator& tp) {
+  const torch::Tensor input = x.contiguous();
+  torch::Tensor stacked = torch::empty({tp.size() * input.numel()}, input.options());
+  tp.all_gather(stacked, input)->wait();
+  std::vector<std::int64_t> sizes{tp.size()};
+  for (auto s : input.sizes()) sizes.push_back(s);
+  std::vector<std::int64_t> merged(input.sizes().begin(), input.sizes().end());
+  merged.back() *= tp.size();
+  // [tp, ..., d] → [..., tp, d] → [..., tp·d]: rank r's part at columns [r·d, (r+1)·d).
+  return stacked.view(sizes).movedim(0, -2).reshape(merged);
+}
+
+struct CopyToRegion : torch::autograd::Function<CopyToRegion> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& input, Communicator* tp) {
+    remember(ctx, *tp);
+    return input.view_as(input);
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    return {summed(grads[0], recall(ctx)), torch::Tensor()};
+  }
+};
+
+struct ReduceFromRegion : torch::autograd::Function<ReduceFromRegion> {
+  static torch::Tensor forward(AutogradContext*, const torch::Tensor& input, Communicator* tp) {
+    return summed(input, *tp);
+  }
+  static tensor_list backward(AutogradContext*, tensor_list grads) { return {grads[0], torch::Tensor()}; }
+};
+
+struct ScatterToRegion : torch::autograd::Function<ScatterToRegion> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& input, Communicator* tp) {
+    remember(ctx, *tp);
+    return own_part(input, *tp);
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    return {gathered(grads[0], recall(ctx)), torch::Tensor()};
+  }
+};
+
+struct GatherFromRegion : torch::autograd::Function<GatherFromRegion> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& input, Communicator* tp) {
+    remember(ctx, *tp);
+    return gathered(input, *tp);
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    return {own_part(grads[0], recall(ctx)), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor copy_to_region(const torch::Tensor& input, Communicator& tp) {
+  return CopyToRegion::apply(input, &tp);
+}
+torch::Tensor reduce_from_region(const torch::Tensor& input, Communicator& tp) {
+  return ReduceFromRegion::apply(input, &tp);
+}
+torch::Tensor scatter_to_region(const torch::Tensor& input, Communicator& tp) {
+  return ScatterToRegion::apply(input, &tp);
+}
+torch::Tensor gather_from_region(const torch::Tensor& input, Communicator& tp) {
+  return GatherFromRegion::apply(input, &tp);
+}
+
+}  // namespace parallax::tensor_parallel
