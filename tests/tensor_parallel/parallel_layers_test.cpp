@@ -13,6 +13,7 @@
 #include "parallax/core/mpi_communicator.h"
 #include "parallax/tensor_parallel/parallel_linear.h"
 #include "parallax/tensor_parallel/regions.h"
+#include "parallax/tensor_parallel/vocab_parallel.h"
 
 namespace {
 
@@ -115,6 +116,48 @@ TEST_F(TensorParallel, AnMlpAllReducesOnceForwardAndOnceBackward) {
   EXPECT_EQ(after_backward.since(after_forward)[CommOp::kAllReduce].calls, 1);
   EXPECT_EQ(after_backward.since(after_forward)[CommOp::kAllReduce].bytes, bytes);
   EXPECT_EQ(after_backward.since(before)[CommOp::kAllGather].calls, 0);
+}
+
+// A vocabulary that does not divide by tp (padded), every id used.
+TEST_F(TensorParallel, VocabParallelEmbeddingMatchesTheDenseEmbedding) {
+  const std::int64_t vocab = 4 * size() + 3, dim = 5;
+  torch::manual_seed(3);
+  torch::nn::Embedding dense(vocab, dim);
+  tp::VocabParallelEmbedding parallel(dense, group());
+  const torch::Tensor ids = torch::arange(vocab).repeat({2}).view({2, vocab});
+  const torch::Tensor upstream = torch::randn({2, vocab, dim});
+  const torch::Tensor want = dense(ids);
+  want.backward(upstream);
+  const torch::Tensor got = parallel(ids);
+  got.backward(upstream);
+  expect_close(got, want.detach(), "embedding output");
+  const tp::VocabRange range = tp::VocabRange::of(vocab, rank(), size());
+  const std::int64_t real = std::max<std::int64_t>(0, std::min(range.end, vocab) - range.begin);
+  expect_close(parallel->weight.grad().narrow(0, 0, real), dense->weight.grad().narrow(0, range.begin, real),
+               "embedding gradient of this rank's rows");
+  EXPECT_EQ(parallel->weight.grad().narrow(0, real, range.size() - real).abs().sum().item<double>(), 0.0);
+}
+
+TEST_F(TensorParallel, VocabParallelCrossEntropyMatchesTheDenseLossWithoutFullLogits) {
+  for (const std::int64_t vocab : {std::int64_t{8} * size(), std::int64_t{8} * size() - 3}) {
+    torch::manual_seed(5);
+    const torch::Tensor logits = torch::randn({3, 4, vocab}) * 3;
+    const torch::Tensor targets = torch::randint(vocab, {3, 4});
+    const torch::Tensor dense_logits = logits.clone().requires_grad_(true);
+    const torch::Tensor want = torch::nn::functional::cross_entropy(dense_logits.view({-1, vocab}), targets.view({-1}));
+    want.backward();
+    // This rank's columns of the padded vocabulary (padding columns hold garbage).
+    const tp::VocabRange range = tp::VocabRange::of(vocab, rank(), size());
+    torch::Tensor part = torch::full({3, 4, range.size()}, 1e4);
+    const std::int64_t real = std::max<std::int64_t>(0, std::min(range.end, vocab) - range.begin);
+    part.narrow(2, 0, real).copy_(logits.narrow(2, range.begin, real));
+    part.requires_grad_(true);
+    const torch::Tensor got = tp::vocab_parallel_cross_entropy(part, targets, vocab, group());
+    got.backward();
+    EXPECT_NEAR(got.item<double>(), want.item<double>(), kTolerance) << "vocabulary " << vocab;
+    expect_close(part.grad().narrow(2, 0, real), dense_logits.grad().narrow(2, range.begin, real), "logit gradient");
+    EXPECT_EQ(part.grad().narrow(2, real, range.size() - real).abs().sum().item<double>(), 0.0);
+  }
 }
 
 }  // namespace
