@@ -11,6 +11,7 @@
 #include "parallax/core/communicator.h"
 #include "parallax/core/error.h"
 #include "parallax/core/mpi_communicator.h"
+#include "parallax/tensor_parallel/parallel_blocks.h"
 #include "parallax/tensor_parallel/parallel_linear.h"
 #include "parallax/tensor_parallel/regions.h"
 #include "parallax/tensor_parallel/vocab_parallel.h"
@@ -158,6 +159,52 @@ TEST_F(TensorParallel, VocabParallelCrossEntropyMatchesTheDenseLossWithoutFullLo
     expect_close(part.grad().narrow(2, 0, real), dense_logits.grad().narrow(2, range.begin, real), "logit gradient");
     EXPECT_EQ(part.grad().narrow(2, real, range.size() - real).abs().sum().item<double>(), 0.0);
   }
+}
+
+// The GPT example's attention, written densely: fused qkv, causal softmax, projection.
+torch::Tensor dense_attention(torch::nn::Linear qkv,
+                              torch::nn::Linear proj,
+                              std::int64_t heads,
+                              const torch::Tensor& x) {
+  const std::int64_t batch = x.size(0), seq = x.size(1), d = x.size(2), head_dim = d / heads;
+  auto parts = qkv->forward(x).chunk(3, -1);
+  auto split = [&](const torch::Tensor& t) { return t.view({batch, seq, heads, head_dim}).transpose(1, 2); };
+  const auto scores = torch::matmul(split(parts[0]), split(parts[1]).transpose(-2, -1)) / std::sqrt(double(head_dim));
+  const auto future = torch::ones({seq, seq}, torch::kBool).triu(1);
+  const auto attention = torch::softmax(scores.masked_fill(future, -INFINITY), -1);
+  return proj->forward(torch::matmul(attention, split(parts[2])).transpose(1, 2).contiguous().view({batch, seq, d}));
+}
+
+TEST_F(TensorParallel, AttentionWithSplitHeadsMatchesTheDenseAttention) {
+  const std::int64_t heads = 2 * size(), d = 4 * heads;
+  torch::manual_seed(13);
+  torch::nn::Linear qkv(d, 3 * d), proj(d, d);
+  tp::ParallelCausalSelfAttention parallel(qkv, proj, heads, group());
+  const torch::Tensor x = torch::randn({2, 6, d});
+  const torch::Tensor upstream = torch::randn({2, 6, d});
+  const torch::Tensor dense_x = x.clone().requires_grad_(true);
+  const torch::Tensor want = dense_attention(qkv, proj, heads, dense_x);
+  want.backward(upstream);
+  const torch::Tensor parallel_x = x.clone().requires_grad_(true);
+  const auto before = group().counters();
+  const torch::Tensor got = parallel(parallel_x);
+  got.backward(upstream);
+  const auto comm = group().counters().since(before);
+  expect_close(got, want.detach(), "attention output");
+  expect_close(parallel_x.grad(), dense_x.grad(), "attention input gradient");
+  expect_close(parallel->proj->weight.grad(), part(proj->weight.grad(), 1), "projection weight gradient");
+  // This rank's query rows of the fused weight: heads [r·h/tp, (r+1)·h/tp) of q.
+  expect_close(parallel->qkv->weight.grad().chunk(3, 0)[0], part(qkv->weight.grad().chunk(3, 0)[0], 0),
+               "query weight gradient");
+  EXPECT_EQ(comm[CommOp::kAllReduce].calls, 2);  // one forward, one backward
+  EXPECT_THROW(tp::ParallelCausalSelfAttention(qkv, proj, 2 * size() + 1, group()), parallax::UsageError);
+}
+
+TEST_F(TensorParallel, MlpMatchesTheDenseMlp) {
+  Dense dense = dense_mlp(6, 8 * size());
+  tp::ParallelMLP parallel(dense.up, dense.down, group());
+  const torch::Tensor x = torch::randn({3, 6});
+  expect_close(parallel(x), dense.down(torch::gelu(dense.up(x))).detach(), "MLP output");
 }
 
 }  // namespace
