@@ -46,6 +46,50 @@ torch::Tensor gathered(const torch::Tensor& x, Communicator& tp) {
   return stacked.view(sizes).movedim(0, -2).reshape(merged);
 }
 
+// Along `dim`: moved to the front, so the communicator's flat chunks are its slices.
+torch::Tensor gathered_along(const torch::Tensor& x, Communicator& tp, std::int64_t dim) {
+  const torch::Tensor front = x.movedim(dim, 0).contiguous();
+  std::vector<std::int64_t> sizes(front.sizes().begin(), front.sizes().end());
+  sizes[0] *= tp.size();
+  torch::Tensor out = torch::empty(sizes, front.options());
+  tp.all_gather(out, front)->wait();
+  return out.movedim(0, dim);
+}
+
+torch::Tensor reduce_scattered_along(const torch::Tensor& x, Communicator& tp, std::int64_t dim) {
+  const torch::Tensor front = x.movedim(dim, 0).contiguous();
+  PARALLAX_CHECK(front.size(0) % tp.size() == 0, UsageError, "dimension ", dim, " (", front.size(0),
+                 ") does not split over the ", tp.size(), " ranks of group '", tp.name(), "'");
+  std::vector<std::int64_t> sizes(front.sizes().begin(), front.sizes().end());
+  sizes[0] /= tp.size();
+  torch::Tensor out = torch::empty(sizes, front.options());
+  tp.reduce_scatter(out, front)->wait();
+  return out.movedim(0, dim);
+}
+
+struct GatherFromSequenceRegion : torch::autograd::Function<GatherFromSequenceRegion> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& input, Communicator* tp, std::int64_t dim) {
+    remember(ctx, *tp);
+    ctx->saved_data["dim"] = dim;
+    return gathered_along(input, *tp, dim);
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    return {reduce_scattered_along(grads[0], recall(ctx), ctx->saved_data["dim"].toInt()), torch::Tensor(),
+            torch::Tensor()};
+  }
+};
+
+struct ReduceScatterToSequenceRegion : torch::autograd::Function<ReduceScatterToSequenceRegion> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& input, Communicator* tp, std::int64_t dim) {
+    remember(ctx, *tp);
+    ctx->saved_data["dim"] = dim;
+    return reduce_scattered_along(input, *tp, dim);
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    return {gathered_along(grads[0], recall(ctx), ctx->saved_data["dim"].toInt()), torch::Tensor(), torch::Tensor()};
+  }
+};
+
 struct CopyToRegion : torch::autograd::Function<CopyToRegion> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& input, Communicator* tp) {
     remember(ctx, *tp);
@@ -96,6 +140,12 @@ torch::Tensor scatter_to_region(const torch::Tensor& input, Communicator& tp) {
 }
 torch::Tensor gather_from_region(const torch::Tensor& input, Communicator& tp) {
   return GatherFromRegion::apply(input, &tp);
+}
+torch::Tensor gather_from_sequence_region(const torch::Tensor& input, Communicator& tp, std::int64_t dim) {
+  return GatherFromSequenceRegion::apply(input, &tp, dim);
+}
+torch::Tensor reduce_scatter_to_sequence_region(const torch::Tensor& input, Communicator& tp, std::int64_t dim) {
+  return ReduceScatterToSequenceRegion::apply(input, &tp, dim);
 }
 
 }  // namespace parallax::tensor_parallel

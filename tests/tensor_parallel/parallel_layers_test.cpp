@@ -66,6 +66,28 @@ TEST_F(TensorParallel, RegionsAreEachOthersConjugates) {
   EXPECT_THROW(tp::scatter_to_region(torch::randn({2, 4 * size() + 1}), group()), parallax::UsageError);
 }
 
+// Sequence parallelism's pair, along the sequence dimension of [batch, seq, d]: what
+// the gather's forward concatenates, its backward reduce-scatters, and the converse.
+TEST_F(TensorParallel, SequenceRegionsAreEachOthersConjugates) {
+  torch::manual_seed(2);
+  const torch::Tensor full = torch::randn({2, 3 * size(), 4});  // the same on every rank
+  const torch::Tensor upstream = torch::randn({2, 3 * size(), 4});
+  const torch::Tensor mine = part(full, 1).clone().requires_grad_(true);
+  const torch::Tensor gathered = tp::gather_from_sequence_region(mine, group(), 1);
+  expect_close(gathered, full, "sequence gather");
+  gathered.backward(upstream * (rank() + 1));
+  const double ranks_sum = size() * (size() + 1) / 2.0;
+  expect_close(mine.grad(), part(upstream, 1) * ranks_sum, "sequence gather gradient (reduce-scatter)");
+
+  const torch::Tensor contribution = (full * (rank() + 1)).requires_grad_(true);
+  const torch::Tensor scattered = tp::reduce_scatter_to_sequence_region(contribution, group(), 1);
+  expect_close(scattered, part(full, 1) * ranks_sum, "sequence reduce-scatter");
+  scattered.backward(part(upstream, 1));
+  expect_close(contribution.grad(), upstream, "sequence reduce-scatter gradient (all-gather)");
+  EXPECT_THROW(tp::reduce_scatter_to_sequence_region(torch::randn({2, 3 * size() + 1, 4}), group(), 1),
+               parallax::UsageError);
+}
+
 struct Dense {
   torch::nn::Linear up{nullptr}, down{nullptr};
 };
