@@ -8,28 +8,15 @@
 #include <memory>
 
 #include "parallax/core/error.h"
+#include "parallax/core/hwloc_support.h"
 
 namespace parallax {
 namespace {
 
-struct TopologyDeleter {
-  void operator()(hwloc_topology* topology) const { hwloc_topology_destroy(topology); }
-};
 struct BitmapDeleter {
   void operator()(hwloc_bitmap_s* bitmap) const { hwloc_bitmap_free(bitmap); }
 };
-using Topology = std::unique_ptr<hwloc_topology, TopologyDeleter>;
 using Bitmap = std::unique_ptr<hwloc_bitmap_s, BitmapDeleter>;
-
-// This machine's CPUs only (no I/O devices: faster, and all that binding needs).
-Topology load_cpu_topology() {
-  hwloc_topology_t raw = nullptr;
-  PARALLAX_CHECK(hwloc_topology_init(&raw) == 0, TopologyError, "hwloc_topology_init failed: ", std::strerror(errno));
-  Topology topology(raw);
-  PARALLAX_CHECK(hwloc_topology_load(raw) == 0, TopologyError,
-                 "hwloc could not load this machine's topology: ", std::strerror(errno));
-  return topology;
-}
 
 Bitmap new_bitmap() {
   Bitmap bitmap(hwloc_bitmap_alloc());
@@ -37,20 +24,13 @@ Bitmap new_bitmap() {
   return bitmap;
 }
 
-std::string list_of(hwloc_const_bitmap_t set) {
-  char* text = nullptr;
-  if (hwloc_bitmap_list_asprintf(&text, set) < 0 || text == nullptr) return "";
-  std::string result(text);
-  std::free(text);
-  return result;
-}
-
 }  // namespace
 
 std::vector<int> rank_cpu_share(int local_rank, int local_size, const std::string& near) {
   PARALLAX_CHECK(local_size >= 1 && local_rank >= 0 && local_rank < local_size, UsageError, "local rank ", local_rank,
                  " of ", local_size, ": expected 0 <= local rank < local size");
-  Topology topology = load_cpu_topology();
+  detail::HwlocTopology topology("this machine");
+  topology.load();
   hwloc_topology_t topo = topology.get();
   Bitmap allowed = new_bitmap();
   if (hwloc_get_cpubind(topo, allowed.get(), HWLOC_CPUBIND_PROCESS) != 0 || hwloc_bitmap_iszero(allowed.get())) {
@@ -78,8 +58,8 @@ std::vector<int> rank_cpu_share(int local_rank, int local_size, const std::strin
       first_pu_of_core.push_back(pu);
     }
   }
-  PARALLAX_CHECK(!first_pu_of_core.empty(), TopologyError, "this process may run on no PU (", list_of(allowed.get()),
-                 ")");
+  PARALLAX_CHECK(!first_pu_of_core.empty(), TopologyError, "this process may run on no PU (",
+                 detail::cpuset_string(allowed.get()), ")");
   const auto n = static_cast<long>(first_pu_of_core.size());
   if (local_size > n) return {first_pu_of_core[static_cast<std::size_t>(local_rank % n)]};
   const long begin = local_rank * n / local_size;
@@ -88,7 +68,8 @@ std::vector<int> rank_cpu_share(int local_rank, int local_size, const std::strin
 }
 
 void bind_calling_thread(int os_index) {
-  Topology topology = load_cpu_topology();
+  detail::HwlocTopology topology("this machine");
+  topology.load();
   Bitmap set = new_bitmap();
   hwloc_bitmap_only(set.get(), static_cast<unsigned>(os_index));
   PARALLAX_CHECK(hwloc_set_cpubind(topology.get(), set.get(), HWLOC_CPUBIND_THREAD) == 0, TopologyError,
@@ -96,11 +77,12 @@ void bind_calling_thread(int os_index) {
 }
 
 std::string calling_thread_binding() {
-  Topology topology = load_cpu_topology();
+  detail::HwlocTopology topology("this machine");
+  topology.load();
   Bitmap set = new_bitmap();
   PARALLAX_CHECK(hwloc_get_cpubind(topology.get(), set.get(), HWLOC_CPUBIND_THREAD) == 0, TopologyError,
                  "reading the calling thread's binding failed: ", std::strerror(errno));
-  return list_of(set.get());
+  return detail::cpuset_string(set.get());
 }
 
 }  // namespace parallax

@@ -34,19 +34,8 @@ torch::Tensor own_part(const torch::Tensor& x, Communicator& tp) {
   return x.chunk(tp.size(), -1)[static_cast<std::size_t>(tp.rank())].contiguous();
 }
 
-torch::Tensor gathered(const torch::Tensor& x, Communicator& tp) {
-  const torch::Tensor input = x.contiguous();
-  torch::Tensor stacked = torch::empty({tp.size() * input.numel()}, input.options());
-  tp.all_gather(stacked, input)->wait();
-  std::vector<std::int64_t> sizes{tp.size()};
-  for (auto s : input.sizes()) sizes.push_back(s);
-  std::vector<std::int64_t> merged(input.sizes().begin(), input.sizes().end());
-  merged.back() *= tp.size();
-  // [tp, ..., d] → [..., tp, d] → [..., tp·d]: rank r's part at columns [r·d, (r+1)·d).
-  return stacked.view(sizes).movedim(0, -2).reshape(merged);
-}
-
-// Along `dim`: moved to the front, so the communicator's flat chunks are its slices.
+// Along `dim`: moved to the front, so the communicator's flat chunks are its slices
+// (rank r's part lands at [r·n, (r+1)·n) of the dimension).
 torch::Tensor gathered_along(const torch::Tensor& x, Communicator& tp, std::int64_t dim) {
   const torch::Tensor front = x.movedim(dim, 0).contiguous();
   std::vector<std::int64_t> sizes(front.sizes().begin(), front.sizes().end());
@@ -113,14 +102,14 @@ struct ScatterToRegion : torch::autograd::Function<ScatterToRegion> {
     return own_part(input, *tp);
   }
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
-    return {gathered(grads[0], recall(ctx)), torch::Tensor()};
+    return {gathered_along(grads[0], recall(ctx), -1), torch::Tensor()};
   }
 };
 
 struct GatherFromRegion : torch::autograd::Function<GatherFromRegion> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& input, Communicator* tp) {
     remember(ctx, *tp);
-    return gathered(input, *tp);
+    return gathered_along(input, *tp, -1);
   }
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
     return {own_part(grads[0], recall(ctx)), torch::Tensor()};
