@@ -176,6 +176,50 @@ struct OffloadOptions {
   std::int64_t buffer_bytes() const { return static_cast<std::int64_t>(buffer_mb * 1024.0 * 1024.0); }
 };
 
+/// How a [tensor_parallel.plan] rule rewrites the Linear or Embedding modules it matches.
+enum class TpStyle {
+  kColumn,          ///< Linear: output features split; input replicated (or gathered along the sequence)
+  kRow,             ///< Linear: input features split; output summed (or reduce-scattered along the sequence)
+  kVocabEmbedding,  ///< Embedding: vocabulary rows split (padded to a multiple of tp); output summed
+  kVocabOutput,     ///< Linear (the LM head): vocabulary split; logits stay split for vocab-parallel loss
+  kReplicate,       ///< kept whole on every rank of the group
+};
+
+/// One entry of [tensor_parallel.plan]: `"blocks.*.qkv" = "column"`, or with options
+/// `"blocks.*.qkv" = { style = "column", parts = 3, heads = 4 }`.
+struct TpPlanRule {
+  /// Module path glob, matched against whole dotted paths ("blocks.0.qkv"); `*` matches
+  /// any run of characters other than '.', so "blocks.*.qkv" matches every block's qkv.
+  std::string pattern;
+  TpStyle style = TpStyle::kReplicate;
+  /// column: the output is `parts` equal blocks (a fused [q | k | v] is 3), each split
+  /// over tp so rank r holds the r-th slice of every block. Default: 1.
+  std::int64_t parts = 1;
+  /// column/row: attention heads laid along the split features (per part), checked to
+  /// divide by tp so no head is cut; 0 = not an attention projection. Default: 0.
+  std::int64_t heads = 0;
+  /// column, vocab_output: all-gather the output so every rank holds all of it (for a
+  /// loss that is not vocab-parallel). Default: false.
+  bool gather_output = false;
+  /// " at file:line:col" of the rule, for messages.
+  std::string position;
+};
+
+/// [tensor_parallel]: how a model is split over the tensor-parallel group (parallel.tp).
+struct TensorParallelOptions {
+  /// Shard the activations between tensor-parallel regions (LayerNorm, residual,
+  /// dropout) along the sequence: all-gather / reduce-scatter replace the all-reduces.
+  /// Default: false.
+  bool sequence_parallel = false;
+  /// With sequence_parallel: the sequence dimension of activations, counted from the
+  /// end (-2: [..., seq, hidden], as [batch, seq, hidden] and [seq, hidden]). Default: -2.
+  std::int64_t sequence_dim = -2;
+  /// Module path glob → style, applied at engine creation to an ordinary model; every
+  /// Linear and Embedding must be matched by exactly one rule. Empty: the model is
+  /// written with tensor_parallel/ layers. Default: empty.
+  std::vector<TpPlanRule> plan;
+};
+
 enum class CommBackend { kAuto, kMpi, kNccl };
 
 /// [comm]
@@ -235,6 +279,7 @@ struct Config {
   ParallelOptions parallel;
   ZeroOptions zero;
   OffloadOptions offload;
+  TensorParallelOptions tensor_parallel;
   CommOptions comm;
   LoggingOptions logging;
 

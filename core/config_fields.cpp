@@ -281,7 +281,65 @@ class TableReader final : public FieldVisitor {
     index = static_cast<std::size_t>(found - spelled.begin());
   }
 
+  void on_module_plan(const char* key, std::vector<TpPlanRule>& rules) override {
+    const toml::node* node = find(key);
+    if (node == nullptr) return;
+    const toml::table* table = node->as_table();
+    if (table == nullptr) fail(key, *node, "a table of module path globs, e.g. \"blocks.*.qkv\" = \"column\"");
+    std::vector<std::string> styles;
+    for (const auto& name : kTpStyleNames) styles.emplace_back(name.name);
+    std::vector<TpPlanRule> given;
+    for (const auto& [pattern, value] : *table) {
+      const std::string rule_path = path(key) + "." + quote(std::string(pattern.str()));
+      TpPlanRule rule;
+      rule.pattern = std::string(pattern.str());
+      rule.position = at(value.source());
+      PARALLAX_CHECK(!rule.pattern.empty(), ConfigError, rule_path, rule.position,
+                     ": an empty module path matches nothing");
+      const toml::node* style = &value;
+      if (const toml::table* options = value.as_table()) {
+        style = options->get("style");
+        PARALLAX_CHECK(style != nullptr, ConfigError, rule_path, rule.position,
+                       ": a rule written as a table needs style = one of ", join(quoted(styles), ", "));
+        for (const auto& [option, option_value] : *options) {
+          const std::string name(option.str());
+          if (name == "style") continue;
+          if (name == "parts" || name == "heads") {
+            const auto number = option_value.value<std::int64_t>();
+            const bool ok = option_value.is_integer() && number && (name == "parts" ? *number >= 1 : *number >= 0);
+            PARALLAX_CHECK(ok, ConfigError, rule_path, ".", name, " = ", render(option_value),
+                           at(option_value.source()), ": expected an integer ", name == "parts" ? ">= 1" : ">= 0");
+            (name == "parts" ? rule.parts : rule.heads) = *number;
+          } else if (name == "gather_output") {
+            PARALLAX_CHECK(option_value.is_boolean(), ConfigError, rule_path, ".gather_output = ", render(option_value),
+                           at(option_value.source()), ": expected true or false");
+            rule.gather_output = option_value.as_boolean()->get();
+          } else {
+            throw_unknown_key(rule_path, option, {"style", "parts", "heads", "gather_output"});
+          }
+        }
+      }
+      const auto* spelled = style->as_string();
+      const auto found = spelled == nullptr ? styles.end() : std::find(styles.begin(), styles.end(), spelled->get());
+      if (found == styles.end()) {
+        const std::string suggestion = spelled == nullptr ? "" : closest(spelled->get(), styles);
+        throw ConfigError(rule_path + " = " + render(*style) + at(style->source()) + ": expected one of " +
+                          join(quoted(styles), ", ") +
+                          (suggestion.empty() ? "" : "; did you mean " + quote(suggestion) + "?"));
+      }
+      rule.style = kTpStyleNames[found - styles.begin()].value;
+      given.push_back(std::move(rule));
+    }
+    rules = std::move(given);
+  }
+
  private:
+  static std::vector<std::string> quoted(const std::vector<std::string>& names) {
+    std::vector<std::string> out;
+    for (const std::string& name : names) out.push_back(quote(name));
+    return out;
+  }
+
   std::string path(const char* key) const { return section_ + "." + key; }
 
   const toml::node* find(const char* key) {
@@ -351,6 +409,20 @@ class TomlWriter final : public FieldVisitor {
   }
   void on_choice(const char* key, std::size_t& index, const std::vector<const char*>& names) override {
     out_ << key << " = " << quote(names[index]) << "\n";
+  }
+  // One inline table, so the rules stay inside the section whatever follows.
+  void on_module_plan(const char* key, std::vector<TpPlanRule>& rules) override {
+    std::vector<std::string> entries;
+    for (const TpPlanRule& rule : rules) {
+      std::string style = quote(kTpStyleNames[static_cast<std::size_t>(rule.style)].name);
+      if (rule.parts != 1 || rule.heads != 0 || rule.gather_output) {
+        style = "{ style = " + style + ", parts = " + std::to_string(rule.parts) +
+                ", heads = " + std::to_string(rule.heads) +
+                ", gather_output = " + (rule.gather_output ? "true" : "false") + " }";
+      }
+      entries.push_back(quote(rule.pattern) + " = " + style);
+    }
+    out_ << key << " = { " << join(entries, ", ") << " }\n";
   }
 
  private:

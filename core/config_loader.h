@@ -86,6 +86,7 @@ const char* to_string(SchedulerType type);
 const char* to_string(Dtype dtype);
 const char* to_string(ParallelMode mode);
 const char* to_string(OffloadTarget target);
+const char* to_string(TpStyle style);
 const char* to_string(CommBackend backend);
 
 }  // namespace parallax

@@ -120,6 +120,14 @@ void offload_fields(FieldVisitor& v, Config& c) {
   v.integer("buffer_count", c.offload.buffer_count, kBufferCount);
 }
 
+constexpr Rule kFromTheEnd{[](double v) { return v <= -1; }, "a dimension counted from the end (-1, -2, ...)"};
+
+void tensor_parallel_fields(FieldVisitor& v, Config& c) {
+  v.boolean("sequence_parallel", c.tensor_parallel.sequence_parallel);
+  v.integer("sequence_dim", c.tensor_parallel.sequence_dim, kFromTheEnd);
+  v.module_plan("plan", c.tensor_parallel.plan);  // last: printed as one inline table
+}
+
 void comm_fields(FieldVisitor& v, Config& c) {
   // "nccl" is accepted here; whether this build and these tensors can use it is the
   // runtime's question.
@@ -209,6 +217,22 @@ void offload_check(const Config& c, const KeyPositions& positions) {
   }
 }
 
+// Which options each style takes; whether a module fits its rule is the plan's question
+// (tensor_parallel/plan.h), answered against the model at engine creation.
+void tensor_parallel_check(const Config& c, const KeyPositions&) {
+  for (const TpPlanRule& rule : c.tensor_parallel.plan) {
+    const std::string name = std::string("tensor_parallel.plan.\"") + rule.pattern + "\"" + rule.position;
+    const char* style = to_string(rule.style);
+    PARALLAX_CHECK(rule.parts == 1 || rule.style == TpStyle::kColumn, ConfigError, name, ": parts = ", rule.parts,
+                   " applies to style \"column\" only (a fused projection such as [q | k | v]), not \"", style, "\"");
+    PARALLAX_CHECK(rule.heads == 0 || rule.style == TpStyle::kColumn || rule.style == TpStyle::kRow, ConfigError, name,
+                   ": heads = ", rule.heads, " applies to styles \"column\" and \"row\" only, not \"", style, "\"");
+    PARALLAX_CHECK(!rule.gather_output || rule.style == TpStyle::kColumn || rule.style == TpStyle::kVocabOutput,
+                   ConfigError, name, ": gather_output applies to styles \"column\" and \"vocab_output\" only, not \"",
+                   style, "\"");
+  }
+}
+
 }  // namespace
 
 const std::vector<SectionDef>& sections() {
@@ -221,6 +245,7 @@ const std::vector<SectionDef>& sections() {
       {"parallel", parallel_fields, parallel_check},
       {"zero", zero_fields, nullptr},
       {"offload", offload_fields, offload_check},
+      {"tensor_parallel", tensor_parallel_fields, tensor_parallel_check},
       {"comm", comm_fields, nullptr},
       {"logging", logging_fields, nullptr},
   };
@@ -250,6 +275,9 @@ const char* to_string(ParallelMode mode) {
 }
 const char* to_string(OffloadTarget target) {
   return detail::name_of(detail::kOffloadNames, target);
+}
+const char* to_string(TpStyle style) {
+  return detail::name_of(detail::kTpStyleNames, style);
 }
 const char* to_string(CommBackend backend) {
   return detail::name_of(detail::kBackendNames, backend);

@@ -72,6 +72,13 @@ struct EnumName {
   const char* name;
 };
 
+/// The spellings of TpStyle ([tensor_parallel.plan] values).
+inline constexpr EnumName<TpStyle> kTpStyleNames[] = {{TpStyle::kColumn, "column"},
+                                                      {TpStyle::kRow, "row"},
+                                                      {TpStyle::kVocabEmbedding, "vocab_embedding"},
+                                                      {TpStyle::kVocabOutput, "vocab_output"},
+                                                      {TpStyle::kReplicate, "replicate"}};
+
 /// Visits the keys of one section with references to their fields. A reader fills the
 /// fields from TOML (and validates); a writer prints them. Each key is visited once,
 /// in the order it should be printed.
@@ -106,6 +113,8 @@ class FieldVisitor {
   void boolean(const char* key, bool& value) { on_boolean(key, value); }
   void text(const char* key, std::string& value) { on_text(key, value); }
   void text_list(const char* key, std::vector<std::string>& value) { on_text_list(key, value); }
+  /// A table of module path globs → style or { style, parts, heads, gather_output }.
+  void module_plan(const char* key, std::vector<TpPlanRule>& rules) { on_module_plan(key, rules); }
   template <typename E, std::size_t N>
   void choice(const char* key, E& value, const EnumName<E> (&names)[N]) {
     std::vector<const char*> spelled;
@@ -126,6 +135,7 @@ class FieldVisitor {
   virtual void on_text(const char* key, std::string& value) = 0;
   virtual void on_text_list(const char* key, std::vector<std::string>& value) = 0;
   virtual void on_choice(const char* key, std::size_t& index, const std::vector<const char*>& names) = 0;
+  virtual void on_module_plan(const char* key, std::vector<TpPlanRule>& rules) = 0;
 };
 
 /// Where each key that was read came from: "optimizer.lr" → " at a.toml:3:6"

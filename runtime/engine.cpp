@@ -1,5 +1,6 @@
 #include "parallax/runtime/engine.h"
 
+#include <torch/nn/functional/loss.h>
 #include <torch/nn/utils/clip_grad.h>
 
 #include <chrono>
@@ -17,6 +18,7 @@
 #include "parallax/offload/offloaded_adam.h"
 #include "parallax/runtime/gradient_buckets.h"
 #include "parallax/runtime/step_telemetry.h"
+#include "parallax/tensor_parallel/vocab_parallel.h"
 #include "parallax/zero/deferred_construction.h"
 #include "parallax/zero/loss_scaler.h"
 #include "parallax/zero/sharded_model.h"
@@ -81,6 +83,65 @@ void bind_offload_threads(Runtime& runtime, const zero::ShardedModel& sharded) {
                            " bytes on the host and ", sharded.nvme_bytes(), " in the NVMe tier");
 }
 
+// Rank 0 of the tensor-parallel group says how the model was split.
+void describe_split(Runtime& runtime, const tensor_parallel::ParallelizedModel& split) {
+  const Config& config = runtime.config();
+  runtime.logger().summary("# tensor parallel: tp = ", config.parallel.tp, ", sequence parallel ",
+                           config.tensor_parallel.sequence_parallel ? "on" : "off");
+  for (const std::string& line : split.describe()) runtime.logger().summary("#   ", line);
+}
+
+// Every rank of a tensor-parallel group computes on the same micro-batch: a trainer that
+// indexes its data by world rank instead of mesh().coord().dp would train garbage.
+void check_same_input(Communicator& tp, const torch::Tensor& input) {
+  const torch::Tensor bytes = input.contiguous().view({-1}).view(torch::kUInt8);
+  std::uint64_t hash = 1469598103934665603ULL;  // FNV-1a over the input's bytes
+  const auto* data = bytes.data_ptr<std::uint8_t>();
+  for (std::int64_t i = 0; i < bytes.numel(); ++i) hash = (hash ^ data[i]) * 1099511628211ULL;
+  const std::vector<int> differing = ranks_differing_from_root(tp, hash);
+  PARALLAX_CHECK(differing.empty(), UsageError, "the first forward's input differs across tensor-parallel group '",
+                 tp.name(), "': rank(s) ", format_rank_set(differing),
+                 " got other data than its rank 0; index the data by mesh().coord().dp, not by world rank");
+}
+
+// Sums `grads` over `tp` in place, in one all-reduce.
+void sum_over(Communicator& tp, const std::vector<torch::Tensor>& grads) {
+  std::vector<torch::Tensor> flat;
+  for (const auto& g : grads) flat.push_back(g.reshape({-1}));
+  torch::Tensor joined = torch::cat(flat);
+  tp.all_reduce(joined)->wait();
+  std::int64_t offset = 0;
+  for (const auto& g : grads) {
+    g.copy_(joined.narrow(0, offset, g.numel()).view_as(g));
+    offset += g.numel();
+  }
+}
+
+// The global gradient norm of a tensor-parallel model (squares of split parameters
+// summed over the group in float64, replicated ones counted once) and clipping as
+// torch::nn::utils::clip_grad_norm_ does (clip > 0). Returns false when the norm is
+// not finite; every rank of the group reaches the same verdict.
+bool clip_split_gradients(const std::vector<torch::Tensor>& optimized,
+                          const std::vector<torch::Tensor>& params,
+                          const tensor_parallel::ParallelizedModel& split,
+                          Communicator& tp,
+                          double clip) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor split_squares = torch::zeros({1}, torch::kFloat64);
+  torch::Tensor replicated_squares = torch::zeros({1}, torch::kFloat64);
+  for (std::size_t i = 0; i < optimized.size(); ++i) {
+    const torch::Tensor squares = optimized[i].grad().to(torch::kFloat64).pow(2).sum();
+    (split.is_split(params[i]) ? split_squares : replicated_squares).add_(squares);
+  }
+  tp.all_reduce(split_squares)->wait();
+  const double norm = std::sqrt((split_squares + replicated_squares).item<double>());
+  if (!std::isfinite(norm)) return false;
+  if (clip > 0 && clip / (norm + 1e-6) < 1.0) {
+    for (const auto& p : optimized) p.grad().mul_(clip / (norm + 1e-6));
+  }
+  return true;
+}
+
 }  // namespace
 
 struct Engine::State {
@@ -95,6 +156,9 @@ struct Engine::State {
   std::unique_ptr<zero::ShardedModel> sharded;         ///< stages 1–3
   std::unique_ptr<zero::LossScaler> scaler;            ///< fp16
   std::unique_ptr<StepTelemetry> telemetry;
+  std::unique_ptr<tensor_parallel::ParallelizedModel> split;  ///< parallel.tp > 1
+  std::vector<std::size_t> partial_gradients;  ///< indices into params summed over tp (sequence parallel)
+  mutable bool input_checked = false;
 
   std::int64_t grad_accum = 1;
   std::int64_t micro_step = 0;  ///< backward calls in the current window
@@ -109,15 +173,24 @@ Engine::Engine(Runtime& runtime, std::shared_ptr<torch::nn::Module> model, const
     : state_(std::make_unique<State>()) {
   State& s = *state_;
   const Config& config = runtime.config();
-  PARALLAX_CHECK(config.parallel.tp == 1 && config.parallel.pp == 1, ConfigError, "parallel.tp = ", config.parallel.tp,
-                 ", parallel.pp = ", config.parallel.pp,
-                 ": tensor and pipeline parallelism are not available in this build yet; use tp = 1, pp = 1");
+  PARALLAX_CHECK(config.parallel.pp == 1, ConfigError, "parallel.pp = ", config.parallel.pp,
+                 ": pipeline parallelism is not available in this build yet; use pp = 1");
+  PARALLAX_CHECK(config.parallel.tp == 1 || config.zero.stage == 0, ConfigError, "parallel.tp = ", config.parallel.tp,
+                 " with zero.stage = ", config.zero.stage,
+                 ": ZeRO over the data-parallel ranks of a tensor-parallel model is not available in this build yet; "
+                 "use zero.stage = 0 with tp > 1");
   s.runtime = &runtime;
   s.model = std::move(model);
   s.spec = spec;
   s.dtype = compute_dtype_for(config.precision.dtype);
   s.grad_accum = config.train.grad_accum;
   Communicator& dp = runtime.mesh().dp();
+  if (config.parallel.tp > 1) {
+    // Sliced before anything is broadcast or cast: every rank holds the same dense model.
+    s.split =
+        std::make_unique<tensor_parallel::ParallelizedModel>(*s.model, config.tensor_parallel, runtime.mesh().tp());
+    describe_split(runtime, *s.split);
+  }
 
   // A weight shared by two modules (a tied embedding and LM head) appears twice in
   // parameters(): keep the first, or it would be reduced and stepped twice.
@@ -172,6 +245,13 @@ Engine::Engine(Runtime& runtime, std::shared_ptr<torch::nn::Module> model, const
     if (p.requires_grad() && seen.insert(p.unsafeGetTensorImpl()).second) s.params.push_back(p);
   }
   PARALLAX_CHECK(!s.params.empty(), UsageError, "every parameter of the model is frozen (requires_grad = false)");
+  if (s.split) {
+    std::unordered_set<const void*> partial;
+    for (const auto& p : s.split->partial_gradient_parameters()) partial.insert(p.unsafeGetTensorImpl());
+    for (std::size_t i = 0; i < s.params.size(); ++i) {
+      if (partial.count(s.params[i].unsafeGetTensorImpl())) s.partial_gradients.push_back(i);
+    }
+  }
   if (config.precision.dtype == Dtype::kFp16) {
     s.scaler = std::make_unique<zero::LossScaler>(loss_scaler_options(config.precision));
     if (s.params.front().is_cpu()) {
@@ -259,8 +339,16 @@ bool Engine::step() {
     if (s.scaler) {
       for (const auto& m : s.masters) m.mutable_grad().mul_(1.0 / loss_scale);
     }
+    Communicator& tp = s.runtime->mesh().tp();
+    if (!s.partial_gradients.empty()) {
+      std::vector<torch::Tensor> partial;
+      for (std::size_t i : s.partial_gradients) partial.push_back(s.optimized()[i].grad());
+      sum_over(tp, partial);
+    }
     const double clip = s.spec.optimizer.grad_clip;
-    if (clip > 0 || s.scaler) {
+    if (s.split && (clip > 0 || s.scaler)) {
+      overflow = !clip_split_gradients(s.optimized(), s.params, *s.split, tp, clip) && s.scaler != nullptr;
+    } else if (clip > 0 || s.scaler) {
       // One global norm serves clipping and the overflow check (an infinite threshold
       // never clips). Gradients are identical on every rank after the all-reduce, so
       // every rank reaches the same verdict without communicating; an overflowing
@@ -330,6 +418,9 @@ double Engine::loss_scale() const {
 std::int64_t Engine::skipped_steps() const {
   return state_->scaler ? state_->scaler->skipped_steps() : 0;
 }
+tensor_parallel::ParallelizedModel::Scope Engine::tensor_parallel_scope() const {
+  return state_->split ? state_->split->scope() : tensor_parallel::ParallelizedModel::Scope(false);
+}
 zero::ParameterUseScope Engine::parameter_use_scope() const {
   return state_->sharded ? state_->sharded->use_scope() : zero::ParameterUseScope(false);
 }
@@ -367,7 +458,20 @@ void Engine::begin_micro_step() {
   state_->telemetry->begin_window_if_needed();
 }
 
+torch::Tensor Engine::cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets) const {
+  const std::int64_t vocabulary = state_->split ? state_->split->split_output_vocabulary() : 0;
+  if (vocabulary > 0) {
+    return tensor_parallel::vocab_parallel_cross_entropy(logits, targets, vocabulary, state_->runtime->mesh().tp());
+  }
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32),
+                                              targets.reshape({-1}));
+}
+
 torch::Tensor Engine::prepare_input(const torch::Tensor& input) const {
+  if (state_->split && !state_->input_checked) {
+    state_->input_checked = true;
+    check_same_input(state_->runtime->mesh().tp(), input);
+  }
   if (input.is_floating_point() && input.scalar_type() != state_->dtype) return input.to(state_->dtype);
   return input;
 }

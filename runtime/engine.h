@@ -29,6 +29,16 @@
 // fp32 master shard. At stage 3 parameters exist only while a unit is in use: between
 // steps read them through master_parameters(), not through the model.
 //
+// Tensor parallelism (`parallel.tp` > 1, see tensor_parallel/parallelize.h): at
+// construction the model is split over the tensor-parallel group, by the
+// [tensor_parallel.plan] or as written with tensor_parallel/ layers; forward() runs the
+// split model. Every rank of a tensor-parallel group must get the same micro-batch
+// (index data by mesh().coord().dp; the first forward checks). The gradient-clipping
+// norm sums the split parameters over the group and counts replicated ones once; with
+// sequence parallelism the replicated parameters' partial gradients are summed over
+// the group before the step. A `vocab_output` plan leaves the logits split over the
+// vocabulary: compute the loss with cross_entropy(), which works in every layout.
+//
 // Gradients live in the buckets: do not call zero_grad() on the model or replace a
 // parameter's .grad (step() detects it and throws UsageError). Under ZeRO a parameter's
 // .grad is empty after backward: its gradient has moved into the owner's shard.
@@ -45,6 +55,7 @@
 #include "parallax/core/metrics.h"
 #include "parallax/runtime/optimizer.h"
 #include "parallax/runtime/runtime.h"
+#include "parallax/tensor_parallel/parallelize.h"
 #include "parallax/zero/parameter_interception.h"
 
 namespace parallax {
@@ -77,6 +88,12 @@ class Engine {
   /// Before the boundary: returns false and does nothing else. Blocks; throws
   /// CommError if a collective fails or times out.
   bool step();
+
+  /// Mean cross-entropy of `logits` [..., V] against `targets` [...] (int64), in fp32.
+  /// When the plan leaves the logits split over the vocabulary, `logits` is this rank's
+  /// part and the loss is computed vocab-parallel, never gathering them (collective
+  /// over the tensor-parallel group); otherwise it is the dense loss.
+  torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets) const;
 
   /// Completed optimizer steps.
   std::int64_t global_step() const;
@@ -114,6 +131,8 @@ class Engine {
   void begin_micro_step();
   /// Held around the model's forward: at ZeRO stage 3 it gathers parameters on use.
   zero::ParameterUseScope parameter_use_scope() const;
+  /// Held around the model's forward: planned tensor-parallel modules communicate.
+  tensor_parallel::ParallelizedModel::Scope tensor_parallel_scope() const;
   Tracer& tracer();
 
  private:
@@ -134,6 +153,7 @@ class ModuleEngine : public Engine {
     begin_micro_step();
     auto span = tracer().span("forward", "compute");
     auto gathering = parameter_use_scope();
+    auto splitting = tensor_parallel_scope();
     return model_->forward(cast(std::forward<Args>(args))...);
   }
 

@@ -34,6 +34,14 @@ torch::Tensor own_part(const torch::Tensor& x, Communicator& tp) {
   return x.chunk(tp.size(), -1)[static_cast<std::size_t>(tp.rank())].contiguous();
 }
 
+// `front` with its first dimension moved back to `dim`, as a new tensor, never a view:
+// callers may modify a custom Function's output in place (1.13's F::linear adds its
+// bias with +=), which autograd forbids on a view created inside the Function.
+torch::Tensor moved_back(const torch::Tensor& front, std::int64_t dim) {
+  if (dim == 0 || dim == -front.dim()) return front;
+  return front.movedim(0, dim).clone(at::MemoryFormat::Contiguous);
+}
+
 // Along `dim`: moved to the front, so the communicator's flat chunks are its slices
 // (rank r's part lands at [r·n, (r+1)·n) of the dimension).
 torch::Tensor gathered_along(const torch::Tensor& x, Communicator& tp, std::int64_t dim) {
@@ -42,7 +50,7 @@ torch::Tensor gathered_along(const torch::Tensor& x, Communicator& tp, std::int6
   sizes[0] *= tp.size();
   torch::Tensor out = torch::empty(sizes, front.options());
   tp.all_gather(out, front)->wait();
-  return out.movedim(0, dim);
+  return moved_back(out, dim);
 }
 
 torch::Tensor reduce_scattered_along(const torch::Tensor& x, Communicator& tp, std::int64_t dim) {
@@ -53,7 +61,7 @@ torch::Tensor reduce_scattered_along(const torch::Tensor& x, Communicator& tp, s
   sizes[0] /= tp.size();
   torch::Tensor out = torch::empty(sizes, front.options());
   tp.reduce_scatter(out, front)->wait();
-  return out.movedim(0, dim);
+  return moved_back(out, dim);
 }
 
 struct GatherFromSequenceRegion : torch::autograd::Function<GatherFromSequenceRegion> {

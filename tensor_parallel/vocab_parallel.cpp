@@ -78,20 +78,28 @@ VocabRange VocabRange::of(std::int64_t vocab_size, int rank, int ranks) {
   return {rank * per_rank, (rank + 1) * per_rank};
 }
 
+torch::Tensor vocab_rows(const torch::Tensor& full, VocabRange range) {
+  std::vector<std::int64_t> sizes = full.sizes().vec();
+  sizes[0] = range.size();
+  torch::Tensor part = torch::zeros(sizes, full.options().requires_grad(false));
+  const std::int64_t real = std::max<std::int64_t>(0, std::min(range.end, full.size(0)) - range.begin);
+  if (real > 0) part.narrow(0, 0, real).copy_(full.detach().narrow(0, range.begin, real));
+  return part;
+}
+
+torch::Tensor embed_vocab_part(const torch::Tensor& ids, const torch::Tensor& weight_part, VocabRange range) {
+  const torch::Tensor mine = (ids >= range.begin) & (ids < range.end);
+  const torch::Tensor local = (ids - range.begin) * mine;  // another rank's ids read row 0, then zeroed
+  return torch::nn::functional::embedding(local, weight_part) * mine.unsqueeze(-1);
+}
+
 VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(const torch::nn::Embedding& dense, Communicator& tp) : tp_(&tp) {
-  const torch::Tensor& full = dense->weight;
-  range_ = VocabRange::of(full.size(0), tp.rank(), tp.size());
-  torch::Tensor part = torch::zeros({range_.size(), full.size(1)}, full.options().requires_grad(false));
-  const std::int64_t real = std::max<std::int64_t>(0, std::min(range_.end, full.size(0)) - range_.begin);
-  if (real > 0) part.narrow(0, 0, real).copy_(full.detach().narrow(0, range_.begin, real));
-  weight = register_parameter("weight", part);
+  range_ = VocabRange::of(dense->weight.size(0), tp.rank(), tp.size());
+  weight = register_parameter("weight", vocab_rows(dense->weight, range_));
 }
 
 torch::Tensor VocabParallelEmbeddingImpl::forward(const torch::Tensor& ids) {
-  const torch::Tensor mine = (ids >= range_.begin) & (ids < range_.end);
-  const torch::Tensor local = (ids - range_.begin) * mine;  // another rank's ids read row 0, then zeroed
-  const torch::Tensor rows = torch::nn::functional::embedding(local, weight) * mine.unsqueeze(-1);
-  return reduce_from_region(rows, *tp_);
+  return reduce_from_region(embed_vocab_part(ids, weight, range_), *tp_);
 }
 
 torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits_part,

@@ -30,6 +30,15 @@ struct VocabRange {
   std::int64_t size() const { return end - begin; }
 };
 
+/// Rows [range.begin, range.end) of `full` ([V, ...]) as a new tensor; rows past V
+/// (padding) are zero.
+torch::Tensor vocab_rows(const torch::Tensor& full, VocabRange range);
+
+/// This rank's share of an embedding lookup: the rows of `weight_part` (the rows of
+/// `range`) for the ids in range, zero for the others. Summed over the group, it is
+/// the dense lookup. Local.
+torch::Tensor embed_vocab_part(const torch::Tensor& ids, const torch::Tensor& weight_part, VocabRange range);
+
 class VocabParallelEmbeddingImpl : public torch::nn::Module {
  public:
   /// This rank's rows of `dense` (copied; padding rows zero). `tp` must outlive the

@@ -50,15 +50,19 @@ BlockImpl::BlockImpl(const GPTOptions& o) : n_head_(o.n_head) {
   mlp_proj_ = register_module("mlp_proj", torch::nn::Linear(d_ff, o.d_model));
 }
 
+// Sizes come from the projections' outputs, not from the options: a tensor-parallel
+// plan gives qkv a rank's share of the heads, and sequence parallelism gives x a share
+// of the sequence that qkv's input gathers back.
 torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
-  const auto batch = x.size(0), seq = x.size(1), d = x.size(2), head_dim = d / n_head_;
+  const auto head_dim = x.size(-1) / n_head_;
   auto qkv = qkv_->forward(ln1_->forward(x)).chunk(3, /*dim=*/-1);
-  auto heads = [&](const torch::Tensor& t) { return t.view({batch, seq, n_head_, head_dim}).transpose(1, 2); };
+  const auto batch = qkv[0].size(0), seq = qkv[0].size(1);
+  auto heads = [&](const torch::Tensor& t) { return t.view({batch, seq, -1, head_dim}).transpose(1, 2); };
   auto q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
   auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim));
   auto future = torch::ones({seq, seq}, torch::TensorOptions().dtype(torch::kBool)).triu(1);
   auto attention = torch::softmax(scores.masked_fill(future, -INFINITY), -1);
-  auto y = torch::matmul(attention, v).transpose(1, 2).contiguous().view({batch, seq, d});
+  auto y = torch::matmul(attention, v).transpose(1, 2).reshape({batch, seq, -1});
   auto h = x + attn_proj_->forward(y);
   return h + mlp_proj_->forward(torch::gelu(fc_->forward(ln2_->forward(h))));
 }

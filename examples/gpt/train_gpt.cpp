@@ -27,7 +27,8 @@ int train(parallax::Runtime& rt) {
       auto [inputs, targets] =
           data.batch(gpt::first_sample(step, micro, dp_rank, dp, train.micro_batch_size, train.grad_accum),
                      train.micro_batch_size);
-      auto loss = gpt::language_model_loss(engine.forward(inputs), targets);
+      // engine.cross_entropy: the vocab-parallel loss when a plan splits the logits.
+      auto loss = engine.cross_entropy(engine.forward(inputs), targets);
       engine.backward(loss);
       engine.step();
     }
@@ -37,11 +38,11 @@ int train(parallax::Runtime& rt) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   char line[256];
   std::snprintf(line, sizeof(line),
-                "done: %lld steps in %.1f s | loss %.4f -> %.4f | %.1f ms/step | %.0f tok/s | %d ranks (dp=%d)",
+                "done: %lld steps in %.1f s | loss %.4f -> %.4f | %.1f ms/step | %.0f tok/s | %d ranks (tp=%d, dp=%d)",
                 static_cast<long long>(train.steps), seconds, first_loss, engine.last_loss(),
                 total_ms / static_cast<double>(train.steps),
                 static_cast<double>(train.steps * train.global_batch_size * model_options.block_size) / seconds,
-                rt.world().size(), dp);
+                rt.world().size(), rt.mesh().degrees().tp, dp);
   rt.logger().summary(line);
   return 0;
 }

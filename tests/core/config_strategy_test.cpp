@@ -1,8 +1,10 @@
-// The strategy sections of the config ([zero], [precision]'s loss scaling, [offload]):
+// The strategy sections of the config ([zero], [precision]'s loss scaling, [offload],
+// [tensor_parallel]):
 // every key read, and every value or combination outside what is allowed refused with
 // a message naming the file position, the keys and why.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <string>
 
 #include "config_test_support.h"
@@ -98,6 +100,48 @@ TEST_F(ConfigTest, EveryInvalidOffloadCombinationSaysWhy) {
   EXPECT_CONTAINS(load_error("[offload]\nbuffer_count = 1\n"), "expected an integer >= 2");
   EXPECT_CONTAINS(load_error("[offload]\noptimizer = \"disk\"\n"), "\"none\", \"cpu\", \"nvme\"");
   EXPECT_CONTAINS(load_error("[offload]\nnvme_pth = \"/tmp\"\n"), "did you mean");
+}
+
+TEST_F(ConfigTest, TensorParallelPlanReadsStringsAndTablesAndPrintsBack) {
+  const Config config = load({write("a.toml",
+                                    "[tensor_parallel]\nsequence_parallel = true\n[tensor_parallel.plan]\n"
+                                    "\"blocks.*.qkv\" = { style = \"column\", parts = 3, heads = 4 }\n"
+                                    "\"head\" = { style = \"vocab_output\", gather_output = true }\n"
+                                    "\"blocks.*.proj\" = \"row\"\n")});
+  EXPECT_TRUE(config.tensor_parallel.sequence_parallel);
+  EXPECT_EQ(config.tensor_parallel.sequence_dim, -2);
+  ASSERT_EQ(config.tensor_parallel.plan.size(), 3u);
+  std::map<std::string, TpPlanRule> rules;
+  for (const auto& rule : config.tensor_parallel.plan) rules[rule.pattern] = rule;
+  EXPECT_EQ(rules["blocks.*.qkv"].style, TpStyle::kColumn);
+  EXPECT_EQ(rules["blocks.*.qkv"].parts, 3);
+  EXPECT_EQ(rules["blocks.*.qkv"].heads, 4);
+  EXPECT_CONTAINS(rules["blocks.*.qkv"].position, "a.toml:4:");
+  EXPECT_EQ(rules["head"].style, TpStyle::kVocabOutput);
+  EXPECT_TRUE(rules["head"].gather_output);
+  EXPECT_EQ(rules["blocks.*.proj"].style, TpStyle::kRow);
+  // to_toml prints what loads back to the same plan.
+  const Config again = load({write("b.toml", to_toml(config))});
+  EXPECT_EQ(to_toml(again), to_toml(config));
+  EXPECT_EQ(again.tensor_parallel.plan.size(), 3u);
+}
+
+TEST_F(ConfigTest, BadTensorParallelPlansSayWhy) {
+  std::string path;
+  const std::string typo = load_error("[tensor_parallel.plan]\n\"fc\" = \"colum\"\n", &path);
+  EXPECT_CONTAINS(typo, "tensor_parallel.plan.\"fc\" = \"colum\" at " + path + ":2:8");
+  EXPECT_CONTAINS(typo, "did you mean \"column\"?");
+  EXPECT_CONTAINS(load_error("[tensor_parallel.plan]\n\"fc\" = { parts = 2 }\n"), "needs style = one of");
+  EXPECT_CONTAINS(load_error("[tensor_parallel.plan]\n\"fc\" = { style = \"row\", parts = 2 }\n"),
+                  "parts = 2 applies to style \"column\" only");
+  EXPECT_CONTAINS(load_error("[tensor_parallel.plan]\n\"fc\" = { style = \"row\", gather_output = true }\n"),
+                  "gather_output applies to styles \"column\" and \"vocab_output\" only");
+  EXPECT_CONTAINS(load_error("[tensor_parallel.plan]\n\"fc\" = { style = \"column\", part = 3 }\n"),
+                  "did you mean 'parts'?");
+  EXPECT_CONTAINS(load_error("[tensor_parallel.plan]\n\"fc\" = { style = \"column\", parts = 0 }\n"),
+                  "expected an integer >= 1");
+  EXPECT_CONTAINS(load_error("[tensor_parallel]\nplan = 3\n"), "expected a table of module path globs");
+  EXPECT_CONTAINS(load_error("[tensor_parallel]\nsequence_dim = 1\n"), "a dimension counted from the end");
 }
 
 }  // namespace

@@ -1,0 +1,497 @@
+#include "parallax/tensor_parallel/parallelize.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/library.h>
+#include <torch/nn/functional/embedding.h>
+#include <torch/nn/functional/linear.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+
+#include <functional>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "parallax/core/config_loader.h"
+#include "parallax/core/error.h"
+#include "parallax/tensor_parallel/parallel_linear.h"
+#include "parallax/tensor_parallel/regions.h"
+#include "parallax/tensor_parallel/vocab_parallel.h"
+
+namespace parallax::tensor_parallel {
+namespace {
+
+constexpr c10::DispatchKey kRewriteKey = c10::DispatchKey::TESTING_ONLY_GenericWrapper;
+
+// One planned module: what the operators that use its weight become.
+struct PlannedLayer {
+  std::string path;
+  torch::Tensor weight;  ///< the module's parameter (its storage identifies the uses)
+  TpStyle style = TpStyle::kReplicate;
+  Communicator* tp = nullptr;
+  bool sequence_parallel = false;
+  std::int64_t sequence_dim = -2;
+  bool gather_output = false;
+  std::int64_t local_in = 0;    ///< row: this rank's input features
+  VocabRange vocabulary;        ///< vocab styles: this rank's rows
+  std::int64_t vocab_size = 0;  ///< vocab_output: the real vocabulary, for gather_output
+};
+
+// Weight storage → its planned layer: a use may be the weight or a view of it
+// (weight.t()). Process-wide because the dispatcher is.
+class PlannedWeights {
+ public:
+  static PlannedWeights& instance() {
+    static PlannedWeights weights;
+    return weights;
+  }
+  /// Registers `layer` under its weight's current storage, replacing a stale entry.
+  void key(const PlannedLayer* layer) {
+    const c10::StorageImpl* storage = layer->weight.storage().unsafeGetStorageImpl();
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& current = keys_[layer];
+    if (current == storage) return;
+    if (current != nullptr) layers_.erase(current);
+    current = storage;
+    layers_[storage] = layer;
+  }
+  void remove(const PlannedLayer* layer) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto found = keys_.find(layer);
+    if (found == keys_.end()) return;
+    layers_.erase(found->second);
+    keys_.erase(found);
+  }
+  const PlannedLayer* find(const c10::IValue& value) const {
+    if (!value.isTensor() || !value.toTensor().has_storage()) return nullptr;
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto found = layers_.find(value.toTensor().storage().unsafeGetStorageImpl());
+    return found == layers_.end() ? nullptr : found->second;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::unordered_map<const c10::StorageImpl*, const PlannedLayer*> layers_;
+  std::unordered_map<const PlannedLayer*, const c10::StorageImpl*> keys_;
+};
+
+torch::Tensor entering_region(const PlannedLayer& layer, const torch::Tensor& input) {
+  return layer.sequence_parallel ? gather_from_sequence_region(input, *layer.tp, layer.sequence_dim)
+                                 : copy_to_region(input, *layer.tp);
+}
+
+torch::Tensor leaving_region(const PlannedLayer& layer, const torch::Tensor& partial) {
+  return layer.sequence_parallel ? reduce_scatter_to_sequence_region(partial, *layer.tp, layer.sequence_dim)
+                                 : reduce_from_region(partial, *layer.tp);
+}
+
+// `multiply` is the local product input · weightᵀ; `b` (may be undefined) is added
+// where the layer's bias belongs: to the local output of a column layer (its part of
+// the bias), to the gathered output (the whole bias), after the sum of a row layer.
+torch::Tensor parallel_linear(const PlannedLayer& layer,
+                              const torch::Tensor& input,
+                              const std::function<torch::Tensor(const torch::Tensor&)>& multiply,
+                              const torch::Tensor& b) {
+  switch (layer.style) {
+    case TpStyle::kColumn:
+    case TpStyle::kVocabOutput: {
+      torch::Tensor out = multiply(entering_region(layer, input));
+      if (layer.gather_output) {
+        out = gather_from_region(out, *layer.tp);
+        if (layer.style == TpStyle::kVocabOutput) out = out.narrow(-1, 0, layer.vocab_size);
+      }
+      return b.defined() ? out + b : out;
+    }
+    case TpStyle::kRow: {
+      torch::Tensor own = input;
+      if (input.size(-1) != layer.local_in) {
+        PARALLAX_CHECK(input.size(-1) == layer.local_in * layer.tp->size(), UsageError, layer.path,
+                       " (row-parallel) got an input of ", input.size(-1), " features; expected this rank's ",
+                       layer.local_in, " or all ", layer.local_in * layer.tp->size());
+        own = scatter_to_region(input, *layer.tp);
+      }
+      torch::Tensor out = leaving_region(layer, multiply(own));
+      return b.defined() ? out + b : out;
+    }
+    default:
+      throw InternalError(layer.path + ": no parallel linear for style " + to_string(layer.style));
+  }
+}
+
+torch::Tensor parallel_embedding(const PlannedLayer& layer, const torch::Tensor& weight, const torch::Tensor& ids) {
+  if (layer.style == TpStyle::kVocabEmbedding)
+    return leaving_region(layer, embed_vocab_part(ids, weight, layer.vocabulary));
+  // A replicated embedding under sequence parallelism: its output joins the split stream.
+  const torch::Tensor whole = torch::nn::functional::embedding(ids, weight);
+  const std::int64_t dim = whole.dim() + layer.sequence_dim;
+  PARALLAX_CHECK(dim >= 0 && whole.size(dim) % layer.tp->size() == 0, UsageError, layer.path, ": its output ",
+                 whole.sizes(), " has no sequence dimension ", layer.sequence_dim,
+                 " that splits over tp = ", layer.tp->size());
+  const std::int64_t part = whole.size(dim) / layer.tp->size();
+  return whole.narrow(dim, layer.tp->rank() * part, part);
+}
+
+// The operators through which torch::nn::Linear and Embedding use their weights:
+// LibTorch 2.x's F::linear calls aten::linear; 1.13's calls aten::addmm(bias, x, wᵀ)
+// for a 2-D input with bias, else aten::matmul(x, wᵀ) and then adds the bias itself.
+enum class WeightUse { kNone, kLinear, kAddmm, kMatmul, kEmbedding };
+
+struct Use {
+  WeightUse kind = WeightUse::kNone;
+  std::size_t arguments = 0;
+  std::size_t weight = 0;  ///< the weight's argument index
+};
+
+Use use_of(const c10::OperatorName& name) {
+  if (!name.overload_name.empty()) return {};
+  if (name.name == "aten::linear") return {WeightUse::kLinear, 3, 1};        // (input, weight, bias?)
+  if (name.name == "aten::addmm") return {WeightUse::kAddmm, 5, 2};          // (bias, input, wᵀ, beta, alpha)
+  if (name.name == "aten::matmul") return {WeightUse::kMatmul, 2, 1};        // (input, wᵀ)
+  if (name.name == "aten::embedding") return {WeightUse::kEmbedding, 5, 0};  // (weight, ids, padding_idx, ...)
+  return {};
+}
+
+torch::Tensor run_parallel(const Use& use, const PlannedLayer& layer, const torch::jit::Stack& stack) {
+  namespace F = torch::nn::functional;
+  const std::size_t first = stack.size() - use.arguments;
+  auto argument = [&](std::size_t i) -> const c10::IValue& { return stack[first + i]; };
+  switch (use.kind) {
+    case WeightUse::kLinear: {
+      const torch::Tensor weight = argument(1).toTensor();
+      const auto bias = argument(2).toOptional<at::Tensor>();
+      return parallel_linear(
+          layer, argument(0).toTensor(), [&weight](const torch::Tensor& x) { return F::linear(x, weight); },
+          bias.has_value() ? *bias : torch::Tensor());
+    }
+    case WeightUse::kAddmm: {
+      PARALLAX_CHECK(argument(3).toScalar().toDouble() == 1.0 && argument(4).toScalar().toDouble() == 1.0, UsageError,
+                     layer.path, ": its weight is used by addmm with beta/alpha other than 1, not as a Linear layer");
+      const torch::Tensor transposed = argument(2).toTensor();
+      return parallel_linear(
+          layer, argument(1).toTensor(), [&transposed](const torch::Tensor& x) { return torch::mm(x, transposed); },
+          argument(0).toTensor());
+    }
+    case WeightUse::kMatmul: {
+      const torch::Tensor transposed = argument(1).toTensor();
+      return parallel_linear(
+          layer, argument(0).toTensor(), [&transposed](const torch::Tensor& x) { return torch::matmul(x, transposed); },
+          torch::Tensor());
+    }
+    case WeightUse::kEmbedding:
+      PARALLAX_CHECK(argument(2).toInt() < 0 && !argument(4).toBool(), UsageError, layer.path,
+                     ": a planned embedding takes no padding_idx and is not sparse");
+      return parallel_embedding(layer, argument(0).toTensor(), argument(1).toTensor());
+    case WeightUse::kNone:
+      break;
+  }
+  throw InternalError("no parallel version of this operator");
+}
+
+void rewrite(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  const Use use = use_of(op.operator_name());
+  const PlannedLayer* layer = nullptr;
+  if (use.kind != WeightUse::kNone) {
+    layer = PlannedWeights::instance().find((*stack)[stack->size() - use.arguments + use.weight]);
+  }
+  // A replicated layer changes only its embedding (under sequence parallelism).
+  if (layer == nullptr || (layer->style == TpStyle::kReplicate && use.kind != WeightUse::kEmbedding)) {
+    op.redispatchBoxed(keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kRewriteKey), stack);
+    return;
+  }
+  c10::impl::ExcludeDispatchKeyGuard paused(kRewriteKey);
+  torch::Tensor out = run_parallel(use, *layer, *stack);
+  torch::jit::drop(*stack, use.arguments);
+  torch::jit::push(*stack, std::move(out));
+}
+
+// `*` matches any run of characters other than '.'.
+bool glob_matches(const char* pattern, const char* path) {
+  if (*pattern == '\0') return *path == '\0';
+  if (*pattern == '*') {
+    for (const char* p = path;; ++p) {
+      if (glob_matches(pattern + 1, p)) return true;
+      if (*p == '\0' || *p == '.') return false;
+    }
+  }
+  return *pattern == *path && glob_matches(pattern + 1, path + 1);
+}
+
+std::string rule_name(const TpPlanRule& rule) {
+  return "tensor_parallel.plan.\"" + rule.pattern + "\"" + rule.position;
+}
+
+// Rank r's part of every one of `parts` equal blocks of `t` along dim 0, concatenated.
+torch::Tensor column_part(const torch::Tensor& t, std::int64_t parts, const Communicator& tp) {
+  std::vector<std::int64_t> blocks = t.sizes().vec();
+  blocks[0] /= parts;
+  blocks.insert(blocks.begin(), parts);
+  std::vector<std::int64_t> out = t.sizes().vec();
+  out[0] /= tp.size();
+  return t.detach().reshape(blocks).chunk(tp.size(), 1)[static_cast<std::size_t>(tp.rank())].reshape(out).clone();
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(_, TESTING_ONLY_GenericWrapper, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&rewrite>());
+}
+
+struct ParallelizedModel::State {
+  Communicator* tp = nullptr;
+  bool planned = false;
+  std::vector<std::unique_ptr<PlannedLayer>> layers;
+  std::unordered_set<const c10::TensorImpl*> split;
+  std::vector<torch::Tensor> partial;
+  std::int64_t output_vocabulary = 0;
+  std::vector<std::string> description;
+
+  ~State() {
+    for (const auto& layer : layers) PlannedWeights::instance().remove(layer.get());
+  }
+};
+
+namespace {
+
+using ModulePtr = std::shared_ptr<torch::nn::Module>;
+
+// Checks that `features` (per part) split over tp without cutting a head.
+void check_split(const std::string& what,
+                 const TpPlanRule& rule,
+                 const std::string& path,
+                 std::int64_t features,
+                 const Communicator& tp) {
+  PARALLAX_CHECK(features % rule.parts == 0, ConfigError, rule_name(rule), ": ", path, " has ", features, " ", what,
+                 ", which do not form parts = ", rule.parts, " equal blocks");
+  const std::int64_t block = features / rule.parts;
+  PARALLAX_CHECK(block % tp.size() == 0, ConfigError, rule_name(rule), ": ", path, " has ", block, " ", what,
+                 rule.parts > 1 ? " per part" : "", ", which do not divide by parallel.tp = ", tp.size());
+  if (rule.heads > 0) {
+    PARALLAX_CHECK(block % rule.heads == 0, ConfigError, rule_name(rule), ": ", path, " has ", block, " ", what,
+                   rule.parts > 1 ? " per part" : "", ", which do not form heads = ", rule.heads, " equal heads");
+    PARALLAX_CHECK(rule.heads % tp.size() == 0, ConfigError, rule_name(rule), ": ", path, "'s ", rule.heads,
+                   " attention heads do not divide by parallel.tp = ", tp.size(),
+                   "; choose a tp that divides the head count");
+  }
+}
+
+}  // namespace
+
+ParallelizedModel::ParallelizedModel(torch::nn::Module& model, const TensorParallelOptions& options, Communicator& tp)
+    : state_(std::make_unique<State>()) {
+  State& s = *state_;
+  s.tp = &tp;
+  s.planned = !options.plan.empty();
+  const auto modules = model.named_modules("", /*include_self=*/false);
+
+  if (!s.planned) {
+    PARALLAX_CHECK(!options.sequence_parallel, ConfigError,
+                   "tensor_parallel.sequence_parallel = true needs a [tensor_parallel.plan]: the hand-written "
+                   "tensor_parallel/ layers are not sequence-parallel in this build");
+    std::size_t found = 0;
+    for (const auto& item : modules) {
+      torch::nn::Module* module = item.value().get();
+      if (auto* column = dynamic_cast<ColumnParallelLinearImpl*>(module)) {
+        for (const auto& t : {column->weight, column->bias}) {
+          if (t.defined()) s.split.insert(t.unsafeGetTensorImpl());
+        }
+      } else if (auto* row = dynamic_cast<RowParallelLinearImpl*>(module)) {
+        s.split.insert(row->weight.unsafeGetTensorImpl());
+      } else if (auto* embedding = dynamic_cast<VocabParallelEmbeddingImpl*>(module)) {
+        s.split.insert(embedding->weight.unsafeGetTensorImpl());
+      } else {
+        continue;
+      }
+      ++found;
+    }
+    PARALLAX_CHECK(found > 0, ConfigError, "parallel.tp = ", tp.size(),
+                   ", but the model has no tensor-parallel layers and [tensor_parallel] has no plan: every rank "
+                   "would compute the whole model; add a [tensor_parallel.plan] (see configs/tp.toml) or build the "
+                   "model from tensor_parallel/ layers");
+    s.description.push_back(std::to_string(found) + " tensor_parallel/ layers written into the model");
+    return;
+  }
+
+  // Match: every Linear and Embedding to exactly one rule; every rule to something.
+  std::map<std::size_t, std::vector<std::string>> matched;  // rule index → paths
+  std::vector<std::string> unmatched;
+  std::vector<std::pair<const TpPlanRule*, ModulePtr>> plan;
+  std::vector<std::string> paths;
+  std::unordered_set<const torch::nn::Module*> seen;
+  for (const auto& item : modules) {
+    const std::string& path = item.key();
+    const ModulePtr& module = item.value();
+    const bool linear = dynamic_cast<torch::nn::LinearImpl*>(module.get()) != nullptr;
+    const bool embedding = dynamic_cast<torch::nn::EmbeddingImpl*>(module.get()) != nullptr;
+    if (!linear && !embedding) continue;
+    if (!seen.insert(module.get()).second) continue;  // one module under two paths: split once
+    const TpPlanRule* rule = nullptr;
+    for (std::size_t i = 0; i < options.plan.size(); ++i) {
+      const TpPlanRule& candidate = options.plan[i];
+      if (!glob_matches(candidate.pattern.c_str(), path.c_str())) continue;
+      PARALLAX_CHECK(rule == nullptr, ConfigError, path, " is matched by two rules, ", rule_name(*rule), " and ",
+                     rule_name(candidate), "; make the patterns disjoint");
+      rule = &candidate;
+      matched[i].push_back(path);
+    }
+    if (rule == nullptr) {
+      unmatched.push_back(path + (linear ? " (Linear)" : " (Embedding)"));
+      continue;
+    }
+    const bool fits =
+        rule->style == TpStyle::kReplicate || (rule->style == TpStyle::kVocabEmbedding ? embedding : linear);
+    PARALLAX_CHECK(fits, ConfigError, rule_name(*rule), ": style \"", to_string(rule->style), "\" applies to ",
+                   rule->style == TpStyle::kVocabEmbedding ? "an Embedding" : "a Linear", ", but ", path, " is ",
+                   linear ? "a Linear" : "an Embedding");
+    plan.emplace_back(rule, module);
+    paths.push_back(path);
+  }
+  if (!unmatched.empty()) {
+    std::string list;
+    for (std::size_t i = 0; i < unmatched.size() && i < 20; ++i) list += (i ? ", " : "") + unmatched[i];
+    if (unmatched.size() > 20) list += ", and " + std::to_string(unmatched.size() - 20) + " more";
+    const std::string& where = options.plan.front().position;
+    throw ConfigError("[tensor_parallel.plan]" + (where.empty() ? std::string() : " (" + where.substr(1) + ")") +
+                      " leaves " + std::to_string(unmatched.size()) + " Linear/Embedding module(s) unmatched: " + list +
+                      "; give each a rule (style \"replicate\" keeps a module whole on every rank)");
+  }
+  for (std::size_t i = 0; i < options.plan.size(); ++i) {
+    PARALLAX_CHECK(matched.count(i), ConfigError, rule_name(options.plan[i]),
+                   " matches no Linear or Embedding of the model; module paths look like \"",
+                   paths.empty() ? std::string("(none)") : paths.front(), "\"");
+  }
+
+  // Check every split before changing anything, so a failure leaves the model whole.
+  for (std::size_t i = 0; i < plan.size(); ++i) {
+    const TpPlanRule& rule = *plan[i].first;
+    const auto* linear = dynamic_cast<torch::nn::LinearImpl*>(plan[i].second.get());
+    if (rule.style == TpStyle::kColumn) check_split("output features", rule, paths[i], linear->weight.size(0), tp);
+    if (rule.style == TpStyle::kRow) check_split("input features", rule, paths[i], linear->weight.size(1), tp);
+  }
+
+  std::unordered_set<const c10::TensorImpl*> planned_weights;
+  for (std::size_t i = 0; i < plan.size(); ++i) {
+    const TpPlanRule& rule = *plan[i].first;
+    const ModulePtr& module = plan[i].second;
+    if (rule.style == TpStyle::kReplicate && !options.sequence_parallel) continue;
+    if (rule.style == TpStyle::kReplicate && dynamic_cast<torch::nn::LinearImpl*>(module.get())) continue;
+    auto layer = std::make_unique<PlannedLayer>();
+    layer->path = paths[i];
+    layer->style = rule.style;
+    layer->tp = &tp;
+    layer->sequence_parallel = options.sequence_parallel;
+    layer->sequence_dim = options.sequence_dim;
+    layer->gather_output = rule.gather_output;
+    torch::NoGradGuard no_grad;
+    torch::Tensor weight;
+    torch::Tensor bias;
+    if (auto* linear = dynamic_cast<torch::nn::LinearImpl*>(module.get())) {
+      weight = linear->weight;
+      bias = linear->bias;
+      switch (rule.style) {
+        case TpStyle::kColumn:
+          weight.set_data(column_part(weight, rule.parts, tp));
+          // A gathered output gets the whole bias, added after the gather.
+          if (bias.defined() && !rule.gather_output) bias.set_data(column_part(bias, rule.parts, tp));
+          break;
+        case TpStyle::kRow:
+          weight.set_data(weight.detach().chunk(tp.size(), 1)[static_cast<std::size_t>(tp.rank())].clone());
+          layer->local_in = weight.size(1);
+          break;
+        case TpStyle::kVocabOutput:
+          layer->vocab_size = weight.size(0);
+          layer->vocabulary = VocabRange::of(weight.size(0), tp.rank(), tp.size());
+          weight.set_data(vocab_rows(weight, layer->vocabulary));
+          if (bias.defined() && !rule.gather_output) bias.set_data(vocab_rows(bias, layer->vocabulary));
+          if (!rule.gather_output) {
+            PARALLAX_CHECK(s.output_vocabulary == 0, ConfigError, rule_name(rule),
+                           ": a second vocab_output layer; the loss can split one vocabulary only");
+            s.output_vocabulary = layer->vocab_size;
+          }
+          break;
+        default:
+          break;
+      }
+      linear->options.in_features(weight.size(1)).out_features(weight.size(0));
+      const bool split_bias =
+          (rule.style == TpStyle::kColumn || rule.style == TpStyle::kVocabOutput) && !rule.gather_output;
+      if (split_bias && bias.defined()) s.split.insert(bias.unsafeGetTensorImpl());
+    } else {
+      auto* embedding = dynamic_cast<torch::nn::EmbeddingImpl*>(module.get());
+      PARALLAX_CHECK(!embedding->options.padding_idx().has_value() && !embedding->options.max_norm().has_value() &&
+                         !embedding->options.sparse(),
+                     ConfigError, rule_name(rule), ": ", paths[i],
+                     " uses padding_idx, max_norm or sparse gradients, which a planned embedding does not support");
+      weight = embedding->weight;
+      if (rule.style == TpStyle::kVocabEmbedding) {
+        layer->vocabulary = VocabRange::of(weight.size(0), tp.rank(), tp.size());
+        weight.set_data(vocab_rows(weight, layer->vocabulary));
+        embedding->options.num_embeddings(weight.size(0));
+      }
+    }
+    PARALLAX_CHECK(planned_weights.insert(weight.unsafeGetTensorImpl()).second, ConfigError, rule_name(rule), ": ",
+                   paths[i],
+                   "'s weight is shared with another planned module (tied weights); a plan cannot split "
+                   "a tied weight in this build");
+    if (rule.style != TpStyle::kReplicate) s.split.insert(weight.unsafeGetTensorImpl());
+    layer->weight = weight;
+    PlannedWeights::instance().key(layer.get());
+    s.layers.push_back(std::move(layer));
+  }
+
+  for (const auto& [index, matched_paths] : matched) {
+    const TpPlanRule& rule = options.plan[index];
+    std::string line = "\"" + rule.pattern + "\" = " + to_string(rule.style);
+    if (rule.parts > 1) line += " (" + std::to_string(rule.parts) + " fused parts)";
+    if (rule.gather_output) line += " (output gathered)";
+    line += ": " + std::to_string(matched_paths.size()) + " module(s), e.g. " + matched_paths.front();
+    s.description.push_back(line);
+  }
+  if (options.sequence_parallel) {
+    std::unordered_set<const c10::TensorImpl*> listed;
+    for (const auto& p : model.parameters()) {
+      if (!s.split.count(p.unsafeGetTensorImpl()) && listed.insert(p.unsafeGetTensorImpl()).second) {
+        s.partial.push_back(p);
+      }
+    }
+  }
+}
+
+ParallelizedModel::ParallelizedModel(ParallelizedModel&&) noexcept = default;
+ParallelizedModel& ParallelizedModel::operator=(ParallelizedModel&&) noexcept = default;
+ParallelizedModel::~ParallelizedModel() = default;
+
+struct ParallelizedModel::Scope::Guard {
+  c10::impl::IncludeDispatchKeyGuard include{kRewriteKey};
+};
+
+ParallelizedModel::Scope::Scope(bool enabled) {
+  if (enabled) guard_ = std::make_unique<Guard>();
+}
+ParallelizedModel::Scope::Scope(Scope&&) noexcept = default;
+ParallelizedModel::Scope::~Scope() = default;
+
+ParallelizedModel::Scope ParallelizedModel::scope() const {
+  // A cast (model->to(bf16)) gives the weights new storage: key them afresh.
+  for (const auto& layer : state_->layers) PlannedWeights::instance().key(layer.get());
+  return Scope(!state_->layers.empty());
+}
+
+bool ParallelizedModel::is_split(const torch::Tensor& parameter) const {
+  return state_->split.count(parameter.unsafeGetTensorImpl()) > 0;
+}
+
+std::vector<torch::Tensor> ParallelizedModel::partial_gradient_parameters() const {
+  return state_->partial;
+}
+
+std::int64_t ParallelizedModel::split_output_vocabulary() const {
+  return state_->output_vocabulary;
+}
+
+std::vector<std::string> ParallelizedModel::describe() const {
+  return state_->description;
+}
+
+}  // namespace parallax::tensor_parallel

@@ -1,0 +1,106 @@
+// An ordinary LibTorch model split over a tensor-parallel group: by a
+// [tensor_parallel.plan] that rewrites its Linear and Embedding modules in place, or,
+// with no plan, as written with this module's parallel layers.
+//
+// A plan maps module-path globs to styles (config.h, TpStyle):
+//
+//   [tensor_parallel.plan]
+//   "token_embedding" = "vocab_embedding"
+//   "position_embedding" = "replicate"
+//   "blocks.*.qkv" = { style = "column", parts = 3, heads = 4 }   # fused [q | k | v]
+//   "blocks.*.attn_proj" = { style = "row", heads = 4 }
+//   "blocks.*.fc" = "column"
+//   "blocks.*.mlp_proj" = "row"
+//   "head" = "vocab_output"
+//
+// Applying it slices each matched module's weights to this rank's part (so the parallel
+// model computes the dense model's function) and registers the module's weight. LibTorch
+// modules have no forward hooks and a parent calls its child's forward directly, so the
+// communication is added at the operator dispatcher instead: while a Scope is open on a
+// thread, the aten::linear or aten::embedding call that reads a registered weight runs
+// its parallel version (for a column layer: copy_to_region on the input, then the
+// local linear; for a row layer: the local linear, reduce_from_region, then the bias).
+// Any other operator runs untouched. The fallback sits on c10's
+// TESTING_ONLY_GenericWrapper key, used here as a mode key (ZeRO's parameter
+// interception uses TESTING_ONLY_GenericMode, one above it, so both can be open).
+//
+// With sequence parallelism, activations outside the tensor-parallel regions are split
+// along the sequence (TensorParallelOptions::sequence_dim): column layers all-gather
+// their input along it, row layers and the vocabulary embedding reduce-scatter their
+// output along it, and a replicated Embedding returns its own part of the sequence.
+// Every replicated parameter then sees only this rank's part of the sequence, so its
+// gradient is partial: the engine sums those gradients over the group
+// (partial_gradient_parameters()).
+//
+// What the model must allow: it reads sizes from tensors, not from its configuration,
+// wherever a split changes them (a column layer's output has 1/tp of the features,
+// so attention must infer its local head count from its projection's output; with
+// sequence parallelism, the sequence length of the residual stream is 1/tp).
+//
+//   auto split = tensor_parallel::ParallelizedModel(*model, config.tensor_parallel, mesh.tp());
+//   { auto scope = split.scope(); loss = loss_fn(model->forward(x)); loss.backward(); }
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "parallax/core/communicator.h"
+#include "parallax/core/config.h"
+
+namespace parallax::tensor_parallel {
+
+class ParallelizedModel {
+ public:
+  /// With a plan: matches every Linear and Embedding of `model` to exactly one rule and
+  /// slices the matched modules' weights in place (parameters keep their identity, so
+  /// optimizers and hooks made later see the parts). Throws ConfigError naming the rule
+  /// and module paths when a Linear or Embedding is matched by no rule (listing them) or
+  /// by two, a rule matches nothing, a style does not fit the module's type, or a split
+  /// does not divide (features, parts, heads by tp). Without a plan: finds the model's
+  /// tensor_parallel/ layers, and throws ConfigError when there are none (tp > 1 would
+  /// then replicate the whole model). `tp` must outlive this object and the model's use.
+  /// Does not communicate. Every rank of `tp` must hold the same dense model.
+  ParallelizedModel(torch::nn::Module& model, const TensorParallelOptions& options, Communicator& tp);
+  ParallelizedModel(ParallelizedModel&&) noexcept;
+  ParallelizedModel& operator=(ParallelizedModel&&) noexcept;
+  /// Unregisters the planned weights: their modules then compute their local part only.
+  ~ParallelizedModel();
+
+  /// While alive, planned modules' operators on this thread (and the autograd work it
+  /// starts) run their parallel versions. Open it around forward; nesting is allowed.
+  class Scope {
+   public:
+    explicit Scope(bool enabled);
+    Scope(Scope&&) noexcept;
+    Scope& operator=(Scope&&) = delete;
+    ~Scope();
+
+   private:
+    struct Guard;
+    std::unique_ptr<Guard> guard_;
+  };
+  Scope scope() const;
+
+  /// True when `parameter` is split over the group (each rank holds other elements);
+  /// false when every rank holds all of it.
+  bool is_split(const torch::Tensor& parameter) const;
+  /// The replicated parameters whose gradients are partial sums over the group (with
+  /// sequence parallelism: every replicated one; otherwise none).
+  std::vector<torch::Tensor> partial_gradient_parameters() const;
+  /// The vocabulary of a `vocab_output` layer whose logits stay split (then the loss
+  /// must be vocab_parallel_cross_entropy); 0 when the model's output is whole.
+  std::int64_t split_output_vocabulary() const;
+  /// One line per rule (or layer kind): what it matched and how it was split.
+  std::vector<std::string> describe() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace parallax::tensor_parallel
