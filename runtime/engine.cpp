@@ -49,6 +49,25 @@ void check_same_structure(Communicator& comm,
                  " parameters, ", buffers.size(), " buffers here); build the model from the same config on every rank");
 }
 
+// Rank 0 of `comm`'s parameters and buffers, on every rank of it (exact, in place).
+void broadcast_from_first(Communicator& comm,
+                          const std::vector<torch::Tensor>& params,
+                          const std::vector<torch::Tensor>& buffers) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> aliases;
+  for (const auto& t : params) aliases.push_back(t.detach());
+  for (const auto& t : buffers) {
+    // MPI has no bool type: a bool buffer (a mask) travels as its bytes.
+    aliases.push_back(t.scalar_type() == torch::kBool ? t.detach().view(torch::kUInt8) : t.detach());
+  }
+  std::vector<WorkPtr> pending;
+  for (auto& t : aliases) {
+    PARALLAX_CHECK(t.is_contiguous(), UsageError, "model tensors must be contiguous to broadcast");
+    pending.push_back(comm.broadcast(t, 0));
+  }
+  for (auto& w : pending) w->wait();
+}
+
 torch::ScalarType compute_dtype_for(Dtype dtype) {
   switch (dtype) {
     case Dtype::kFp32:
@@ -185,13 +204,6 @@ Engine::Engine(Runtime& runtime, std::shared_ptr<torch::nn::Module> model, const
   s.dtype = compute_dtype_for(config.precision.dtype);
   s.grad_accum = config.train.grad_accum;
   Communicator& dp = runtime.mesh().dp();
-  if (config.parallel.tp > 1) {
-    // Sliced before anything is broadcast or cast: every rank holds the same dense model.
-    s.split =
-        std::make_unique<tensor_parallel::ParallelizedModel>(*s.model, config.tensor_parallel, runtime.mesh().tp());
-    describe_split(runtime, *s.split);
-  }
-
   // A weight shared by two modules (a tied embedding and LM head) appears twice in
   // parameters(): keep the first, or it would be reduced and stepped twice.
   std::vector<torch::Tensor> unique;
@@ -200,6 +212,16 @@ Engine::Engine(Runtime& runtime, std::shared_ptr<torch::nn::Module> model, const
     if (seen.insert(p.unsafeGetTensorImpl()).second) unique.push_back(p);
   }
   PARALLAX_CHECK(!unique.empty(), UsageError, "the model has no parameters to train");
+  if (config.parallel.tp > 1) {
+    // A plan slices the dense model each rank holds: make them the same one first.
+    Communicator& tp = runtime.mesh().tp();
+    if (!config.tensor_parallel.plan.empty()) {
+      check_same_structure(tp, unique, s.model->buffers());
+      broadcast_from_first(tp, unique, s.model->buffers());
+    }
+    s.split = std::make_unique<tensor_parallel::ParallelizedModel>(*s.model, config.tensor_parallel, tp);
+    describe_split(runtime, *s.split);
+  }
   check_same_structure(dp, unique, s.model->buffers());
 
   // Parameters built under zero::DeferredConstruction hold no data yet. Stage 3 gives
@@ -221,21 +243,11 @@ Engine::Engine(Runtime& runtime, std::shared_ptr<torch::nn::Module> model, const
 
   // Every data-parallel rank starts from rank 0's parameters and buffers (fp32, exact).
   {
-    torch::NoGradGuard no_grad;
-    std::vector<WorkPtr> pending;
-    std::vector<torch::Tensor> aliases;
+    std::vector<torch::Tensor> present;
     for (const auto& t : unique) {
-      if (!deferred.count(t.unsafeGetTensorImpl())) aliases.push_back(t.detach());
+      if (!deferred.count(t.unsafeGetTensorImpl())) present.push_back(t);
     }
-    for (const auto& t : s.model->buffers()) {
-      // MPI has no bool type: a bool buffer (a mask) travels as its bytes.
-      aliases.push_back(t.scalar_type() == torch::kBool ? t.detach().view(torch::kUInt8) : t.detach());
-    }
-    for (auto& t : aliases) {
-      PARALLAX_CHECK(t.is_contiguous(), UsageError, "model tensors must be contiguous to broadcast");
-      pending.push_back(dp.broadcast(t, 0));
-    }
-    for (auto& w : pending) w->wait();
+    broadcast_from_first(dp, present, s.model->buffers());
   }
   if (s.dtype != torch::kFloat32) s.model->to(s.dtype);
 

@@ -13,9 +13,9 @@
 
 namespace equivalence {
 
-parallax::Config make_config(std::int64_t grad_accum, const std::vector<std::string>& extra) {
+parallax::Config make_config(std::int64_t grad_accum, const std::vector<std::string>& extra, const std::string& file) {
   parallax::ConfigSources sources;
-  sources.files = {PARALLAX_SOURCE_DIR "/configs/gpt_base.toml"};
+  sources.files = {PARALLAX_SOURCE_DIR "/configs/" + file};
   sources.overrides = {"train.global_batch_size=" + std::to_string(kGlobalBatch),
                        "train.grad_accum=" + std::to_string(grad_accum),
                        "train.steps=" + std::to_string(kSteps),
@@ -70,7 +70,7 @@ DistributedRun train_distributed(parallax::Config config) {
       auto [inputs, targets] =
           data.batch(gpt::first_sample(step, micro, dp_rank, dp, c.train.micro_batch_size, c.train.grad_accum),
                      c.train.micro_batch_size);
-      engine.backward(gpt::language_model_loss(engine.forward(inputs), targets));
+      engine.backward(engine.cross_entropy(engine.forward(inputs), targets));
       EXPECT_EQ(engine.step(), micro + 1 == c.train.grad_accum);
     }
     run.trajectory.losses.push_back(engine.last_loss());
@@ -82,6 +82,25 @@ DistributedRun train_distributed(parallax::Config config) {
   run.buckets = engine.bucket_count();
   for (const auto& p : run.trajectory.params) run.parameter_elements += p.numel();
   return run;
+}
+
+torch::Tensor planned_part(const std::string& name, const torch::Tensor& dense, int rank, int size) {
+  auto chunk = [&](const torch::Tensor& t, std::int64_t dim) { return t.chunk(size, dim)[rank]; };
+  auto ends_with = [&](const std::string& suffix) {
+    return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  if (name == "token_embedding.weight" || name == "head.weight") return chunk(dense, 0);
+  if (ends_with("qkv.weight") || ends_with("qkv.bias")) {
+    std::vector<std::int64_t> blocks = dense.sizes().vec();
+    blocks[0] /= 3;
+    blocks.insert(blocks.begin(), 3);
+    std::vector<std::int64_t> out = dense.sizes().vec();
+    out[0] /= size;
+    return chunk(dense.reshape(blocks), 1).reshape(out);
+  }
+  if (ends_with("fc.weight") || ends_with("fc.bias")) return chunk(dense, 0);
+  if (ends_with("attn_proj.weight") || ends_with("mlp_proj.weight")) return chunk(dense, 1);
+  return dense;  // replicated
 }
 
 double relative_difference(double a, double b) {

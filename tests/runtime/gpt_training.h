@@ -17,9 +17,11 @@ namespace equivalence {
 constexpr std::int64_t kSteps = 10;
 constexpr std::int64_t kGlobalBatch = 16;
 
-/// configs/gpt_base.toml shrunk for tests (2 layers, d_model 32, several buckets), with
-/// `grad_accum` and the `extra` overrides.
-parallax::Config make_config(std::int64_t grad_accum, const std::vector<std::string>& extra = {});
+/// configs/<file> (default gpt_base.toml) shrunk for tests (2 layers, d_model 32,
+/// several buckets), with `grad_accum` and the `extra` overrides.
+parallax::Config make_config(std::int64_t grad_accum,
+                             const std::vector<std::string>& extra = {},
+                             const std::string& file = "gpt_base.toml");
 
 struct Trajectory {
   std::vector<double> losses;
@@ -41,6 +43,10 @@ struct DistributedRun {
 /// The engine on every rank of the world (ranks start from different seeds; the
 /// engine's broadcast must make them agree).
 DistributedRun train_distributed(parallax::Config config);
+
+/// The part of the dense parameter (or gradient) `name` that tensor-parallel rank
+/// `rank` of `size` holds under configs/tp.toml's plan; `dense` itself when replicated.
+torch::Tensor planned_part(const std::string& name, const torch::Tensor& dense, int rank, int size);
 
 double relative_difference(double a, double b);
 

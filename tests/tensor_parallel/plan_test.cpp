@@ -10,6 +10,7 @@
 #include <string>
 
 #include "gpt.h"
+#include "gpt_training.h"
 #include "parallax/core/config_loader.h"
 #include "parallax/core/error.h"
 #include "parallax/core/mpi_communicator.h"
@@ -46,26 +47,6 @@ class Plan : public ::testing::Test {
   int size() const { return group_->size(); }
   std::unique_ptr<Communicator> group_;
 };
-
-// The part of a dense tensor that this rank's parameter `name` holds under configs/tp.toml.
-torch::Tensor planned_part(const std::string& name, const torch::Tensor& dense, int rank, int size) {
-  auto chunk = [&](const torch::Tensor& t, std::int64_t dim) { return t.chunk(size, dim)[rank]; };
-  auto ends_with = [&](const std::string& suffix) {
-    return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
-  };
-  if (name == "token_embedding.weight" || name == "head.weight") return chunk(dense, 0);
-  if (ends_with("qkv.weight") || ends_with("qkv.bias")) {
-    std::vector<std::int64_t> blocks = dense.sizes().vec();
-    blocks[0] /= 3;
-    blocks.insert(blocks.begin(), 3);
-    std::vector<std::int64_t> out = dense.sizes().vec();
-    out[0] /= size;
-    return chunk(dense.reshape(blocks), 1).reshape(out);
-  }
-  if (ends_with("fc.weight") || ends_with("fc.bias")) return chunk(dense, 0);
-  if (ends_with("attn_proj.weight") || ends_with("mlp_proj.weight")) return chunk(dense, 1);
-  return dense;  // replicated
-}
 
 struct Pass {
   double loss = 0.0;
@@ -114,7 +95,7 @@ TEST_P(PlanLayouts, SplitGptComputesTheDenseLossAndGradients) {
   EXPECT_EQ(partial.empty(), !sequence_parallel);
   for (auto& g : partial) group().all_reduce(g)->wait();  // what the engine does before the step
   for (const auto& p : model->named_parameters()) {
-    const torch::Tensor expected = planned_part(p.key(), want.grads.at(p.key()), rank(), size());
+    const torch::Tensor expected = equivalence::planned_part(p.key(), want.grads.at(p.key()), rank(), size());
     expect_close(p.value().grad(), expected, p.key() + " gradient");
     EXPECT_EQ(split.is_split(p.value()), expected.numel() != want.grads.at(p.key()).numel()) << p.key();
   }
