@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <string>
@@ -161,4 +162,121 @@ TEST_F(Plan, PlanGivesWhatTheParallelLayersGive) {
   const torch::Tensor planned_loss = tp::vocab_parallel_cross_entropy(model->forward(inputs), targets, 64, group());
   EXPECT_NEAR(planned_loss.item<double>(), written_loss.item<double>(), 1e-6);
 }
+}  // namespace
+
+namespace {
+
+struct Counts {
+  parallax::CommCounters forward, backward;
+};
+
+// The tensor-parallel group's traffic in one forward and one backward of a GPT of `layers`.
+Counts traffic(Communicator& group,
+               std::int64_t layers,
+               bool sequence_parallel,
+               const torch::Tensor& inputs,
+               const torch::Tensor& targets) {
+  const auto config =
+      tp_config({"parallel.tp=" + std::to_string(group.size()), "model.n_layer=" + std::to_string(layers),
+                 std::string("tensor_parallel.sequence_parallel=") + (sequence_parallel ? "true" : "false")});
+  gpt::GPT model = dense_gpt(config);
+  tp::ParallelizedModel split(*model, config.tensor_parallel, group);
+  auto scope = split.scope();
+  const auto start = group.counters();
+  const torch::Tensor logits = model->forward(inputs);
+  const auto forward_done = group.counters();
+  const torch::Tensor loss = tp::vocab_parallel_cross_entropy(logits, targets, 64, group);
+  const auto loss_done = group.counters();
+  loss.backward();
+  return {forward_done.since(start), group.counters().since(loss_done)};
+}
+
+class BlockTraffic : public Plan, public ::testing::WithParamInterface<bool> {};
+
+// Megatron's count: per transformer block and micro-batch, 2 all-reduces of the block's
+// activations [b, s, h] forward and 2 backward; with sequence parallelism each becomes
+// an all-gather and a reduce-scatter of the same bytes.
+TEST_P(BlockTraffic, EachBlockCommunicatesAsMegatronsDoes) {
+  const bool sequence_parallel = GetParam();
+  const gpt::SyntheticTokens data(64, 32, 3);
+  auto [inputs, targets] = data.batch(0, 4);
+  const Counts two = traffic(group(), 2, sequence_parallel, inputs, targets);
+  const Counts three = traffic(group(), 3, sequence_parallel, inputs, targets);
+  const std::int64_t activation_bytes = 4 * 32 * 32 * 4;  // b · s · h · fp32
+  for (const auto& [name, one_block] : {std::make_pair("forward", three.forward.since(two.forward)),
+                                        std::make_pair("backward", three.backward.since(two.backward))}) {
+    if (sequence_parallel) {
+      EXPECT_EQ(one_block[CommOp::kAllReduce].calls, 0) << name;
+      EXPECT_EQ(one_block[CommOp::kAllGather].calls, 2) << name;
+      EXPECT_EQ(one_block[CommOp::kReduceScatter].calls, 2) << name;
+      EXPECT_EQ(one_block[CommOp::kAllGather].bytes, 2 * activation_bytes) << name;
+      EXPECT_EQ(one_block[CommOp::kReduceScatter].bytes, 2 * activation_bytes) << name;
+    } else {
+      EXPECT_EQ(one_block[CommOp::kAllReduce].calls, 2) << name;
+      EXPECT_EQ(one_block[CommOp::kAllReduce].bytes, 2 * activation_bytes) << name;
+      EXPECT_EQ(one_block[CommOp::kAllGather].calls + one_block[CommOp::kReduceScatter].calls, 0) << name;
+    }
+  }
+  // Outside the blocks: the embedding's reduction forward, the head's input gradient
+  // backward (each an all-reduce, or its sequence-parallel pair).
+  const auto& edges = two.forward;
+  EXPECT_EQ(edges[CommOp::kAllReduce].calls + edges[CommOp::kReduceScatter].calls + edges[CommOp::kAllGather].calls,
+            2 * 2 + 1 + (sequence_parallel ? 2 * 2 + 1 : 0));
+}
+
+INSTANTIATE_TEST_SUITE_P(SequenceParallel, BlockTraffic, ::testing::Values(false, true), [](const auto& info) {
+  return info.param ? "on" : "off";
+});
+
+std::string plan_error(const parallax::Config& config, Communicator& group) {
+  gpt::GPT model = dense_gpt(config);
+  try {
+    tp::ParallelizedModel split(*model, config.tensor_parallel, group);
+  } catch (const parallax::ConfigError& e) {
+    return e.detail();
+  }
+  ADD_FAILURE() << "expected a ConfigError";
+  return "";
+}
+
+#define EXPECT_CONTAINS(text, needle) EXPECT_NE(std::string(text).find(needle), std::string::npos) << "in: " << (text)
+
+TEST_F(Plan, PlansThatDoNotFitTheModelSayWhy) {
+  const std::string tp_set = "parallel.tp=" + std::to_string(size());
+  const parallax::Config config = tp_config({tp_set});
+
+  parallax::Config missing = config;
+  auto& rules = missing.tensor_parallel.plan;
+  rules.erase(std::remove_if(rules.begin(), rules.end(), [](const auto& r) { return r.pattern == "blocks.*.fc"; }),
+              rules.end());
+  const std::string unmatched = plan_error(missing, group());
+  EXPECT_CONTAINS(unmatched,
+                  "leaves 2 Linear/Embedding module(s) unmatched: blocks.0.fc (Linear), blocks.1.fc (Linear)");
+  EXPECT_CONTAINS(unmatched, "tp.toml");
+  EXPECT_CONTAINS(unmatched, "style \"replicate\" keeps a module whole");
+
+  parallax::Config typo = config;
+  typo.tensor_parallel.plan.push_back({"blocks.*.qvk", parallax::TpStyle::kColumn, 1, 0, false, " at x.toml:9:1"});
+  EXPECT_CONTAINS(plan_error(typo, group()), "tensor_parallel.plan.\"blocks.*.qvk\" at x.toml:9:1 matches no Linear");
+
+  parallax::Config twice = config;
+  twice.tensor_parallel.plan.push_back({"blocks.0.*", parallax::TpStyle::kReplicate, 1, 0, false, " at x.toml:9:1"});
+  EXPECT_CONTAINS(plan_error(twice, group()), "is matched by two rules");
+
+  parallax::Config wrong_type = config;
+  for (auto& rule : wrong_type.tensor_parallel.plan) {
+    if (rule.pattern == "token_embedding") rule.style = parallax::TpStyle::kColumn;
+  }
+  EXPECT_CONTAINS(plan_error(wrong_type, group()),
+                  "style \"column\" applies to a Linear, but token_embedding is an Embedding");
+
+  // Heads that do not divide over the group: a rank would get a fraction of a head.
+  parallax::Config heads = tp_config({tp_set, "model.n_head=2", "model.d_model=24"});
+  for (auto& rule : heads.tensor_parallel.plan) {
+    if (rule.heads > 0) rule.heads = size() == 2 ? 3 : 2;
+  }
+  const std::string cut = plan_error(heads, group());
+  EXPECT_CONTAINS(cut, size() == 2 ? "do not divide by parallel.tp = 2" : "do not divide by parallel.tp = 4");
+}
+
 }  // namespace
