@@ -1,7 +1,8 @@
-// bench_zero_step: step time, peak resident memory and model-state bytes per rank of the
-// GPT example under the configured ZeRO stage, as one JSON line on rank 0. bench/zero.sh
-// runs it once per stage (one mpirun each, so peak RSS belongs to one configuration)
-// next to the PyTorch peers in bench/peers/torch_zero.py, which print the same line.
+// bench_zero_step: step time, peak resident memory, model-state bytes per rank and the
+// tensor-parallel group's traffic of the GPT example under the configured strategy, as
+// one JSON line on rank 0. bench/zero.sh runs it once per ZeRO stage (one mpirun each,
+// so peak RSS belongs to one configuration) next to the PyTorch peers in
+// bench/peers/torch_zero.py, which print the same line; bench/tp.sh once per tp degree.
 //
 //   mpirun -np 4 build/bench/bench_zero_step --config configs/gpt_base.toml
 //       --set zero.stage=1 --set train.steps=12 --set logging.every=0
@@ -16,7 +17,12 @@
 // [offload] moved off it):
 //   {"impl": "parallax", "zero_stage": 0, "offload": "none/none", "ranks": 4,
 //    "median_step_ms": 9.1, "peak_rss_mib": [412.3, ...], "model_state_bytes": [1234567, ...],
-//    "host_bytes": [0, ...], "nvme_bytes": [0, ...], "final_loss": 2.1}
+//    "host_bytes": [0, ...], "nvme_bytes": [0, ...], "tp": 1, "sequence_parallel": false,
+//    "tp_payload_per_step": {"all_reduce": 0, "all_gather": 0, "reduce_scatter": 0},
+//    "final_loss": 2.1}
+// tp_payload_per_step: rank 0's tensor-parallel group, payload bytes per optimizer step
+// by collective (an all-reduce's tensor, an all-gather's output, a reduce-scatter's input),
+// the same every step.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -29,6 +35,7 @@
 
 #include "gpt.h"
 #include "parallax/core/config_loader.h"
+#include "parallax/core/mesh.h"
 #include "parallax/runtime/parallax.h"
 
 namespace {
@@ -79,7 +86,9 @@ int run(parallax::Runtime& rt) {
   const int dp_rank = rt.mesh().coord().dp;
   const int dp = rt.mesh().degrees().dp;
   std::vector<double> step_ms(static_cast<std::size_t>(train.steps));
+  parallax::CommCounters tp_before_timed;
   for (std::int64_t step = 0; step < train.steps; ++step) {
+    if (step == kWarmupSteps) tp_before_timed = rt.mesh().tp().counters();
     std::vector<std::pair<torch::Tensor, torch::Tensor>> micro_batches;
     for (std::int64_t micro = 0; micro < train.grad_accum; ++micro) {
       micro_batches.push_back(
@@ -88,13 +97,15 @@ int run(parallax::Runtime& rt) {
     }
     const auto start = std::chrono::steady_clock::now();
     for (const auto& [inputs, targets] : micro_batches) {
-      engine.backward(gpt::language_model_loss(engine.forward(inputs), targets));
+      engine.backward(engine.cross_entropy(engine.forward(inputs), targets));
       engine.step();
     }
     step_ms[static_cast<std::size_t>(step)] =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   }
 
+  const parallax::CommCounters tp_traffic = rt.mesh().tp().counters().since(tp_before_timed);
+  const double timed_steps = static_cast<double>(train.steps - kWarmupSteps);
   const double rss_mib = peak_rss_mib();
   const parallax::ModelStateBytes state = engine.model_state_bytes();
   parallax::Communicator& world = rt.world().communicator();
@@ -115,13 +126,22 @@ int run(parallax::Runtime& rt) {
                 "\"median_step_ms\": %.3f, ",
                 config.zero.stage, parallax::to_string(config.offload.optimizer),
                 parallax::to_string(config.offload.param), world.size(), median(timed_ms));
-  char tail[64];
+  char tail[512];
   const double loss = engine.last_loss();
+  char loss_text[32];
   if (std::isfinite(loss)) {
-    std::snprintf(tail, sizeof(tail), ", \"final_loss\": %.6f}", loss);
+    std::snprintf(loss_text, sizeof(loss_text), "%.6f", loss);
   } else {
-    std::snprintf(tail, sizeof(tail), ", \"final_loss\": null}");  // JSON has no NaN
+    std::snprintf(loss_text, sizeof(loss_text), "null");  // JSON has no NaN
   }
+  using parallax::CommOp;
+  std::snprintf(tail, sizeof(tail),
+                ", \"tp\": %d, \"sequence_parallel\": %s, \"tp_payload_per_step\": {\"all_reduce\": %.0f, "
+                "\"all_gather\": %.0f, \"reduce_scatter\": %.0f}, \"final_loss\": %s}",
+                rt.mesh().degrees().tp, config.tensor_parallel.sequence_parallel ? "true" : "false",
+                static_cast<double>(tp_traffic[CommOp::kAllReduce].bytes) / timed_steps,
+                static_cast<double>(tp_traffic[CommOp::kAllGather].bytes) / timed_steps,
+                static_cast<double>(tp_traffic[CommOp::kReduceScatter].bytes) / timed_steps, loss_text);
   rt.logger().summary(
       head, "\"peak_rss_mib\": ", json_list(all_rss, "%.1f"), ", \"model_state_bytes\": ", json_list(all_state, "%.0f"),
       ", \"host_bytes\": ", json_list(all_host, "%.0f"), ", \"nvme_bytes\": ", json_list(all_nvme, "%.0f"), tail);

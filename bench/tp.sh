@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# bench/tp.sh: the GPT example on 4 ranks split by configs/tp.toml's plan at tp = 1, 2
+# and 4 (dp = 4, 2, 1), with and without sequence parallelism, one mpirun each
+# (bench_zero_step). Prints the median step time as a ratio to tp = 1 measured in the
+# same run, and the tensor-parallel group's bytes per rank per step against Megatron's
+# count for the same shapes:
+#
+#   per layer and micro-batch, forward + backward: 8·b·s·h·(t−1)/t elements
+#   (4 ring all-reduces of b·s·h, each moving 2·(t−1)/t of it per rank; sequence
+#   parallelism's all-gathers and reduce-scatters move (t−1)/t each, twice as many),
+#
+# where b is the micro-batch, s the sequence, h the hidden size, t = tp. The measured
+# payload (communicator counters) is turned into the same ring bytes per rank. Beyond the
+# layers the model moves the embedding's output forward and the LM head's input gradient
+# backward (b·s·h each, one all-reduce or its sequence-parallel pair) and the
+# vocab-parallel loss's 3 values per token; the "whole model" column adds those, so its
+# ratio is exact.
+#
+#   bench/tp.sh [--set key.path=value]...      e.g. --set model.d_model=512
+#
+# Environment: BUILD_DIR (default build; configured and bench_zero_step built only when
+# the directory does not exist), RANKS (4), STEPS (8; the first 2 are warm-up),
+# RUN_TIMEOUT_S (600 per mpirun).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source scripts/common.sh
+export OMP_NUM_THREADS=1
+ensure_dependencies
+
+BUILD_DIR="${BUILD_DIR:-build}"
+RANKS="${RANKS:-4}"
+STEPS="${STEPS:-8}"
+RUN_TIMEOUT_S="${RUN_TIMEOUT_S:-600}"
+# A model big enough that the layers' traffic dominates: 4 layers of 256, 128 tokens.
+ARGS=(--config configs/tp.toml --set "train.steps=$STEPS" --set logging.every=0 --set model.d_model=256
+  --set model.n_layer=4 --set model.block_size=128 --set model.vocab_size=1024 --set train.global_batch_size=16 "$@")
+
+if [[ ! -d "$BUILD_DIR" ]]; then
+  configure_and_build -- --target bench_zero_step
+fi
+BENCH="$BUILD_DIR/bench/bench_zero_step"
+if [[ ! -x "$BENCH" ]]; then
+  echo "error: $BENCH not found; build it with: cmake --build $BUILD_DIR --target bench_zero_step" >&2
+  exit 1
+fi
+
+LOGS="$(mktemp -d "${TMPDIR:-/tmp}/bench_tp.XXXXXX")"
+RESULTS="$LOGS/results"
+: >"$RESULTS"
+# The resolved shapes come from the run's own config, printed by the runtime.
+run() {
+  local name="$1" log="$LOGS/$1.log"
+  shift
+  echo "running $name ..." >&2
+  local status=0
+  timeout "$RUN_TIMEOUT_S" mpirun -np "$RANKS" --oversubscribe --bind-to none "$BENCH" "${ARGS[@]}" "$@" \
+    >"$log" 2>&1 || status=$?
+  local line
+  line="$(grep -m1 '^{"impl"' "$log" || true)"
+  if [[ -n "$line" ]]; then
+    echo "$name $line" >>"$RESULTS"
+  else
+    echo "$name failed: exit $status (log: $log)" >>"$RESULTS"
+  fi
+}
+
+run tp1 --set parallel.tp=1
+for tp in 2 4; do
+  run "tp$tp" --set "parallel.tp=$tp"
+  run "tp$tp-sp" --set "parallel.tp=$tp" --set tensor_parallel.sequence_parallel=true
+done
+
+echo
+echo "GPT example, $RANKS ranks, configs/tp.toml ${*:-} ($STEPS steps, median after 2 warm-up; per step the slowest rank)"
+awk -v ranks="$RANKS" -v global_batch="$(grep -o 'global_batch_size=[0-9]*' <<<"${ARGS[*]}" | tail -1 | cut -d= -f2)" \
+  -v seq="$(grep -o 'block_size=[0-9]*' <<<"${ARGS[*]}" | tail -1 | cut -d= -f2)" \
+  -v hidden="$(grep -o 'd_model=[0-9]*' <<<"${ARGS[*]}" | tail -1 | cut -d= -f2)" \
+  -v layers="$(grep -o 'n_layer=[0-9]*' <<<"${ARGS[*]}" | tail -1 | cut -d= -f2)" '
+  function field(line, key,    m) {
+    if (!match(line, "\"" key "\": [^,}]+")) return ""
+    m = substr(line, RSTART, RLENGTH); sub(/^[^:]*: /, "", m); gsub(/"/, "", m); return m
+  }
+  {
+    name[NR] = $1; rest = $0; sub(/^[^ ]+ /, "", rest); text[NR] = rest
+    if (rest !~ /^\{/) next
+    ms[NR] = field(rest, "median_step_ms"); t[NR] = field(rest, "tp"); loss[NR] = field(rest, "final_loss")
+    ar = field(rest, "all_reduce"); ag = field(rest, "all_gather"); rs = field(rest, "reduce_scatter")
+    tt = t[NR]
+    wire[NR] = tt > 1 ? (2 * ar + ag + rs) * (tt - 1) / tt : 0
+    b = global_batch / (ranks / tt)   # micro-batch: grad_accum 1, dp = ranks / tp
+    per_layer = 8 * b * seq * hidden * (tt - 1) / tt * 4
+    layers_formula[NR] = layers * per_layer
+    # embedding forward + head backward (b·s·h each) and the loss (3 values per token)
+    whole_formula[NR] = layers_formula[NR] + (2 * b * seq * hidden + 3 * b * seq) * 2 * (tt - 1) / tt * 4
+    if ($1 == "tp1") base_ms = ms[NR]
+  }
+  END {
+    printf "%-8s %10s %7s %16s %16s %7s %16s %7s %10s\n", "layout", "step ms", "ratio", "TP bytes/rank",
+           "Megatron layers", "ratio", "whole model", "ratio", "final loss"
+    for (i = 1; i <= NR; ++i) {
+      if (text[i] !~ /^\{/) { printf "%-8s %s\n", name[i], text[i]; continue }
+      printf "%-8s %10.1f %7.2f %16.0f %16.0f %7s %16.0f %7s %10s\n", name[i], ms[i], ms[i] / base_ms, wire[i],
+             layers_formula[i], (layers_formula[i] > 0 ? sprintf("%.3f", wire[i] / layers_formula[i]) : "-"),
+             whole_formula[i], (whole_formula[i] > 0 ? sprintf("%.3f", wire[i] / whole_formula[i]) : "-"), loss[i]
+    }
+  }
+' "$RESULTS"
+echo "(TP bytes: ring bytes per rank per step, from the payload the tensor-parallel communicator counted; the"
+echo " grad-norm all-reduce adds 8 bytes; with sequence parallelism the replicated parameters' partial gradients"
+echo " (LayerNorms, row biases, position embedding) are summed over the group once per step, which the whole-model"
+echo " count leaves out; b = global batch / dp; logs in $LOGS)"
