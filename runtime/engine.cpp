@@ -136,8 +136,9 @@ void sum_over(Communicator& tp, const std::vector<torch::Tensor>& grads) {
   }
 }
 
-// The global gradient norm of a tensor-parallel model (squares of split parameters
-// summed over the group in float64, replicated ones counted once) and clipping as
+// The global gradient norm of a tensor-parallel model (each parameter's squares over
+// the number of ranks holding the same elements, summed over the group in float64,
+// so split parameters count in full and replicated ones once) and clipping as
 // torch::nn::utils::clip_grad_norm_ does (clip > 0). Returns false when the norm is
 // not finite; every rank of the group reaches the same verdict.
 bool clip_split_gradients(const std::vector<torch::Tensor>& optimized,
@@ -146,14 +147,13 @@ bool clip_split_gradients(const std::vector<torch::Tensor>& optimized,
                           Communicator& tp,
                           double clip) {
   torch::NoGradGuard no_grad;
-  torch::Tensor split_squares = torch::zeros({1}, torch::kFloat64);
-  torch::Tensor replicated_squares = torch::zeros({1}, torch::kFloat64);
+  torch::Tensor squares = torch::zeros({1}, torch::kFloat64);
   for (std::size_t i = 0; i < optimized.size(); ++i) {
-    const torch::Tensor squares = optimized[i].grad().to(torch::kFloat64).pow(2).sum();
-    (split.is_split(params[i]) ? split_squares : replicated_squares).add_(squares);
+    const double copies = static_cast<double>(split.copies(params[i]));
+    squares.add_(optimized[i].grad().to(torch::kFloat64).pow(2).sum() / copies);
   }
-  tp.all_reduce(split_squares)->wait();
-  const double norm = std::sqrt((split_squares + replicated_squares).item<double>());
+  tp.all_reduce(squares)->wait();
+  const double norm = std::sqrt(squares.item<double>());
   if (!std::isfinite(norm)) return false;
   if (clip > 0 && clip / (norm + 1e-6) < 1.0) {
     for (const auto& p : optimized) p.grad().mul_(clip / (norm + 1e-6));

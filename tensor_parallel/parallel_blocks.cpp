@@ -1,56 +1,126 @@
 #include "parallax/tensor_parallel/parallel_blocks.h"
 
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/torch.h>
 
 #include <cmath>
 #include <limits>
 
 #include "parallax/core/error.h"
+#include "parallax/tensor_parallel/regions.h"
 
 namespace parallax::tensor_parallel {
 
-torch::nn::Linear interleave_fused_outputs(const torch::nn::Linear& fused, std::int64_t parts, int tp) {
-  const std::int64_t outputs = fused->weight.size(0);
-  PARALLAX_CHECK(outputs % (parts * tp) == 0, UsageError, "a fused projection of ", outputs, " outputs in ", parts,
-                 " parts does not split over ", tp, " tensor-parallel ranks");
-  const std::int64_t slice = outputs / parts / tp;
-  std::vector<std::int64_t> order;
-  for (int r = 0; r < tp; ++r) {
-    for (std::int64_t p = 0; p < parts; ++p) {
-      for (std::int64_t i = 0; i < slice; ++i) order.push_back((p * tp + r) * slice + i);
-    }
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::tensor_list;
+
+// Forward: copies of `weight` and `bias` (may be undefined). Backward: their gradients
+// summed over the ranks that hold the same copies (slot `slot` of `slots`), through one
+// all-reduce over the whole group of a [slots, n] tensor in which each rank fills its
+// own slot.
+struct SumOverCopies : torch::autograd::Function<SumOverCopies> {
+  static tensor_list forward(AutogradContext* ctx,
+                             const torch::Tensor& weight,
+                             const torch::Tensor& bias,
+                             Communicator* tp,
+                             std::int64_t slot,
+                             std::int64_t slots) {
+    ctx->saved_data["tp"] = static_cast<std::int64_t>(reinterpret_cast<std::intptr_t>(tp));
+    ctx->saved_data["slot"] = slot;
+    ctx->saved_data["slots"] = slots;
+    ctx->saved_data["has_bias"] = bias.defined();
+    return {weight.clone(), bias.defined() ? bias.clone() : torch::zeros({0}, weight.options())};
   }
-  const torch::Tensor index = torch::tensor(order, torch::kLong);
-  torch::nn::Linear out(torch::nn::LinearOptions(fused->weight.size(1), outputs).bias(fused->bias.defined()));
-  torch::NoGradGuard no_grad;
-  out->weight.copy_(fused->weight.index_select(0, index));
-  if (fused->bias.defined()) out->bias.copy_(fused->bias.index_select(0, index));
-  return out;
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    auto* tp = reinterpret_cast<Communicator*>(static_cast<std::intptr_t>(ctx->saved_data["tp"].toInt()));
+    const std::int64_t slot = ctx->saved_data["slot"].toInt();
+    const bool has_bias = ctx->saved_data["has_bias"].toBool();
+    const torch::Tensor& weight_grad = grads[0];
+    const torch::Tensor bias_grad = has_bias ? grads[1].reshape({-1}) : torch::zeros({0}, weight_grad.options());
+    const std::int64_t n = weight_grad.numel() + bias_grad.numel();
+    torch::Tensor all = torch::zeros({ctx->saved_data["slots"].toInt(), n}, weight_grad.options());
+    all[slot].copy_(torch::cat({weight_grad.reshape({-1}), bias_grad}));
+    tp->all_reduce(all)->wait();
+    const torch::Tensor mine = all[slot];
+    return {mine.narrow(0, 0, weight_grad.numel()).view_as(weight_grad).clone(),
+            has_bias ? mine.narrow(0, weight_grad.numel(), bias_grad.numel()).clone() : torch::Tensor(),
+            torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// Rows [first·width, (first + count)·width) of `t` (a weight or bias), as a new leaf.
+torch::Tensor heads_of(const torch::Tensor& t, std::int64_t first, std::int64_t count, std::int64_t width) {
+  return t.detach().narrow(0, first * width, count * width).clone();
 }
+
+}  // namespace
 
 ParallelCausalSelfAttentionImpl::ParallelCausalSelfAttentionImpl(const torch::nn::Linear& qkv_dense,
                                                                  const torch::nn::Linear& proj_dense,
                                                                  std::int64_t heads,
-                                                                 Communicator& tp) {
-  PARALLAX_CHECK(heads % tp.size() == 0, UsageError, heads, " attention heads do not split over the ", tp.size(),
+                                                                 std::int64_t kv_heads,
+                                                                 Communicator& tp)
+    : tp_(&tp) {
+  const std::int64_t ranks = tp.size(), rank = tp.rank();
+  PARALLAX_CHECK(heads >= 1 && kv_heads >= 1 && heads % kv_heads == 0, UsageError, "kv_heads = ", kv_heads,
+                 " must divide heads = ", heads, " (each key/value head serves heads / kv_heads query heads)");
+  PARALLAX_CHECK(heads % ranks == 0, UsageError, heads, " attention heads do not split over the ", ranks,
                  " ranks of tensor-parallel group '", tp.name(), "'");
-  local_heads_ = heads / tp.size();
-  qkv = register_module("qkv", ColumnParallelLinear(interleave_fused_outputs(qkv_dense, 3, tp.size()), tp, false));
+  PARALLAX_CHECK(kv_heads % ranks == 0 || ranks % kv_heads == 0, UsageError, kv_heads,
+                 " key/value heads neither split over nor divide the ", ranks, " ranks of tensor-parallel group '",
+                 tp.name(), "'");
+  const std::int64_t outputs = qkv_dense->weight.size(0);
+  PARALLAX_CHECK(outputs % (heads + 2 * kv_heads) == 0, UsageError, "a fused projection of ", outputs,
+                 " outputs is not (heads + 2·kv_heads) = ", heads + 2 * kv_heads, " heads of equal width");
+  head_dim_ = outputs / (heads + 2 * kv_heads);
+  local_heads_ = heads / ranks;
+  if (kv_heads % ranks == 0) {
+    local_kv_heads_ = kv_heads / ranks;
+    kv_slot_ = rank * local_kv_heads_;
+  } else {
+    local_kv_heads_ = 1;
+    kv_copies_ = ranks / kv_heads;
+    kv_slot_ = rank / kv_copies_;
+    kv_slots_ = kv_heads;
+  }
+  const torch::Tensor& w = qkv_dense->weight;
+  const std::int64_t k_first = heads, v_first = heads + kv_heads;  // in heads, along the fused rows
+  q_weight = register_parameter("q_weight", heads_of(w, rank * local_heads_, local_heads_, head_dim_));
+  kv_weight =
+      register_parameter("kv_weight", torch::cat({heads_of(w, k_first + kv_slot_, local_kv_heads_, head_dim_),
+                                                  heads_of(w, v_first + kv_slot_, local_kv_heads_, head_dim_)}));
+  if (const torch::Tensor& b = qkv_dense->bias; b.defined()) {
+    q_bias = register_parameter("q_bias", heads_of(b, rank * local_heads_, local_heads_, head_dim_));
+    kv_bias = register_parameter("kv_bias", torch::cat({heads_of(b, k_first + kv_slot_, local_kv_heads_, head_dim_),
+                                                        heads_of(b, v_first + kv_slot_, local_kv_heads_, head_dim_)}));
+  }
   proj = register_module("proj", RowParallelLinear(proj_dense, tp, /*input_is_parallel=*/true));
 }
 
 torch::Tensor ParallelCausalSelfAttentionImpl::forward(const torch::Tensor& x) {
+  namespace F = torch::nn::functional;
   const std::int64_t batch = x.size(0), seq = x.size(1);
-  auto parts = qkv(x).chunk(3, -1);  // this rank's heads of q, k and v
-  const std::int64_t local_width = parts[0].size(-1);
-  const std::int64_t head_dim = local_width / local_heads_;
-  auto heads = [&](const torch::Tensor& t) { return t.view({batch, seq, local_heads_, head_dim}).transpose(1, 2); };
-  const torch::Tensor q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
-  const torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim));
+  const torch::Tensor input = copy_to_region(x, *tp_);  // one input gradient all-reduce for q, k and v
+  torch::Tensor w = kv_weight, b = kv_bias;
+  if (kv_copies_ > 1) {
+    const auto copies = SumOverCopies::apply(kv_weight, kv_bias, tp_, kv_slot_, kv_slots_);
+    w = copies[0];
+    b = kv_bias.defined() ? copies[1] : torch::Tensor();
+  }
+  const torch::Tensor q_flat = F::linear(input, q_weight, q_bias);
+  const auto kv = F::linear(input, w, b).chunk(2, -1);
+  auto heads = [&](const torch::Tensor& t) { return t.view({batch, seq, -1, head_dim_}).transpose(1, 2); };
+  const std::int64_t group = local_heads_ / local_kv_heads_;  // query heads per key/value head here
+  const torch::Tensor q = heads(q_flat);
+  const torch::Tensor k = heads(kv[0]).repeat_interleave(group, 1);
+  const torch::Tensor v = heads(kv[1]).repeat_interleave(group, 1);
+  const torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim_));
   const torch::Tensor future = torch::ones({seq, seq}, torch::TensorOptions().dtype(torch::kBool)).triu(1);
   const torch::Tensor attention =
       torch::softmax(scores.masked_fill(future, -std::numeric_limits<double>::infinity()), -1);
-  const torch::Tensor y = torch::matmul(attention, v).transpose(1, 2).contiguous().view({batch, seq, local_width});
+  const torch::Tensor y = torch::matmul(attention, v).transpose(1, 2).reshape({batch, seq, -1});
   return proj(y);
 }
 

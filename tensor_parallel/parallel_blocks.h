@@ -5,11 +5,16 @@
 // all-reduce in forward and one in backward.
 //
 // Both are built from the dense layers of an ordinary block, whose weights they slice,
-// so they compute the dense block's function. A fused qkv projection (Linear(d, 3d)
-// producing [q | k | v]) is sliced per part: rank r takes heads [r·h/tp, (r+1)·h/tp)
-// of q, of k and of v.
+// so they compute the dense block's function. The attention takes a fused projection
+// (Linear(d, (heads + 2·kv_heads)·head_dim) producing [q | k | v]) and slices each part:
+// rank r holds query heads [r·h/tp, (r+1)·h/tp). Grouped-query attention (kv_heads <
+// heads, each key/value head shared by heads/kv_heads query heads): when tp divides
+// kv_heads, the key/value heads split the same way; when kv_heads divides tp, rank r
+// holds key/value head r·kv_heads/tp, replicated on the tp/kv_heads ranks whose query
+// heads use it, and the partial weight gradients of those copies are summed over them
+// in backward (one more all-reduce, of the key/value weights' size).
 //
-//   ParallelCausalSelfAttention attention(dense_qkv, dense_proj, /*heads=*/8, tp);
+//   ParallelCausalSelfAttention attention(dense_qkv, dense_proj, /*heads=*/8, /*kv_heads=*/2, tp);
 //   ParallelMLP mlp(dense_fc, dense_proj2, tp);
 //   x = x + attention(ln1(x));  x = x + mlp(ln2(x));
 #pragma once
@@ -25,28 +30,42 @@
 
 namespace parallax::tensor_parallel {
 
-/// A copy of `fused` (a Linear whose outputs are `parts` equal blocks, e.g. [q | k | v])
-/// with its output rows reordered so that splitting them into tp equal chunks gives
-/// rank r the r-th slice of every block, in block order. Throws UsageError when a block
-/// does not divide by tp.
-torch::nn::Linear interleave_fused_outputs(const torch::nn::Linear& fused, std::int64_t parts, int tp);
-
 class ParallelCausalSelfAttentionImpl : public torch::nn::Module {
  public:
-  /// `qkv`: Linear(d, 3d) → [q | k | v]; `proj`: Linear(d, d); `heads` heads of d/heads.
-  /// Throws UsageError when heads do not divide by tp.size(). Does not communicate.
+  /// `qkv`: Linear(d, (heads + 2·kv_heads)·head_dim) → [q | k | v]; `proj`:
+  /// Linear(heads·head_dim, d). Throws UsageError when heads do not split over tp,
+  /// kv_heads does not divide heads, or tp and kv_heads divide neither way. Does not
+  /// communicate.
   ParallelCausalSelfAttentionImpl(const torch::nn::Linear& qkv,
                                   const torch::nn::Linear& proj,
                                   std::int64_t heads,
+                                  std::int64_t kv_heads,
                                   Communicator& tp);
+  /// Multi-head attention: kv_heads = heads.
+  ParallelCausalSelfAttentionImpl(const torch::nn::Linear& qkv,
+                                  const torch::nn::Linear& proj,
+                                  std::int64_t heads,
+                                  Communicator& tp)
+      : ParallelCausalSelfAttentionImpl(qkv, proj, heads, heads, tp) {}
   /// [batch, seq, d], identical on every rank → the same, identical on every rank.
   torch::Tensor forward(const torch::Tensor& x);
 
-  ColumnParallelLinear qkv{nullptr};
+  /// Ranks of the group holding the same key/value weights: 1 when they split, tp /
+  /// kv_heads when replicated.
+  std::int64_t kv_copies() const { return kv_copies_; }
+
+  torch::Tensor q_weight, q_bias;    ///< this rank's query heads: [local_heads·head_dim, d]
+  torch::Tensor kv_weight, kv_bias;  ///< this rank's key/value heads: [2·local_kv·head_dim, d], [k | v]
   RowParallelLinear proj{nullptr};
 
  private:
-  std::int64_t local_heads_;
+  Communicator* tp_;
+  std::int64_t local_heads_ = 0;
+  std::int64_t local_kv_heads_ = 0;
+  std::int64_t head_dim_ = 0;
+  std::int64_t kv_copies_ = 1;
+  std::int64_t kv_slot_ = 0;  ///< which replicated key/value head this rank holds
+  std::int64_t kv_slots_ = 1;
 };
 TORCH_MODULE(ParallelCausalSelfAttention);
 

@@ -16,6 +16,7 @@
 
 #include "parallax/core/config_loader.h"
 #include "parallax/core/error.h"
+#include "parallax/tensor_parallel/parallel_blocks.h"
 #include "parallax/tensor_parallel/parallel_linear.h"
 #include "parallax/tensor_parallel/regions.h"
 #include "parallax/tensor_parallel/vocab_parallel.h"
@@ -242,7 +243,7 @@ struct ParallelizedModel::State {
   Communicator* tp = nullptr;
   bool planned = false;
   std::vector<std::unique_ptr<PlannedLayer>> layers;
-  std::unordered_set<const c10::TensorImpl*> split;
+  std::unordered_map<const c10::TensorImpl*, std::int64_t> copies;  ///< absent: tp (replicated)
   std::vector<torch::Tensor> partial;
   std::int64_t output_vocabulary = 0;
   std::vector<std::string> description;
@@ -292,14 +293,21 @@ ParallelizedModel::ParallelizedModel(torch::nn::Module& model, const TensorParal
     std::size_t found = 0;
     for (const auto& item : modules) {
       torch::nn::Module* module = item.value().get();
+      auto hold = [&s](const torch::Tensor& t, std::int64_t copies) {
+        if (t.defined()) s.copies[t.unsafeGetTensorImpl()] = copies;
+      };
       if (auto* column = dynamic_cast<ColumnParallelLinearImpl*>(module)) {
-        for (const auto& t : {column->weight, column->bias}) {
-          if (t.defined()) s.split.insert(t.unsafeGetTensorImpl());
-        }
+        hold(column->weight, 1);
+        hold(column->bias, 1);
       } else if (auto* row = dynamic_cast<RowParallelLinearImpl*>(module)) {
-        s.split.insert(row->weight.unsafeGetTensorImpl());
+        hold(row->weight, 1);
       } else if (auto* embedding = dynamic_cast<VocabParallelEmbeddingImpl*>(module)) {
-        s.split.insert(embedding->weight.unsafeGetTensorImpl());
+        hold(embedding->weight, 1);
+      } else if (auto* attention = dynamic_cast<ParallelCausalSelfAttentionImpl*>(module)) {
+        hold(attention->q_weight, 1);
+        hold(attention->q_bias, 1);
+        hold(attention->kv_weight, attention->kv_copies());
+        hold(attention->kv_bias, attention->kv_copies());
       } else {
         continue;
       }
@@ -416,7 +424,7 @@ ParallelizedModel::ParallelizedModel(torch::nn::Module& model, const TensorParal
       linear->options.in_features(weight.size(1)).out_features(weight.size(0));
       const bool split_bias =
           (rule.style == TpStyle::kColumn || rule.style == TpStyle::kVocabOutput) && !rule.gather_output;
-      if (split_bias && bias.defined()) s.split.insert(bias.unsafeGetTensorImpl());
+      if (split_bias && bias.defined()) s.copies[bias.unsafeGetTensorImpl()] = 1;
     } else {
       auto* embedding = dynamic_cast<torch::nn::EmbeddingImpl*>(module.get());
       PARALLAX_CHECK(!embedding->options.padding_idx().has_value() && !embedding->options.max_norm().has_value() &&
@@ -434,7 +442,7 @@ ParallelizedModel::ParallelizedModel(torch::nn::Module& model, const TensorParal
                    paths[i],
                    "'s weight is shared with another planned module (tied weights); a plan cannot split "
                    "a tied weight in this build");
-    if (rule.style != TpStyle::kReplicate) s.split.insert(weight.unsafeGetTensorImpl());
+    if (rule.style != TpStyle::kReplicate) s.copies[weight.unsafeGetTensorImpl()] = 1;
     layer->weight = weight;
     PlannedWeights::instance().key(layer.get());
     s.layers.push_back(std::move(layer));
@@ -451,7 +459,7 @@ ParallelizedModel::ParallelizedModel(torch::nn::Module& model, const TensorParal
   if (options.sequence_parallel) {
     std::unordered_set<const c10::TensorImpl*> listed;
     for (const auto& p : model.parameters()) {
-      if (!s.split.count(p.unsafeGetTensorImpl()) && listed.insert(p.unsafeGetTensorImpl()).second) {
+      if (!s.copies.count(p.unsafeGetTensorImpl()) && listed.insert(p.unsafeGetTensorImpl()).second) {
         s.partial.push_back(p);
       }
     }
@@ -478,8 +486,9 @@ ParallelizedModel::Scope ParallelizedModel::scope() const {
   return Scope(!state_->layers.empty());
 }
 
-bool ParallelizedModel::is_split(const torch::Tensor& parameter) const {
-  return state_->split.count(parameter.unsafeGetTensorImpl()) > 0;
+std::int64_t ParallelizedModel::copies(const torch::Tensor& parameter) const {
+  const auto found = state_->copies.find(parameter.unsafeGetTensorImpl());
+  return found == state_->copies.end() ? state_->tp->size() : found->second;
 }
 
 std::vector<torch::Tensor> ParallelizedModel::partial_gradient_parameters() const {

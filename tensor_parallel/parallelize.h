@@ -86,9 +86,11 @@ class ParallelizedModel {
   };
   Scope scope() const;
 
-  /// True when `parameter` is split over the group (each rank holds other elements);
-  /// false when every rank holds all of it.
-  bool is_split(const torch::Tensor& parameter) const;
+  /// How many ranks of the group hold the same elements of `parameter`: 1 when it is
+  /// split (each rank holds other elements), tp when every rank holds all of it, and in
+  /// between for grouped-query attention's replicated key/value heads. A global norm
+  /// sums ‖g‖² / copies over the group.
+  std::int64_t copies(const torch::Tensor& parameter) const;
   /// The replicated parameters whose gradients are partial sums over the group (with
   /// sequence parallelism: every replicated one; otherwise none).
   std::vector<torch::Tensor> partial_gradient_parameters() const;

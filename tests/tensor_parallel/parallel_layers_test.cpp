@@ -184,28 +184,38 @@ TEST_F(TensorParallel, VocabParallelCrossEntropyMatchesTheDenseLossWithoutFullLo
 }
 
 // The GPT example's attention, written densely: fused qkv, causal softmax, projection.
-torch::Tensor dense_attention(torch::nn::Linear qkv,
-                              torch::nn::Linear proj,
-                              std::int64_t heads,
-                              const torch::Tensor& x) {
-  const std::int64_t batch = x.size(0), seq = x.size(1), d = x.size(2), head_dim = d / heads;
-  auto parts = qkv->forward(x).chunk(3, -1);
-  auto split = [&](const torch::Tensor& t) { return t.view({batch, seq, heads, head_dim}).transpose(1, 2); };
-  const auto scores = torch::matmul(split(parts[0]), split(parts[1]).transpose(-2, -1)) / std::sqrt(double(head_dim));
+// Causal attention with `kv_heads` key/value heads, each shared by heads/kv_heads query
+// heads, computed densely.
+torch::Tensor dense_attention(
+    torch::nn::Linear qkv, torch::nn::Linear proj, std::int64_t heads, std::int64_t kv_heads, const torch::Tensor& x) {
+  const std::int64_t batch = x.size(0), seq = x.size(1);
+  const std::int64_t head_dim = qkv->weight.size(0) / (heads + 2 * kv_heads);
+  auto parts = qkv->forward(x).split({heads * head_dim, kv_heads * head_dim, kv_heads * head_dim}, -1);
+  auto split = [&](const torch::Tensor& t) { return t.view({batch, seq, -1, head_dim}).transpose(1, 2); };
+  const auto k = split(parts[1]).repeat_interleave(heads / kv_heads, 1);
+  const auto v = split(parts[2]).repeat_interleave(heads / kv_heads, 1);
+  const auto scores = torch::matmul(split(parts[0]), k.transpose(-2, -1)) / std::sqrt(double(head_dim));
   const auto future = torch::ones({seq, seq}, torch::kBool).triu(1);
   const auto attention = torch::softmax(scores.masked_fill(future, -INFINITY), -1);
-  return proj->forward(torch::matmul(attention, split(parts[2])).transpose(1, 2).contiguous().view({batch, seq, d}));
+  return proj->forward(torch::matmul(attention, v).transpose(1, 2).reshape({batch, seq, -1}));
 }
 
-TEST_F(TensorParallel, AttentionWithSplitHeadsMatchesTheDenseAttention) {
-  const std::int64_t heads = 2 * size(), d = 4 * heads;
+// (query heads per rank, key/value heads): multi-head, grouped with the key/value heads
+// split (kv_heads = tp) and replicated (one key/value head, and two).
+class Attention : public TensorParallel, public ::testing::WithParamInterface<std::pair<std::int64_t, std::int64_t>> {};
+
+TEST_P(Attention, SplitHeadsMatchTheDenseAttention) {
+  const std::int64_t heads = GetParam().first * size();
+  const std::int64_t kv_heads = GetParam().second == -2 ? heads : GetParam().second == -1 ? size() : GetParam().second;
+  if (size() % kv_heads != 0 && kv_heads % size() != 0) GTEST_SKIP();
+  const std::int64_t head_dim = 4, d = 16;
   torch::manual_seed(13);
-  torch::nn::Linear qkv(d, 3 * d), proj(d, d);
-  tp::ParallelCausalSelfAttention parallel(qkv, proj, heads, group());
+  torch::nn::Linear qkv(d, (heads + 2 * kv_heads) * head_dim), proj(heads * head_dim, d);
+  tp::ParallelCausalSelfAttention parallel(qkv, proj, heads, kv_heads, group());
   const torch::Tensor x = torch::randn({2, 6, d});
   const torch::Tensor upstream = torch::randn({2, 6, d});
   const torch::Tensor dense_x = x.clone().requires_grad_(true);
-  const torch::Tensor want = dense_attention(qkv, proj, heads, dense_x);
+  const torch::Tensor want = dense_attention(qkv, proj, heads, kv_heads, dense_x);
   want.backward(upstream);
   const torch::Tensor parallel_x = x.clone().requires_grad_(true);
   const auto before = group().counters();
@@ -215,11 +225,36 @@ TEST_F(TensorParallel, AttentionWithSplitHeadsMatchesTheDenseAttention) {
   expect_close(got, want.detach(), "attention output");
   expect_close(parallel_x.grad(), dense_x.grad(), "attention input gradient");
   expect_close(parallel->proj->weight.grad(), part(proj->weight.grad(), 1), "projection weight gradient");
-  // This rank's query rows of the fused weight: heads [r·h/tp, (r+1)·h/tp) of q.
-  expect_close(parallel->qkv->weight.grad().chunk(3, 0)[0], part(qkv->weight.grad().chunk(3, 0)[0], 0),
-               "query weight gradient");
-  EXPECT_EQ(comm[CommOp::kAllReduce].calls, 2);  // one forward, one backward
+  // This rank's query heads [r·h/tp, (r+1)·h/tp), and its key/value heads: its own
+  // 1/tp of them, or the one head its query heads share, with the copies' gradients summed.
+  const auto rows = qkv->weight.grad().split({heads * head_dim, kv_heads * head_dim, kv_heads * head_dim}, 0);
+  expect_close(parallel->q_weight.grad(), part(rows[0], 0), "query weight gradient");
+  const std::int64_t local_kv = std::max<std::int64_t>(1, kv_heads / size());
+  const std::int64_t first_kv = kv_heads >= size() ? rank() * local_kv : rank() / (size() / kv_heads);
+  const torch::Tensor want_kv = torch::cat({rows[1].narrow(0, first_kv * head_dim, local_kv * head_dim),
+                                            rows[2].narrow(0, first_kv * head_dim, local_kv * head_dim)});
+  expect_close(parallel->kv_weight.grad(), want_kv, "key/value weight gradient");
+  EXPECT_EQ(parallel->kv_copies(), kv_heads >= size() ? 1 : size() / kv_heads);
+  // One all-reduce forward, one backward, and one for replicated key/value gradients.
+  EXPECT_EQ(comm[CommOp::kAllReduce].calls, kv_heads >= size() ? 2 : 3);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Heads,
+    Attention,
+    ::testing::Values(std::make_pair(2, -2), std::make_pair(2, -1), std::make_pair(2, 1), std::make_pair(4, 2)),
+    [](const auto& info) {
+      const auto kv = info.param.second;
+      return std::to_string(info.param.first) + "_per_rank_kv" +
+             (kv == -2   ? std::string("_all")
+              : kv == -1 ? std::string("_tp")
+                         : std::to_string(kv));
+    });
+
+TEST_F(TensorParallel, AttentionRefusesHeadsThatDoNotSplit) {
+  torch::nn::Linear qkv(16, 3 * 16), proj(16, 16);
   EXPECT_THROW(tp::ParallelCausalSelfAttention(qkv, proj, 2 * size() + 1, group()), parallax::UsageError);
+  EXPECT_THROW(tp::ParallelCausalSelfAttention(qkv, proj, 4, 3, group()), parallax::UsageError);
 }
 
 TEST_F(TensorParallel, MlpMatchesTheDenseMlp) {
