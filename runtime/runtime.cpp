@@ -15,6 +15,7 @@
 #include "parallax/core/topology.h"
 #include "parallax/core/world.h"
 #include "parallax/runtime/blas_info.h"
+#include "parallax/tensor_parallel/rng_tracker.h"
 #include "proto/plan.pb.h"
 
 #include <google/protobuf/text_format.h>
@@ -32,6 +33,7 @@ struct Runtime::State {
   std::unique_ptr<MetricsWriter> metrics;
   std::string blas;
   proto::Plan plan;
+  tensor_parallel::RngTracker rng;
 
   ~State() {
     if (tracer && tracer->enabled() && world) {
@@ -157,6 +159,9 @@ void Runtime::start(const InitOptions& options) {
   Cluster cluster = Cluster::gather(s.world->communicator(), local_node);
   const ParallelOptions& p = s.config.parallel;
   s.mesh = std::make_unique<Mesh>(s.world->communicator(), std::move(cluster), MeshDegrees{p.tp, p.pp, p.dp});
+  // Dropout on split activations draws per tensor-parallel rank (Megatron's seed offset).
+  s.rng.add(tensor_parallel::kSplitStream,
+            static_cast<std::uint64_t>(s.config.train.seed) + 2718 + static_cast<std::uint64_t>(s.mesh->coord().tp));
   s.telemetry = s.world->communicator().split(0, s.world->rank(), "telemetry");
 
   // Ranks on one node share its cores: give each an equal share of intra-op threads,
@@ -209,6 +214,10 @@ MetricsWriter* Runtime::metrics_writer() {
 const std::vector<std::string>& Runtime::args() const {
   return state_->args;
 }
+tensor_parallel::RngTracker& Runtime::rng_tracker() {
+  return state_->rng;
+}
+
 const std::string& Runtime::blas() const {
   return state_->blas;
 }

@@ -38,6 +38,9 @@ class Cluster;
 struct OptimizerSpec;
 template <typename ModuleImpl>
 class ModuleEngine;
+namespace tensor_parallel {
+class RngTracker;
+}
 
 struct InitOptions {
   /// Tables the application owns (e.g. {"model", "data"}); any other unknown table is
@@ -85,6 +88,11 @@ class Runtime {
   const std::vector<std::string>& args() const;
   /// The resolved plan, as Protobuf text.
   std::string plan_text() const;
+  /// Random streams for tensor-parallel dropout: LibTorch's default generator, seeded
+  /// with train.seed on every rank, for replicated activations, and the stream
+  /// tensor_parallel::kSplitStream, seeded train.seed + 2718 + the tensor-parallel rank,
+  /// for split ones (fork it around their dropout). Reproducible from train.seed.
+  tensor_parallel::RngTracker& rng_tracker();
   /// Shared library that provides BLAS to LibTorch in this process, e.g.
   /// "libopenblas.so.0 (pthread)", or "unknown".
   const std::string& blas() const;

@@ -118,10 +118,19 @@ torch::Tensor ParallelCausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   const torch::Tensor v = heads(kv[1]).repeat_interleave(group, 1);
   const torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim_));
   const torch::Tensor future = torch::ones({seq, seq}, torch::TensorOptions().dtype(torch::kBool)).triu(1);
-  const torch::Tensor attention =
-      torch::softmax(scores.masked_fill(future, -std::numeric_limits<double>::infinity()), -1);
+  torch::Tensor attention = torch::softmax(scores.masked_fill(future, -std::numeric_limits<double>::infinity()), -1);
+  if (dropout_ > 0.0 && is_training()) {
+    auto split = rng_->fork(kSplitStream);  // these are this rank's heads only
+    attention = torch::dropout(attention, dropout_, /*train=*/true);
+  }
   const torch::Tensor y = torch::matmul(attention, v).transpose(1, 2).reshape({batch, seq, -1});
   return proj(y);
+}
+
+void ParallelCausalSelfAttentionImpl::dropout_attention(double p, RngTracker& rng) {
+  PARALLAX_CHECK(p >= 0.0 && p < 1.0, UsageError, "attention dropout ", p, ": expected 0 <= p < 1");
+  dropout_ = p;
+  rng_ = &rng;
 }
 
 ParallelMLPImpl::ParallelMLPImpl(const torch::nn::Linear& up_dense,

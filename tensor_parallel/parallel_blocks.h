@@ -27,6 +27,7 @@
 
 #include "parallax/core/communicator.h"
 #include "parallax/tensor_parallel/parallel_linear.h"
+#include "parallax/tensor_parallel/rng_tracker.h"
 
 namespace parallax::tensor_parallel {
 
@@ -50,6 +51,11 @@ class ParallelCausalSelfAttentionImpl : public torch::nn::Module {
   /// [batch, seq, d], identical on every rank → the same, identical on every rank.
   torch::Tensor forward(const torch::Tensor& x);
 
+  /// In training, drop attention weights with probability `p`, drawn from `rng`'s
+  /// kSplitStream: each rank's heads independently, reproducibly from its seed. `rng`
+  /// must outlive the layer. Throws UsageError unless 0 <= p < 1.
+  void dropout_attention(double p, RngTracker& rng);
+
   /// Ranks of the group holding the same key/value weights: 1 when they split, tp /
   /// kv_heads when replicated.
   std::int64_t kv_copies() const { return kv_copies_; }
@@ -66,6 +72,8 @@ class ParallelCausalSelfAttentionImpl : public torch::nn::Module {
   std::int64_t kv_copies_ = 1;
   std::int64_t kv_slot_ = 0;  ///< which replicated key/value head this rank holds
   std::int64_t kv_slots_ = 1;
+  double dropout_ = 0.0;
+  RngTracker* rng_ = nullptr;
 };
 TORCH_MODULE(ParallelCausalSelfAttention);
 

@@ -10,8 +10,8 @@
 // Recomputation: capture() before a region and restore() before running it again
 // replays the same draws on every stream.
 //
-//   RngTracker rng;  rng.add("tensor-parallel", seed + 2718 + tp_rank);
-//   { auto sharded = rng.fork("tensor-parallel"); h = torch::dropout(h, p, true); }
+//   RngTracker rng;  rng.add(kSplitStream, seed + 2718 + tp_rank);   // Runtime::rng_tracker() has it
+//   { auto split = rng.fork(kSplitStream); h = torch::dropout(h, p, true); }
 #pragma once
 
 #include <torch/types.h>
@@ -21,6 +21,9 @@
 #include <string>
 
 namespace parallax::tensor_parallel {
+
+/// The stream the runtime seeds per tensor-parallel rank for split activations.
+inline constexpr const char* kSplitStream = "tensor-parallel";
 
 class RngTracker {
  public:

@@ -13,6 +13,8 @@
 #include "gpt_training.h"
 #include "parallax/core/mpi_communicator.h"
 #include "parallax/runtime/parallax.h"
+#include "parallax/tensor_parallel/parallel_blocks.h"
+#include "parallax/tensor_parallel/rng_tracker.h"
 
 namespace {
 
@@ -77,5 +79,61 @@ INSTANTIATE_TEST_SUITE_P(Layouts,
                                   (std::get<1>(info.param) ? "_sp" : "") + "_ga" +
                                   std::to_string(std::get<2>(info.param));
                          });
+
+// Dropout through the runtime's streams, on tp = 2: the default generator (replicated
+// activations) draws the same mask on every rank; the split stream draws a different
+// mask per tensor-parallel rank and the same one on data-parallel replicas of a rank;
+// a second runtime from the same train.seed draws exactly the same masks, and so does
+// the parallel attention's dropout.
+struct Draws {
+  torch::Tensor replicated, split, attention, attention_without_dropout;
+};
+
+Draws draw_with_runtime(const parallax::Config& config) {
+  parallax::Runtime rt(config, {{"model", "data"}, /*print_summary=*/false});
+  Draws draws;
+  const torch::Tensor ones = torch::ones({256});
+  draws.replicated = torch::dropout(ones, 0.5, true);
+  {
+    auto split = rt.rng_tracker().fork(parallax::tensor_parallel::kSplitStream);
+    draws.split = torch::dropout(ones, 0.5, true);
+  }
+  torch::nn::Linear qkv(16, 48), proj(16, 16);  // same weights everywhere: seeded by the runtime
+  parallax::tensor_parallel::ParallelCausalSelfAttention attention(qkv, proj, 4, rt.mesh().tp());
+  attention->dropout_attention(0.5, rt.rng_tracker());
+  const torch::Tensor x = torch::linspace(-1, 1, 2 * 6 * 16).view({2, 6, 16});
+  draws.attention = attention(x).detach();
+  attention->eval();
+  draws.attention_without_dropout = attention(x).detach();
+  return draws;
+}
+
+TEST(TpDropout, ReplicatedAgreeSplitDifferRunsRepeat) {
+  const auto world = parallax::create_mpi_world_communicator();
+  const auto config = make_config(1, {"parallel.tp=2"}, "tp.toml");
+  const Draws first = draw_with_runtime(config);
+  const Draws second = draw_with_runtime(config);
+  EXPECT_TRUE(torch::equal(first.replicated, second.replicated));
+  EXPECT_TRUE(torch::equal(first.split, second.split));
+  EXPECT_TRUE(torch::equal(first.attention, second.attention));
+
+  auto gathered = [&world](const torch::Tensor& mine) {
+    torch::Tensor all = torch::empty({world->size(), mine.numel()});
+    world->all_gather(all, mine.reshape({-1}).contiguous())->wait();
+    return all;
+  };
+  const torch::Tensor replicated = gathered(first.replicated), split = gathered(first.split);
+  for (int r = 1; r < world->size(); ++r) {
+    EXPECT_TRUE(torch::equal(replicated[r], replicated[0])) << "rank " << r;
+    // Ranks r and r − 2 hold the same tensor-parallel rank in different replicas.
+    EXPECT_EQ(torch::equal(split[r], split[r % 2]), true) << "rank " << r;
+  }
+  EXPECT_FALSE(torch::equal(split[0], split[1]));
+  // The attention's dropout acted, each rank on its own heads, and its output (summed
+  // over the group) is the same on every rank.
+  EXPECT_FALSE(torch::allclose(first.attention, first.attention_without_dropout));
+  const torch::Tensor attention = gathered(first.attention);
+  for (int r = 1; r < world->size(); ++r) EXPECT_TRUE(torch::equal(attention[r], attention[0])) << "rank " << r;
+}
 
 }  // namespace
