@@ -194,10 +194,6 @@ Engine::Engine(Runtime& runtime, std::shared_ptr<torch::nn::Module> model, const
   const Config& config = runtime.config();
   PARALLAX_CHECK(config.parallel.pp == 1, ConfigError, "parallel.pp = ", config.parallel.pp,
                  ": pipeline parallelism is not available in this build yet; use pp = 1");
-  PARALLAX_CHECK(config.parallel.tp == 1 || config.zero.stage == 0, ConfigError, "parallel.tp = ", config.parallel.tp,
-                 " with zero.stage = ", config.zero.stage,
-                 ": ZeRO over the data-parallel ranks of a tensor-parallel model is not available in this build yet; "
-                 "use zero.stage = 0 with tp > 1");
   s.runtime = &runtime;
   s.model = std::move(model);
   s.spec = spec;
@@ -216,6 +212,11 @@ Engine::Engine(Runtime& runtime, std::shared_ptr<torch::nn::Module> model, const
     // A plan slices the dense model each rank holds: make them the same one first.
     Communicator& tp = runtime.mesh().tp();
     if (!config.tensor_parallel.plan.empty()) {
+      // A plan slices whole weights: a model built under DeferredConstruction is
+      // materialized first (each rank then holds the dense model once, briefly).
+      for (const auto& p : unique) {
+        if (zero::is_deferred(p)) zero::materialize(p);
+      }
       check_same_structure(tp, unique, s.model->buffers());
       broadcast_from_first(tp, unique, s.model->buffers());
     }
@@ -281,6 +282,13 @@ Engine::Engine(Runtime& runtime, std::shared_ptr<torch::nn::Module> model, const
                                              runtime.tracer(), [&optimizer_options](std::vector<torch::Tensor> shards) {
                                                return make_optimizer(optimizer_options, std::move(shards));
                                              });
+    if (s.split) {
+      std::vector<std::int64_t> copies;
+      std::vector<bool> partial(s.params.size(), false);
+      for (const auto& p : s.params) copies.push_back(s.split->copies(p));
+      for (std::size_t i : s.partial_gradients) partial[i] = true;
+      s.sharded->set_model_parallel(runtime.mesh().tp(), copies, partial);
+    }
     if (config.offload.optimizer_offloaded()) bind_offload_threads(runtime, *s.sharded);
     return;
   }

@@ -40,42 +40,59 @@ struct PlannedLayer {
   std::int64_t vocab_size = 0;  ///< vocab_output: the real vocabulary, for gather_output
 };
 
-// Weight storage → its planned layer: a use may be the weight or a view of it
-// (weight.t()). Process-wide because the dispatcher is.
+// (Weight storage, offset) → its planned layer: a use may be the weight or a view of it
+// (weight.t()), and ZeRO may have moved the weight into a flat buffer shared with other
+// parameters. Process-wide because the dispatcher is.
 class PlannedWeights {
  public:
   static PlannedWeights& instance() {
     static PlannedWeights weights;
     return weights;
   }
-  /// Registers `layer` under its weight's current storage, replacing a stale entry.
+  /// Registers `layer` under its weight's current place, replacing a stale entry.
   void key(const PlannedLayer* layer) {
-    const c10::StorageImpl* storage = layer->weight.storage().unsafeGetStorageImpl();
+    const Place place = place_of(layer->weight);
     std::lock_guard<std::mutex> lock(mutex_);
-    auto& current = keys_[layer];
-    if (current == storage) return;
-    if (current != nullptr) layers_.erase(current);
-    current = storage;
-    layers_[storage] = layer;
+    auto found = places_.find(layer);
+    if (found != places_.end()) {
+      if (found->second == place) return;
+      // The old place may already hold another layer: freed storage is reused.
+      const auto old = layers_.find(found->second);
+      if (old != layers_.end() && old->second == layer) layers_.erase(old);
+    }
+    places_[layer] = place;
+    layers_[place] = layer;
   }
   void remove(const PlannedLayer* layer) {
     std::lock_guard<std::mutex> lock(mutex_);
-    const auto found = keys_.find(layer);
-    if (found == keys_.end()) return;
-    layers_.erase(found->second);
-    keys_.erase(found);
+    const auto found = places_.find(layer);
+    if (found == places_.end()) return;
+    const auto entry = layers_.find(found->second);
+    if (entry != layers_.end() && entry->second == layer) layers_.erase(entry);
+    places_.erase(found);
   }
+  /// The layer whose weight `value` is (or views whole).
   const PlannedLayer* find(const c10::IValue& value) const {
     if (!value.isTensor() || !value.toTensor().has_storage()) return nullptr;
+    const torch::Tensor& tensor = value.toTensor();
     std::lock_guard<std::mutex> lock(mutex_);
-    const auto found = layers_.find(value.toTensor().storage().unsafeGetStorageImpl());
-    return found == layers_.end() ? nullptr : found->second;
+    const auto found = layers_.find(place_of(tensor));
+    if (found == layers_.end() || found->second->weight.numel() != tensor.numel()) return nullptr;
+    return found->second;
   }
 
  private:
+  using Place = std::pair<const c10::StorageImpl*, std::int64_t>;
+  struct PlaceHash {
+    std::size_t operator()(const Place& p) const {
+      return std::hash<const void*>()(p.first) ^ (std::hash<std::int64_t>()(p.second) * 31);
+    }
+  };
+  static Place place_of(const torch::Tensor& t) { return {t.storage().unsafeGetStorageImpl(), t.storage_offset()}; }
+
   mutable std::mutex mutex_;
-  std::unordered_map<const c10::StorageImpl*, const PlannedLayer*> layers_;
-  std::unordered_map<const PlannedLayer*, const c10::StorageImpl*> keys_;
+  std::unordered_map<Place, const PlannedLayer*, PlaceHash> layers_;
+  std::unordered_map<const PlannedLayer*, Place> places_;
 };
 
 torch::Tensor entering_region(const PlannedLayer& layer, const torch::Tensor& input) {
@@ -481,7 +498,7 @@ ParallelizedModel::Scope::Scope(Scope&&) noexcept = default;
 ParallelizedModel::Scope::~Scope() = default;
 
 ParallelizedModel::Scope ParallelizedModel::scope() const {
-  // A cast (model->to(bf16)) gives the weights new storage: key them afresh.
+  // A cast (model->to(bf16)) or ZeRO's flat buffers move the weights: key them afresh.
   for (const auto& layer : state_->layers) PlannedWeights::instance().key(layer.get());
   return Scope(!state_->layers.empty());
 }

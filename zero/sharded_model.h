@@ -98,6 +98,16 @@ class ShardedModel final : private ParameterUseListener {
   void begin_backward(bool last_micro_step);
   /// Blocks until this micro-step's reductions are done; throws CommError.
   void end_backward();
+  /// Tensor parallelism: this rank's parameters are its parts of a model split over
+  /// `tp`; `copies[i]` ranks of `tp` hold the same elements of params[i] (1 = split,
+  /// tp.size() = replicated), and `partial[i]` marks gradients that are partial sums
+  /// over `tp` (replicated parameters under sequence parallelism). From then on step()
+  /// sums those gradients' fragments in this rank's shard over `tp` (one all-reduce) and
+  /// computes the global norm over dp × tp, counting each element once (one more
+  /// all-reduce over `tp`). Every rank of `tp` must hold the same shard layout (the same
+  /// parameter shapes, as a plan's parts have). Does not communicate.
+  void set_model_parallel(Communicator& tp, const std::vector<std::int64_t>& copies, const std::vector<bool>& partial);
+
   /// Multiplies gradients by `gradient_scale`, clips to `clip_norm` (0 = off), checks
   /// for non-finite values when `skip_non_finite`, steps, refreshes parameters, zeroes
   /// gradients. Collective; blocks.

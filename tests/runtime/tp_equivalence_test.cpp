@@ -20,19 +20,20 @@ namespace {
 
 using namespace equivalence;
 
-// (tp, sequence parallel, grad_accum)
-class TpEquivalence : public ::testing::TestWithParam<std::tuple<int, bool, std::int64_t>> {
+// (tp, sequence parallel, grad_accum, ZeRO stage over the data-parallel ranks)
+class TpEquivalence : public ::testing::TestWithParam<std::tuple<int, bool, std::int64_t, int>> {
  protected:
   int tp() const { return std::get<0>(GetParam()); }
   bool sequence_parallel() const { return std::get<1>(GetParam()); }
   std::int64_t grad_accum() const { return std::get<2>(GetParam()); }
+  int zero_stage() const { return std::get<3>(GetParam()); }
 
   parallax::Config config() const {
-    auto c = make_config(grad_accum(),
-                         {"parallel.tp=" + std::to_string(tp()),
-                          std::string("tensor_parallel.sequence_parallel=") + (sequence_parallel() ? "true" : "false")},
-                         "tp.toml");
-    return c;
+    return make_config(grad_accum(),
+                       {"parallel.tp=" + std::to_string(tp()),
+                        std::string("tensor_parallel.sequence_parallel=") + (sequence_parallel() ? "true" : "false"),
+                        "zero.stage=" + std::to_string(zero_stage()), "zero.wrap=[\"Block\"]"},
+                       "tp.toml");
   }
 };
 
@@ -69,15 +70,20 @@ TEST_P(TpEquivalence, MatchesSingleProcessFp32) {
 
 INSTANTIATE_TEST_SUITE_P(Layouts,
                          TpEquivalence,
-                         ::testing::Values(std::make_tuple(2, false, 1),
-                                           std::make_tuple(2, true, 1),
-                                           std::make_tuple(2, false, 2),
-                                           std::make_tuple(4, false, 1),
-                                           std::make_tuple(4, true, 2)),
+                         ::testing::Values(std::make_tuple(2, false, 1, 0),
+                                           std::make_tuple(2, true, 1, 0),
+                                           std::make_tuple(2, false, 2, 0),
+                                           std::make_tuple(4, false, 1, 0),
+                                           std::make_tuple(4, true, 2, 0),
+                                           std::make_tuple(2, false, 1, 1),
+                                           std::make_tuple(2, true, 2, 2),
+                                           std::make_tuple(2, true, 1, 3),
+                                           std::make_tuple(2, false, 2, 3)),
                          [](const auto& info) {
                            return "tp" + std::to_string(std::get<0>(info.param)) +
                                   (std::get<1>(info.param) ? "_sp" : "") + "_ga" +
-                                  std::to_string(std::get<2>(info.param));
+                                  std::to_string(std::get<2>(info.param)) + "_zero" +
+                                  std::to_string(std::get<3>(info.param));
                          });
 
 // Dropout through the runtime's streams, on tp = 2: the default generator (replicated
