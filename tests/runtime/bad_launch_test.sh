@@ -58,6 +58,12 @@ expect_failure "nvme_path missing" \
   '\[rank 1\] ConfigError: offload.nvme_path = "/no/such/dir": rank 1' -- \
   -np 2 "$train" --config "$configs/offload.toml" --set 'offload.optimizer="nvme"' --set 'offload.nvme_path="/no/such/dir"'
 
+# A tensor-parallel plan that cannot split the model: every rank names the rule and module.
+expect_failure "plan split does not divide" \
+  '\[rank 0\] ConfigError: tensor_parallel.plan."blocks.\*.fc" at .*tp.toml:[0-9]+:[0-9]+: blocks.0.fc has 130 output features, which do not divide by parallel.tp = 4' \
+  '\[rank 3\] ConfigError: tensor_parallel.plan."blocks.\*.fc"' -- \
+  -np 4 "$train" --config "$configs/tp.toml" --set parallel.tp=4 --set model.d_ff=130
+
 if [ "$failures" -ne 0 ]; then
   echo "$failures bad-launch case(s) failed"; exit 1
 fi
