@@ -24,6 +24,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/common.sh
+source bench/common.sh
 export OMP_NUM_THREADS=1
 ensure_dependencies
 
@@ -47,21 +48,10 @@ fi
 LOGS="$(mktemp -d "${TMPDIR:-/tmp}/bench_tp.XXXXXX")"
 RESULTS="$LOGS/results"
 : >"$RESULTS"
-# The resolved shapes come from the run's own config, printed by the runtime.
 run() {
-  local name="$1" log="$LOGS/$1.log"
+  local name="$1"
   shift
-  echo "running $name ..." >&2
-  local status=0
-  timeout "$RUN_TIMEOUT_S" mpirun -np "$RANKS" --oversubscribe --bind-to none "$BENCH" "${ARGS[@]}" "$@" \
-    >"$log" 2>&1 || status=$?
-  local line
-  line="$(grep -m1 '^{"impl"' "$log" || true)"
-  if [[ -n "$line" ]]; then
-    echo "$name $line" >>"$RESULTS"
-  else
-    echo "$name failed: exit $status (log: $log)" >>"$RESULTS"
-  fi
+  bench_run "$name" "$BENCH" "${ARGS[@]}" "$@"
 }
 
 run tp1 --set parallel.tp=1

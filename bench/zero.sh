@@ -19,6 +19,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/common.sh
+source bench/common.sh
 export OMP_NUM_THREADS=1
 # glibc keeps freed blocks above its (growing) mmap threshold in the heap, so peak RSS
 # would show the allocator's high-water mark rather than what was live at once; a fixed
@@ -56,38 +57,18 @@ LOGS="$(mktemp -d "${TMPDIR:-/tmp}/bench_zero.XXXXXX")"
 RESULTS="$LOGS/results"
 : >"$RESULTS"
 
-# run NAME COMMAND...: one mpirun; its JSON line goes to RESULTS, or a row saying why not.
-run() {
-  local name="$1" log="$LOGS/$1.log"
-  shift
-  echo "running $name ..." >&2
-  local status=0
-  timeout "$RUN_TIMEOUT_S" mpirun -np "$RANKS" --oversubscribe --bind-to none "$@" >"$log" 2>&1 || status=$?
-  local line
-  line="$(grep -m1 '^{"impl"' "$log" || true)"
-  if [[ -n "$line" ]]; then
-    echo "$name $line" >>"$RESULTS"
-  elif grep -q "not available" "$log"; then
-    echo "$name not available (the build refuses this stage)" >>"$RESULTS"
-  elif ((status == 124)); then
-    echo "$name failed: timed out after ${RUN_TIMEOUT_S}s (log: $log)" >>"$RESULTS"
-  else
-    echo "$name failed: exit $status (log: $log)" >>"$RESULTS"
-  fi
-}
-
 for stage in 0 1 2 3; do
-  run "parallax-zero$stage" "$BENCH" "${ARGS[@]}" --set "zero.stage=$stage"
+  bench_run "parallax-zero$stage" "$BENCH" "${ARGS[@]}" --set "zero.stage=$stage"
 done
-run "zero2-off-cpu" "$BENCH" "${ARGS[@]}" --set zero.stage=2 --set 'offload.optimizer="cpu"'
-run "zero3-off-cpu+p" "$BENCH" "${ARGS[@]}" --set zero.stage=3 --set 'offload.optimizer="cpu"' \
+bench_run "zero2-off-cpu" "$BENCH" "${ARGS[@]}" --set zero.stage=2 --set 'offload.optimizer="cpu"'
+bench_run "zero3-off-cpu+p" "$BENCH" "${ARGS[@]}" --set zero.stage=3 --set 'offload.optimizer="cpu"' \
   --set 'offload.param="cpu"'
 mkdir -p "$LOGS/nvme"
-run "zero3-off-nvme+p" "$BENCH" "${ARGS[@]}" --set zero.stage=3 --set 'offload.optimizer="nvme"' \
+bench_run "zero3-off-nvme+p" "$BENCH" "${ARGS[@]}" --set zero.stage=3 --set 'offload.optimizer="nvme"' \
   --set 'offload.param="nvme"' --set "offload.nvme_path=\"$LOGS/nvme\""
 if [[ -n "$PYTHON_TORCH" ]]; then
   for mode in ddp zero1; do
-    run "torch-$mode" "$PYTHON_TORCH" bench/peers/torch_zero.py --mode "$mode" --rendezvous "$LOGS/rendezvous.$mode" \
+    bench_run "torch-$mode" "$PYTHON_TORCH" bench/peers/torch_zero.py --mode "$mode" --rendezvous "$LOGS/rendezvous.$mode" \
       "${ARGS[@]}"
   done
 else

@@ -31,6 +31,8 @@ std::string to_json_line(const StepMetrics& m) {
   write_number(out, m.step_ms);
   out << ",\"tokens_per_s\":";
   write_number(out, m.tokens_per_s);
+  out << ",\"grad_norm\":";
+  write_number(out, m.grad_norm);
   out << ",\"model_state_bytes\":[";
   for (std::size_t r = 0; r < m.model_state_bytes.size(); ++r) {
     const ModelStateBytes& b = m.model_state_bytes[r];

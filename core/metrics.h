@@ -36,6 +36,9 @@ struct StepMetrics {
   double lr = 0.0;
   double step_ms = 0.0;
   double tokens_per_s = 0.0;
+  /// Global gradient norm before clipping (unscaled, over every rank's gradients);
+  /// -1 when the step computed none (no clipping, no fp16).
+  double grad_norm = -1.0;
   std::vector<ModelStateBytes> model_state_bytes;  ///< by world rank
   std::vector<CommCounters> comm;                  ///< by world rank, this step only
 };

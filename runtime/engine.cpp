@@ -139,13 +139,13 @@ void sum_over(Communicator& tp, const std::vector<torch::Tensor>& grads) {
 // The global gradient norm of a tensor-parallel model (each parameter's squares over
 // the number of ranks holding the same elements, summed over the group in float64,
 // so split parameters count in full and replicated ones once) and clipping as
-// torch::nn::utils::clip_grad_norm_ does (clip > 0). Returns false when the norm is
-// not finite; every rank of the group reaches the same verdict.
-bool clip_split_gradients(const std::vector<torch::Tensor>& optimized,
-                          const std::vector<torch::Tensor>& params,
-                          const tensor_parallel::ParallelizedModel& split,
-                          Communicator& tp,
-                          double clip) {
+// torch::nn::utils::clip_grad_norm_ does (clip > 0). Returns the norm (not finite:
+// nothing clipped); every rank of the group reaches the same value.
+double clip_split_gradients(const std::vector<torch::Tensor>& optimized,
+                            const std::vector<torch::Tensor>& params,
+                            const tensor_parallel::ParallelizedModel& split,
+                            Communicator& tp,
+                            double clip) {
   torch::NoGradGuard no_grad;
   torch::Tensor squares = torch::zeros({1}, torch::kFloat64);
   for (std::size_t i = 0; i < optimized.size(); ++i) {
@@ -154,11 +154,10 @@ bool clip_split_gradients(const std::vector<torch::Tensor>& optimized,
   }
   tp.all_reduce(squares)->wait();
   const double norm = std::sqrt(squares.item<double>());
-  if (!std::isfinite(norm)) return false;
-  if (clip > 0 && clip / (norm + 1e-6) < 1.0) {
+  if (std::isfinite(norm) && clip > 0 && clip / (norm + 1e-6) < 1.0) {
     for (const auto& p : optimized) p.grad().mul_(clip / (norm + 1e-6));
   }
-  return true;
+  return norm;
 }
 
 }  // namespace
@@ -343,6 +342,7 @@ bool Engine::step() {
   const double lr = scheduled_lr(s.spec, s.global_step);
   const double loss_scale = s.scaler ? s.scaler->scale() : 1.0;
   bool overflow = false;
+  double grad_norm = -1.0;
   if (s.sharded) {
     auto span = tracer().span("optimizer", "compute");
     if (offload::OffloadedAdam* host = s.sharded->offloaded_optimizer()) {
@@ -351,7 +351,9 @@ bool Engine::step() {
       set_learning_rate(s.sharded->optimizer(), lr);
     }
     const double gradient_scale = 1.0 / (static_cast<double>(s.runtime->mesh().dp().size()) * loss_scale);
-    overflow = s.sharded->step(gradient_scale, s.spec.optimizer.grad_clip, s.scaler != nullptr).skipped;
+    const zero::StepOutcome outcome = s.sharded->step(gradient_scale, s.spec.optimizer.grad_clip, s.scaler != nullptr);
+    overflow = outcome.skipped;
+    grad_norm = outcome.grad_norm;
   } else {
     s.buckets->finish();
     auto span = tracer().span("optimizer", "compute");
@@ -367,15 +369,16 @@ bool Engine::step() {
     }
     const double clip = s.spec.optimizer.grad_clip;
     if (s.split && (clip > 0 || s.scaler)) {
-      overflow = !clip_split_gradients(s.optimized(), s.params, *s.split, tp, clip) && s.scaler != nullptr;
+      grad_norm = clip_split_gradients(s.optimized(), s.params, *s.split, tp, clip);
+      overflow = s.scaler != nullptr && !std::isfinite(grad_norm);
     } else if (clip > 0 || s.scaler) {
       // One global norm serves clipping and the overflow check (an infinite threshold
       // never clips). Gradients are identical on every rank after the all-reduce, so
       // every rank reaches the same verdict without communicating; an overflowing
       // step's gradients are discarded below whatever clipping did to them.
-      const double norm =
+      grad_norm =
           torch::nn::utils::clip_grad_norm_(s.optimized(), clip > 0 ? clip : std::numeric_limits<double>::infinity());
-      overflow = s.scaler != nullptr && !std::isfinite(norm);
+      overflow = s.scaler != nullptr && !std::isfinite(grad_norm);
     }
     if (!overflow) {
       set_learning_rate(*s.optimizer, lr);
@@ -393,7 +396,7 @@ bool Engine::step() {
 
   const double local_loss = s.loss_sum.item<double>() / static_cast<double>(s.grad_accum);
   s.loss_sum.zero_();
-  s.last = s.telemetry->end_window(s.global_step, local_loss, lr, model_state_bytes());
+  s.last = s.telemetry->end_window(s.global_step, local_loss, lr, grad_norm, model_state_bytes());
   return true;
 }
 

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "parallax/core/error.h"
@@ -53,7 +54,8 @@ void StepTelemetry::begin_window_if_needed() {
   counters_at_start_ = training_counters();
 }
 
-StepMetrics StepTelemetry::end_window(std::int64_t step, double local_loss, double lr, const ModelStateBytes& state) {
+StepMetrics StepTelemetry::end_window(
+    std::int64_t step, double local_loss, double lr, double grad_norm, const ModelStateBytes& state) {
   const CommCounters delta = training_counters().since(counters_at_start_);
   window_open_ = false;
 
@@ -78,6 +80,7 @@ StepMetrics StepTelemetry::end_window(std::int64_t step, double local_loss, doub
   StepMetrics metrics;
   metrics.step = step;
   metrics.lr = lr;
+  metrics.grad_norm = grad_norm;
   const double* a = all.data_ptr<double>();
   double loss_sum = 0.0;
   for (int r = 0; r < ranks; ++r) {
@@ -116,7 +119,9 @@ StepMetrics StepTelemetry::end_window(std::int64_t step, double local_loss, doub
     std::snprintf(line, sizeof(line), "step %lld/%lld | loss %.4f | lr %.3e | %.1f ms/step | %s tok/s",
                   static_cast<long long>(step), static_cast<long long>(total), metrics.loss, lr, metrics.step_ms,
                   human_rate(metrics.tokens_per_s).c_str());
-    runtime_.logger().summary(line);
+    char norm[48] = "";
+    if (grad_norm >= 0 || !std::isfinite(grad_norm)) std::snprintf(norm, sizeof(norm), " | grad norm %.3g", grad_norm);
+    runtime_.logger().summary(line, norm);
   }
   return metrics;
 }

@@ -32,7 +32,8 @@ class StepTelemetry {
   /// first forward or backward of an optimizer step.
   void begin_window_if_needed();
   /// Closes the window: the collective above. Returns the step's metrics.
-  StepMetrics end_window(std::int64_t step, double local_loss, double lr, const ModelStateBytes& state);
+  StepMetrics end_window(
+      std::int64_t step, double local_loss, double lr, double grad_norm, const ModelStateBytes& state);
 
   void set_tokens_per_sample(std::int64_t tokens) { tokens_per_sample_ = tokens; }
 

@@ -8,6 +8,7 @@
 
 #include <memory>
 
+#include "dense_attention.h"
 #include "parallax/core/communicator.h"
 #include "parallax/core/error.h"
 #include "parallax/core/mpi_communicator.h"
@@ -184,22 +185,6 @@ TEST_F(TensorParallel, VocabParallelCrossEntropyMatchesTheDenseLossWithoutFullLo
 }
 
 // The GPT example's attention, written densely: fused qkv, causal softmax, projection.
-// Causal attention with `kv_heads` key/value heads, each shared by heads/kv_heads query
-// heads, computed densely.
-torch::Tensor dense_attention(
-    torch::nn::Linear qkv, torch::nn::Linear proj, std::int64_t heads, std::int64_t kv_heads, const torch::Tensor& x) {
-  const std::int64_t batch = x.size(0), seq = x.size(1);
-  const std::int64_t head_dim = qkv->weight.size(0) / (heads + 2 * kv_heads);
-  auto parts = qkv->forward(x).split({heads * head_dim, kv_heads * head_dim, kv_heads * head_dim}, -1);
-  auto split = [&](const torch::Tensor& t) { return t.view({batch, seq, -1, head_dim}).transpose(1, 2); };
-  const auto k = split(parts[1]).repeat_interleave(heads / kv_heads, 1);
-  const auto v = split(parts[2]).repeat_interleave(heads / kv_heads, 1);
-  const auto scores = torch::matmul(split(parts[0]), k.transpose(-2, -1)) / std::sqrt(double(head_dim));
-  const auto future = torch::ones({seq, seq}, torch::kBool).triu(1);
-  const auto attention = torch::softmax(scores.masked_fill(future, -INFINITY), -1);
-  return proj->forward(torch::matmul(attention, v).transpose(1, 2).reshape({batch, seq, -1}));
-}
-
 // (query heads per rank, key/value heads): multi-head, grouped with the key/value heads
 // split (kv_heads = tp) and replicated (one key/value head, and two).
 class Attention : public TensorParallel, public ::testing::WithParamInterface<std::pair<std::int64_t, std::int64_t>> {};
@@ -215,7 +200,7 @@ TEST_P(Attention, SplitHeadsMatchTheDenseAttention) {
   const torch::Tensor x = torch::randn({2, 6, d});
   const torch::Tensor upstream = torch::randn({2, 6, d});
   const torch::Tensor dense_x = x.clone().requires_grad_(true);
-  const torch::Tensor want = dense_attention(qkv, proj, heads, kv_heads, dense_x);
+  const torch::Tensor want = dense_reference::dense_attention(qkv, proj, heads, kv_heads, dense_x);
   want.backward(upstream);
   const torch::Tensor parallel_x = x.clone().requires_grad_(true);
   const auto before = group().counters();

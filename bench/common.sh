@@ -1,0 +1,24 @@
+# Shared by the bench scripts (sourced after scripts/common.sh).
+
+# bench_run NAME COMMAND...: one `mpirun -np $RANKS` of COMMAND, limited to
+# $RUN_TIMEOUT_S seconds, its output in $LOGS/NAME.log; appends "NAME <its JSON line>"
+# to $RESULTS, or a row saying why there is none (the build refuses the
+# configuration, a timeout, an exit status).
+bench_run() {
+  local name="$1" log="$LOGS/$1.log"
+  shift
+  echo "running $name ..." >&2
+  local status=0
+  timeout "$RUN_TIMEOUT_S" mpirun -np "$RANKS" --oversubscribe --bind-to none "$@" >"$log" 2>&1 || status=$?
+  local line
+  line="$(grep -m1 '^{"impl"' "$log" || true)"
+  if [[ -n "$line" ]]; then
+    echo "$name $line" >>"$RESULTS"
+  elif grep -q "not available" "$log"; then
+    echo "$name not available (the build refuses this configuration)" >>"$RESULTS"
+  elif ((status == 124)); then
+    echo "$name failed: timed out after ${RUN_TIMEOUT_S}s (log: $log)" >>"$RESULTS"
+  else
+    echo "$name failed: exit $status (log: $log)" >>"$RESULTS"
+  fi
+}
