@@ -120,6 +120,19 @@ std::vector<int> ranks_differing_from_root(Communicator& comm, std::uint64_t val
   return differing;
 }
 
+void sum_in_place(Communicator& comm, const std::vector<at::Tensor>& tensors) {
+  if (tensors.empty()) return;
+  std::vector<at::Tensor> flat;
+  for (const auto& t : tensors) flat.push_back(t.reshape({-1}));
+  at::Tensor joined = at::cat(flat);
+  comm.all_reduce(joined)->wait();
+  std::int64_t offset = 0;
+  for (const auto& t : tensors) {
+    t.copy_(joined.narrow(0, offset, t.numel()).view_as(t));
+    offset += t.numel();
+  }
+}
+
 const char* dtype_name(at::ScalarType dtype) {
   switch (dtype) {
     case at::kFloat:

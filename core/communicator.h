@@ -176,6 +176,10 @@ std::int64_t payload_bytes(const at::Tensor& tensor);
 /// Blocks; throws CommError on a failed or timed-out exchange.
 std::vector<int> ranks_differing_from_root(Communicator& comm, std::uint64_t value);
 
+/// Collective over `comm`: sums `tensors` (same dtype and device; any shapes) over the
+/// group in place, as one flat all-reduce. Blocks; throws CommError on failure.
+void sum_in_place(Communicator& comm, const std::vector<at::Tensor>& tensors);
+
 /// "float32", "bfloat16", "int64", ...: the names used in messages and counters.
 const char* dtype_name(at::ScalarType dtype);
 /// True for float32, float64, bfloat16 and float16: the dtypes kAvg accepts.

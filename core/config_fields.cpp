@@ -12,6 +12,7 @@
 #include <limits>
 #include <sstream>
 
+#include "parallax/core/config_loader.h"
 #include "parallax/core/config_toml.h"
 #include "parallax/core/error.h"
 
@@ -414,7 +415,7 @@ class TomlWriter final : public FieldVisitor {
   void on_module_plan(const char* key, std::vector<TpPlanRule>& rules) override {
     std::vector<std::string> entries;
     for (const TpPlanRule& rule : rules) {
-      std::string style = quote(kTpStyleNames[static_cast<std::size_t>(rule.style)].name);
+      std::string style = quote(to_string(rule.style));
       if (rule.parts != 1 || rule.heads != 0 || rule.gather_output) {
         style = "{ style = " + style + ", parts = " + std::to_string(rule.parts) +
                 ", heads = " + std::to_string(rule.heads) +

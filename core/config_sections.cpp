@@ -218,7 +218,7 @@ void offload_check(const Config& c, const KeyPositions& positions) {
 }
 
 // Which options each style takes; whether a module fits its rule is the plan's question
-// (tensor_parallel/plan.h), answered against the model at engine creation.
+// (tensor_parallel/parallelize.h), answered against the model at engine creation.
 void tensor_parallel_check(const Config& c, const KeyPositions&) {
   for (const TpPlanRule& rule : c.tensor_parallel.plan) {
     const std::string name = std::string("tensor_parallel.plan.\"") + rule.pattern + "\"" + rule.position;
@@ -227,6 +227,10 @@ void tensor_parallel_check(const Config& c, const KeyPositions&) {
                    " applies to style \"column\" only (a fused projection such as [q | k | v]), not \"", style, "\"");
     PARALLAX_CHECK(rule.heads == 0 || rule.style == TpStyle::kColumn || rule.style == TpStyle::kRow, ConfigError, name,
                    ": heads = ", rule.heads, " applies to styles \"column\" and \"row\" only, not \"", style, "\"");
+    PARALLAX_CHECK(!rule.gather_output || rule.parts == 1, ConfigError, name,
+                   ": gather_output with parts = ", rule.parts,
+                   " would interleave the fused blocks across ranks; gather the blocks after splitting them, or use "
+                   "separate rules");
     PARALLAX_CHECK(!rule.gather_output || rule.style == TpStyle::kColumn || rule.style == TpStyle::kVocabOutput,
                    ConfigError, name, ": gather_output applies to styles \"column\" and \"vocab_output\" only, not \"",
                    style, "\"");

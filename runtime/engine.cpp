@@ -113,7 +113,7 @@ void describe_split(Runtime& runtime, const tensor_parallel::ParallelizedModel& 
 // Every rank of a tensor-parallel group computes on the same micro-batch: a trainer that
 // indexes its data by world rank instead of mesh().coord().dp would train garbage.
 void check_same_input(Communicator& tp, const torch::Tensor& input) {
-  const torch::Tensor bytes = input.contiguous().view({-1}).view(torch::kUInt8);
+  const torch::Tensor bytes = input.cpu().contiguous().view({-1}).view(torch::kUInt8);
   std::uint64_t hash = 1469598103934665603ULL;  // FNV-1a over the input's bytes
   const auto* data = bytes.data_ptr<std::uint8_t>();
   for (std::int64_t i = 0; i < bytes.numel(); ++i) hash = (hash ^ data[i]) * 1099511628211ULL;
@@ -121,19 +121,6 @@ void check_same_input(Communicator& tp, const torch::Tensor& input) {
   PARALLAX_CHECK(differing.empty(), UsageError, "the first forward's input differs across tensor-parallel group '",
                  tp.name(), "': rank(s) ", format_rank_set(differing),
                  " got other data than its rank 0; index the data by mesh().coord().dp, not by world rank");
-}
-
-// Sums `grads` over `tp` in place, in one all-reduce.
-void sum_over(Communicator& tp, const std::vector<torch::Tensor>& grads) {
-  std::vector<torch::Tensor> flat;
-  for (const auto& g : grads) flat.push_back(g.reshape({-1}));
-  torch::Tensor joined = torch::cat(flat);
-  tp.all_reduce(joined)->wait();
-  std::int64_t offset = 0;
-  for (const auto& g : grads) {
-    g.copy_(joined.narrow(0, offset, g.numel()).view_as(g));
-    offset += g.numel();
-  }
 }
 
 // The global gradient norm of a tensor-parallel model (each parameter's squares over
@@ -147,7 +134,7 @@ double clip_split_gradients(const std::vector<torch::Tensor>& optimized,
                             Communicator& tp,
                             double clip) {
   torch::NoGradGuard no_grad;
-  torch::Tensor squares = torch::zeros({1}, torch::kFloat64);
+  torch::Tensor squares = torch::zeros({1}, optimized.front().options().dtype(torch::kFloat64));
   for (std::size_t i = 0; i < optimized.size(); ++i) {
     const double copies = static_cast<double>(split.copies(params[i]));
     squares.add_(optimized[i].grad().to(torch::kFloat64).pow(2).sum() / copies);
@@ -365,7 +352,7 @@ bool Engine::step() {
     if (!s.partial_gradients.empty()) {
       std::vector<torch::Tensor> partial;
       for (std::size_t i : s.partial_gradients) partial.push_back(s.optimized()[i].grad());
-      sum_over(tp, partial);
+      sum_in_place(tp, partial);
     }
     const double clip = s.spec.optimizer.grad_clip;
     if (s.split && (clip > 0 || s.scaler)) {

@@ -37,7 +37,7 @@
 // norm sums the split parameters over the group and counts replicated ones once; with
 // sequence parallelism the replicated parameters' partial gradients are summed over
 // the group before the step. A `vocab_output` plan leaves the logits split over the
-// vocabulary: compute the loss with cross_entropy(), which works in every layout.
+// vocabulary: compute the loss with cross_entropy(), which works with or without a plan.
 //
 // Gradients live in the buckets: do not call zero_grad() on the model or replace a
 // parameter's .grad (step() detects it and throws UsageError). Under ZeRO a parameter's
@@ -90,9 +90,11 @@ class Engine {
   bool step();
 
   /// Mean cross-entropy of `logits` [..., V] against `targets` [...] (int64), in fp32.
-  /// When the plan leaves the logits split over the vocabulary, `logits` is this rank's
-  /// part and the loss is computed vocab-parallel, never gathering them (collective
-  /// over the tensor-parallel group); otherwise it is the dense loss.
+  /// When a plan's `vocab_output` layer leaves the logits split over the vocabulary,
+  /// `logits` is this rank's part and the loss is computed vocab-parallel, never
+  /// gathering them (collective over the tensor-parallel group); otherwise it is the
+  /// dense loss. (A model written with a vocabulary-split head of its own calls
+  /// tensor_parallel::vocab_parallel_cross_entropy itself.)
   torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets) const;
 
   /// Completed optimizer steps.

@@ -12,7 +12,8 @@
 // kv_heads, the key/value heads split the same way; when kv_heads divides tp, rank r
 // holds key/value head r·kv_heads/tp, replicated on the tp/kv_heads ranks whose query
 // heads use it, and the partial weight gradients of those copies are summed over them
-// in backward (one more all-reduce, of the key/value weights' size).
+// in backward (one more all-reduce over the group, of kv_heads × this rank's key/value
+// weights: each rank fills its head's slot; the mesh has no communicator per head).
 //
 //   ParallelCausalSelfAttention attention(dense_qkv, dense_proj, /*heads=*/8, /*kv_heads=*/2, tp);
 //   ParallelMLP mlp(dense_fc, dense_proj2, tp);

@@ -141,6 +141,8 @@ torch::Tensor parallel_linear(const PlannedLayer& layer,
 torch::Tensor parallel_embedding(const PlannedLayer& layer, const torch::Tensor& weight, const torch::Tensor& ids) {
   if (layer.style == TpStyle::kVocabEmbedding)
     return leaving_region(layer, embed_vocab_part(ids, weight, layer.vocabulary));
+  PARALLAX_CHECK(layer.style == TpStyle::kReplicate, UsageError, "the weight of ", layer.path, " (style ",
+                 to_string(layer.style), ") is used by aten::embedding; only an Embedding's own weight can be");
   // A replicated embedding under sequence parallelism: its output joins the split stream.
   const torch::Tensor whole = torch::nn::functional::embedding(ids, weight);
   const std::int64_t dim = whole.dim() + layer.sequence_dim;
@@ -261,6 +263,9 @@ struct ParallelizedModel::State {
   bool planned = false;
   std::vector<std::unique_ptr<PlannedLayer>> layers;
   std::unordered_map<const c10::TensorImpl*, std::int64_t> copies;  ///< absent: tp (replicated)
+  /// Replicated biases added after a gathered output: complete gradients even under
+  /// sequence parallelism.
+  std::unordered_set<const c10::TensorImpl*> whole_gradients;
   std::vector<torch::Tensor> partial;
   std::int64_t output_vocabulary = 0;
   std::vector<std::string> description;
@@ -387,15 +392,37 @@ ParallelizedModel::ParallelizedModel(torch::nn::Module& model, const TensorParal
                    paths.empty() ? std::string("(none)") : paths.front(), "\"");
   }
 
-  // Check every split before changing anything, so a failure leaves the model whole.
+  // Check everything before changing anything, so a failure leaves the model whole.
+  std::unordered_map<const c10::TensorImpl*, std::size_t> weight_owner;
+  const TpPlanRule* split_output = nullptr;
   for (std::size_t i = 0; i < plan.size(); ++i) {
     const TpPlanRule& rule = *plan[i].first;
     const auto* linear = dynamic_cast<torch::nn::LinearImpl*>(plan[i].second.get());
+    const auto* embedding = dynamic_cast<torch::nn::EmbeddingImpl*>(plan[i].second.get());
     if (rule.style == TpStyle::kColumn) check_split("output features", rule, paths[i], linear->weight.size(0), tp);
     if (rule.style == TpStyle::kRow) check_split("input features", rule, paths[i], linear->weight.size(1), tp);
+    if (rule.style == TpStyle::kVocabOutput && !rule.gather_output) {
+      PARALLAX_CHECK(split_output == nullptr, ConfigError, rule_name(rule), " and ", rule_name(*split_output),
+                     ": two vocab_output layers whose logits stay split; the loss can split one vocabulary only");
+      split_output = &rule;
+    }
+    if (embedding != nullptr && rule.style != TpStyle::kReplicate) {
+      const auto& o = embedding->options;
+      PARALLAX_CHECK(
+          !o.padding_idx().has_value() && !o.max_norm().has_value() && !o.sparse() && !o.scale_grad_by_freq(),
+          ConfigError, rule_name(rule), ": ", paths[i],
+          " uses padding_idx, max_norm, scale_grad_by_freq or sparse gradients, which a planned embedding "
+          "does not support");
+    }
+    const torch::Tensor& weight = linear != nullptr ? linear->weight : embedding->weight;
+    const auto [owner, first] = weight_owner.emplace(weight.unsafeGetTensorImpl(), i);
+    const bool both_whole =
+        rule.style == TpStyle::kReplicate && plan[owner->second].first->style == TpStyle::kReplicate;
+    PARALLAX_CHECK(first || both_whole, ConfigError, paths[i], " and ", paths[owner->second],
+                   " share one weight (tied weights); a plan cannot split a tied weight in this build (rules ",
+                   rule_name(rule), " and ", rule_name(*plan[owner->second].first), ")");
   }
 
-  std::unordered_set<const c10::TensorImpl*> planned_weights;
   for (std::size_t i = 0; i < plan.size(); ++i) {
     const TpPlanRule& rule = *plan[i].first;
     const ModulePtr& module = plan[i].second;
@@ -429,25 +456,23 @@ ParallelizedModel::ParallelizedModel(torch::nn::Module& model, const TensorParal
           layer->vocabulary = VocabRange::of(weight.size(0), tp.rank(), tp.size());
           weight.set_data(vocab_rows(weight, layer->vocabulary));
           if (bias.defined() && !rule.gather_output) bias.set_data(vocab_rows(bias, layer->vocabulary));
-          if (!rule.gather_output) {
-            PARALLAX_CHECK(s.output_vocabulary == 0, ConfigError, rule_name(rule),
-                           ": a second vocab_output layer; the loss can split one vocabulary only");
-            s.output_vocabulary = layer->vocab_size;
-          }
+          if (!rule.gather_output) s.output_vocabulary = layer->vocab_size;
           break;
         default:
           break;
       }
       linear->options.in_features(weight.size(1)).out_features(weight.size(0));
-      const bool split_bias =
-          (rule.style == TpStyle::kColumn || rule.style == TpStyle::kVocabOutput) && !rule.gather_output;
-      if (split_bias && bias.defined()) s.copies[bias.unsafeGetTensorImpl()] = 1;
+      const bool column = rule.style == TpStyle::kColumn || rule.style == TpStyle::kVocabOutput;
+      if (column && bias.defined()) {
+        // Split, or whole and added after the gather: either way its gradient is complete.
+        if (rule.gather_output) {
+          s.whole_gradients.insert(bias.unsafeGetTensorImpl());
+        } else {
+          s.copies[bias.unsafeGetTensorImpl()] = 1;
+        }
+      }
     } else {
       auto* embedding = dynamic_cast<torch::nn::EmbeddingImpl*>(module.get());
-      PARALLAX_CHECK(!embedding->options.padding_idx().has_value() && !embedding->options.max_norm().has_value() &&
-                         !embedding->options.sparse(),
-                     ConfigError, rule_name(rule), ": ", paths[i],
-                     " uses padding_idx, max_norm or sparse gradients, which a planned embedding does not support");
       weight = embedding->weight;
       if (rule.style == TpStyle::kVocabEmbedding) {
         layer->vocabulary = VocabRange::of(weight.size(0), tp.rank(), tp.size());
@@ -455,10 +480,6 @@ ParallelizedModel::ParallelizedModel(torch::nn::Module& model, const TensorParal
         embedding->options.num_embeddings(weight.size(0));
       }
     }
-    PARALLAX_CHECK(planned_weights.insert(weight.unsafeGetTensorImpl()).second, ConfigError, rule_name(rule), ": ",
-                   paths[i],
-                   "'s weight is shared with another planned module (tied weights); a plan cannot split "
-                   "a tied weight in this build");
     if (rule.style != TpStyle::kReplicate) s.copies[weight.unsafeGetTensorImpl()] = 1;
     layer->weight = weight;
     PlannedWeights::instance().key(layer.get());
@@ -476,7 +497,8 @@ ParallelizedModel::ParallelizedModel(torch::nn::Module& model, const TensorParal
   if (options.sequence_parallel) {
     std::unordered_set<const c10::TensorImpl*> listed;
     for (const auto& p : model.parameters()) {
-      if (!s.copies.count(p.unsafeGetTensorImpl()) && listed.insert(p.unsafeGetTensorImpl()).second) {
+      const c10::TensorImpl* impl = p.unsafeGetTensorImpl();
+      if (!s.copies.count(impl) && !s.whole_gradients.count(impl) && listed.insert(impl).second) {
         s.partial.push_back(p);
       }
     }

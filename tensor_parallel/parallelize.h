@@ -17,10 +17,13 @@
 // model computes the dense model's function) and registers the module's weight. LibTorch
 // modules have no forward hooks and a parent calls its child's forward directly, so the
 // communication is added at the operator dispatcher instead: while a Scope is open on a
-// thread, the aten::linear or aten::embedding call that reads a registered weight runs
+// thread, the call through which a Linear or Embedding uses a registered weight runs
 // its parallel version (for a column layer: copy_to_region on the input, then the
-// local linear; for a row layer: the local linear, reduce_from_region, then the bias).
-// Any other operator runs untouched. The fallback sits on c10's
+// local product; for a row layer: the local product, reduce_from_region, then the
+// bias). Those calls are aten::linear (LibTorch 2.x's F::linear), aten::addmm and
+// aten::matmul on the transposed weight (1.13's F::linear) and aten::embedding; a weight
+// is recognised by its storage, offset and size, so views of it and ZeRO's flat buffers
+// are followed. Any other operator runs untouched. The fallback sits on c10's
 // TESTING_ONLY_GenericWrapper key, used here as a mode key (ZeRO's parameter
 // interception uses TESTING_ONLY_GenericMode, one above it, so both can be open).
 //
@@ -30,7 +33,9 @@
 // output along it, and a replicated Embedding returns its own part of the sequence.
 // Every replicated parameter then sees only this rank's part of the sequence, so its
 // gradient is partial: the engine sums those gradients over the group
-// (partial_gradient_parameters()).
+// (partial_gradient_parameters()). This assumes that every replicated Embedding feeds
+// the sequence stream (its output's sequence_dim is the sequence), as position
+// embeddings do; one indexed per sample would be split along the wrong dimension.
 //
 // What the model must allow: it reads sizes from tensors, not from its configuration,
 // wherever a split changes them (a column layer's output has 1/tp of the features,
@@ -60,19 +65,24 @@ class ParallelizedModel {
   /// slices the matched modules' weights in place (parameters keep their identity, so
   /// optimizers and hooks made later see the parts). Throws ConfigError naming the rule
   /// and module paths when a Linear or Embedding is matched by no rule (listing them) or
-  /// by two, a rule matches nothing, a style does not fit the module's type, or a split
-  /// does not divide (features, parts, heads by tp). Without a plan: finds the model's
-  /// tensor_parallel/ layers, and throws ConfigError when there are none (tp > 1 would
-  /// then replicate the whole model). `tp` must outlive this object and the model's use.
-  /// Does not communicate. Every rank of `tp` must hold the same dense model.
+  /// by two, a rule matches nothing, a style does not fit the module's type, a split
+  /// does not divide (features, parts, heads by tp), two modules share a weight that is
+  /// split (tied weights), a split Embedding uses padding_idx, max_norm,
+  /// scale_grad_by_freq or sparse gradients, or two vocab_output layers leave their
+  /// logits split; every check runs before any weight is sliced. Without a plan: finds
+  /// the model's tensor_parallel/ layers, and throws ConfigError when there are none (tp
+  /// > 1 would then replicate the whole model) or when sequence parallelism is asked for. `tp` must outlive this object
+  /// and the model's use. Does not communicate. Every rank of `tp` must hold the same dense model.
   ParallelizedModel(torch::nn::Module& model, const TensorParallelOptions& options, Communicator& tp);
   ParallelizedModel(ParallelizedModel&&) noexcept;
   ParallelizedModel& operator=(ParallelizedModel&&) noexcept;
   /// Unregisters the planned weights: their modules then compute their local part only.
   ~ParallelizedModel();
 
-  /// While alive, planned modules' operators on this thread (and the autograd work it
-  /// starts) run their parallel versions. Open it around forward; nesting is allowed.
+  /// While alive, planned modules' operators on this thread run their parallel versions
+  /// (every planned model's: the rewrite is process-wide). Open it around forward;
+  /// backward needs none (the parallel versions' own autograd functions communicate).
+  /// Nesting is allowed.
   class Scope {
    public:
     explicit Scope(bool enabled);

@@ -71,7 +71,12 @@ struct ShardedModel::State {
   /// Tensor parallelism (set_model_parallel): per group, 1/copies of each shard element
   /// for the norm; the shard fragments whose gradients are partial over tp.
   Communicator* tp = nullptr;
-  std::vector<torch::Tensor> norm_weights;
+  struct WeightedFragment {
+    std::size_t group;
+    Fragment fragment;
+    double weight;  ///< 1 / copies
+  };
+  std::vector<WeightedFragment> shared_fragments;                   ///< copies > 1 (weight < 1)
   std::vector<std::pair<std::size_t, Fragment>> partial_fragments;  ///< (group, fragment)
   /// Stage 3: group index of each unit, and the unit of each group (-1: replicated).
   std::vector<std::size_t> unit_groups;
@@ -381,17 +386,13 @@ void ShardedModel::set_model_parallel(Communicator& tp,
                  "set_model_parallel: ", copies.size(), " copies and ", partial.size(), " partial flags for ",
                  s.params.size(), " parameters");
   s.tp = &tp;
-  s.norm_weights.clear();
+  s.shared_fragments.clear();
   s.partial_fragments.clear();
-  for (std::size_t g = 0; g < s.groups.size(); ++g) {
-    const FlatGroup& group = *s.groups[g];
-    s.norm_weights.push_back(torch::ones({group.layout().shard_numel()}, torch::kFloat64));
-  }
   for (std::size_t i = 0; i < s.params.size(); ++i) {
     const std::size_t g = s.group_of_param[i];
     const auto fragment = s.groups[g]->layout().fragment(s.index_in_group[i], s.dp->rank());
     if (!fragment) continue;
-    s.norm_weights[g].narrow(0, fragment->shard_offset, fragment->numel).fill_(1.0 / static_cast<double>(copies[i]));
+    if (copies[i] > 1) s.shared_fragments.push_back({g, *fragment, 1.0 / static_cast<double>(copies[i])});
     if (partial[i]) s.partial_fragments.emplace_back(g, *fragment);
   }
 }
@@ -405,22 +406,20 @@ StepOutcome ShardedModel::step(double gradient_scale, double clip_norm, bool ski
     for (const auto& [g, fragment] : s.partial_fragments) {
       parts.push_back(s.groups[g]->gradient_shard().narrow(0, fragment.shard_offset, fragment.numel));
     }
-    torch::Tensor joined = torch::cat(parts);
-    s.tp->all_reduce(joined)->wait();
-    std::int64_t offset = 0;
-    for (auto& part : parts) {
-      part.copy_(joined.narrow(0, offset, part.numel()));
-      offset += part.numel();
-    }
+    sum_in_place(*s.tp, parts);
   }
   for (const auto& group : s.groups) {
     if (gradient_scale != 1.0) group->gradient_shard().mul_(gradient_scale);
   }
   if (clip_norm > 0 || skip_non_finite) {
     torch::Tensor sum_of_squares = torch::zeros({1}, torch::kFloat64);
-    for (std::size_t g = 0; g < s.groups.size(); ++g) {
-      const torch::Tensor squares = s.groups[g]->gradient_shard().to(torch::kFloat64).pow(2);
-      sum_of_squares += s.tp ? (squares * s.norm_weights[g]).sum() : squares.sum();
+    for (const auto& group : s.groups) {
+      sum_of_squares += group->gradient_shard().to(torch::kFloat64).pow(2).sum();
+    }
+    // Elements several tensor-parallel ranks hold count once: (1/copies − 1) of them back out.
+    for (const auto& [g, fragment, weight] : s.shared_fragments) {
+      const torch::Tensor part = s.groups[g]->gradient_shard().narrow(0, fragment.shard_offset, fragment.numel);
+      sum_of_squares += part.to(torch::kFloat64).pow(2).sum() * (weight - 1.0);
     }
     s.dp->all_reduce(sum_of_squares)->wait();
     if (s.tp) s.tp->all_reduce(sum_of_squares)->wait();

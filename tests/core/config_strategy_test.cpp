@@ -141,6 +141,9 @@ TEST_F(ConfigTest, BadTensorParallelPlansSayWhy) {
   EXPECT_CONTAINS(load_error("[tensor_parallel.plan]\n\"fc\" = { style = \"column\", parts = 0 }\n"),
                   "expected an integer >= 1");
   EXPECT_CONTAINS(load_error("[tensor_parallel]\nplan = 3\n"), "expected a table of module path globs");
+  EXPECT_CONTAINS(
+      load_error("[tensor_parallel.plan]\n\"qkv\" = { style = \"column\", parts = 3, gather_output = true }\n"),
+      "gather_output with parts = 3 would interleave the fused blocks");
   EXPECT_CONTAINS(load_error("[tensor_parallel]\nsequence_dim = 1\n"), "a dimension counted from the end");
 }
 

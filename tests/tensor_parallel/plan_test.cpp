@@ -241,7 +241,55 @@ std::string plan_error(const parallax::Config& config, Communicator& group) {
 
 #define EXPECT_CONTAINS(text, needle) EXPECT_NE(std::string(text).find(needle), std::string::npos) << "in: " << (text)
 
+// The LM head's logits gathered (gather_output): the ordinary dense loss applies, and
+// the padding of a vocabulary that does not divide by tp is cut off again.
+TEST_F(Plan, GatheredLogitsGiveTheDenseLoss) {
+  parallax::Config config = tp_config({"parallel.tp=" + std::to_string(size()), "model.vocab_size=63"});
+  for (auto& rule : config.tensor_parallel.plan) {
+    if (rule.pattern == "head") rule.gather_output = true;
+  }
+  const gpt::SyntheticTokens data(63, 32, 3);
+  auto [inputs, targets] = data.batch(0, 4);
+  gpt::GPT dense = dense_gpt(config);
+  const Pass want = dense_pass(dense, inputs, targets);
+  gpt::GPT model = dense_gpt(config);
+  tp::ParallelizedModel split(*model, config.tensor_parallel, group());
+  EXPECT_EQ(split.split_output_vocabulary(), 0);
+  auto scope = split.scope();
+  const torch::Tensor logits = model->forward(inputs);
+  ASSERT_EQ(logits.size(-1), 63);
+  EXPECT_NEAR(gpt::language_model_loss(logits, targets).item<double>(), want.loss, kTolerance * want.loss);
+}
+
+// An LM head tied to the embedding cannot be split by a plan; the model stays whole.
+struct TiedImpl : torch::nn::Module {
+  TiedImpl() {
+    embedding = register_module("embedding", torch::nn::Embedding(16, 8));
+    head = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(8, 16).bias(false)));
+    head->weight = embedding->weight;
+  }
+  torch::nn::Embedding embedding{nullptr};
+  torch::nn::Linear head{nullptr};
+};
+TORCH_MODULE(Tied);
+
 TEST_F(Plan, PlansThatDoNotFitTheModelSayWhy) {
+  {
+    parallax::TensorParallelOptions tied_plan;
+    tied_plan.plan = {{"embedding", parallax::TpStyle::kVocabEmbedding, 1, 0, false, " at t.toml:2:1"},
+                      {"head", parallax::TpStyle::kVocabOutput, 1, 0, false, " at t.toml:3:1"}};
+    Tied tied;
+    const torch::Tensor before = tied->embedding->weight.clone();
+    try {
+      tp::ParallelizedModel split(*tied, tied_plan, group());
+      ADD_FAILURE() << "expected a ConfigError";
+    } catch (const parallax::ConfigError& e) {
+      EXPECT_NE(std::string(e.detail()).find("head and embedding share one weight (tied weights)"), std::string::npos)
+          << e.detail();
+    }
+    EXPECT_TRUE(torch::equal(tied->embedding->weight, before));  // nothing was sliced
+  }
+
   const std::string tp_set = "parallel.tp=" + std::to_string(size());
   const parallax::Config config = tp_config({tp_set});
 
