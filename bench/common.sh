@@ -1,5 +1,20 @@
 # Shared by the bench scripts (sourced after scripts/common.sh).
 
+# bench_binary TARGET: the path of bench TARGET under $BUILD_DIR, configuring and
+# building it first when $BUILD_DIR does not exist; exits with the build command when
+# the directory exists without it.
+bench_binary() {
+  if [[ ! -d "$BUILD_DIR" ]]; then
+    configure_and_build -- --target "$1" >&2
+  fi
+  local binary="$BUILD_DIR/bench/$1"
+  if [[ ! -x "$binary" ]]; then
+    echo "error: $binary not found; build it with: cmake --build $BUILD_DIR --target $1" >&2
+    exit 1
+  fi
+  echo "$binary"
+}
+
 # bench_run NAME COMMAND...: one `mpirun -np $RANKS` of COMMAND, limited to
 # $RUN_TIMEOUT_S seconds, its output in $LOGS/NAME.log; appends "NAME <its JSON line>"
 # to $RESULTS, or a row saying why there is none (the build refuses the

@@ -36,14 +36,7 @@ RUN_TIMEOUT_S="${RUN_TIMEOUT_S:-600}"
 ARGS=(--config configs/tp.toml --set "train.steps=$STEPS" --set logging.every=0 --set model.d_model=256
   --set model.n_layer=4 --set model.block_size=128 --set model.vocab_size=1024 --set train.global_batch_size=16 "$@")
 
-if [[ ! -d "$BUILD_DIR" ]]; then
-  configure_and_build -- --target bench_zero_step
-fi
-BENCH="$BUILD_DIR/bench/bench_zero_step"
-if [[ ! -x "$BENCH" ]]; then
-  echo "error: $BENCH not found; build it with: cmake --build $BUILD_DIR --target bench_zero_step" >&2
-  exit 1
-fi
+BENCH="$(bench_binary bench_zero_step)"
 
 LOGS="$(mktemp -d "${TMPDIR:-/tmp}/bench_tp.XXXXXX")"
 RESULTS="$LOGS/results"

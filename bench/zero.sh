@@ -36,14 +36,7 @@ CONFIG="${CONFIG:-configs/gpt_base.toml}"
 RUN_TIMEOUT_S="${RUN_TIMEOUT_S:-600}"
 ARGS=(--config "$CONFIG" --set "train.steps=$STEPS" --set logging.every=0 "$@")
 
-if [[ ! -d "$BUILD_DIR" ]]; then
-  configure_and_build -- --target bench_zero_step
-fi
-BENCH="$BUILD_DIR/bench/bench_zero_step"
-if [[ ! -x "$BENCH" ]]; then
-  echo "error: $BENCH not found; build it with: cmake --build $BUILD_DIR --target bench_zero_step" >&2
-  exit 1
-fi
+BENCH="$(bench_binary bench_zero_step)"
 
 PYTHON_TORCH=""
 for candidate in ${PYTHON:-/usr/bin/python3 python3}; do
