@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "parallax/core/error.h"
+#include "parallax/tensor_parallel/autograd_context.h"
 #include "parallax/tensor_parallel/regions.h"
 
 namespace parallax::tensor_parallel {
@@ -27,14 +28,14 @@ struct SumOverCopies : torch::autograd::Function<SumOverCopies> {
                              Communicator* tp,
                              std::int64_t slot,
                              std::int64_t slots) {
-    ctx->saved_data["tp"] = static_cast<std::int64_t>(reinterpret_cast<std::intptr_t>(tp));
+    detail::remember(ctx, *tp);
     ctx->saved_data["slot"] = slot;
     ctx->saved_data["slots"] = slots;
     ctx->saved_data["has_bias"] = bias.defined();
     return {weight.clone(), bias.defined() ? bias.clone() : torch::zeros({0}, weight.options())};
   }
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
-    auto* tp = reinterpret_cast<Communicator*>(static_cast<std::intptr_t>(ctx->saved_data["tp"].toInt()));
+    Communicator& tp = detail::recall(ctx);
     const std::int64_t slot = ctx->saved_data["slot"].toInt();
     const bool has_bias = ctx->saved_data["has_bias"].toBool();
     const torch::Tensor& weight_grad = grads[0];
@@ -42,7 +43,7 @@ struct SumOverCopies : torch::autograd::Function<SumOverCopies> {
     const std::int64_t n = weight_grad.numel() + bias_grad.numel();
     torch::Tensor all = torch::zeros({ctx->saved_data["slots"].toInt(), n}, weight_grad.options());
     all[slot].copy_(torch::cat({weight_grad.reshape({-1}), bias_grad}));
-    tp->all_reduce(all)->wait();
+    tp.all_reduce(all)->wait();
     const torch::Tensor mine = all[slot];
     return {mine.narrow(0, 0, weight_grad.numel()).view_as(weight_grad).clone(),
             has_bias ? mine.narrow(0, weight_grad.numel(), bias_grad.numel()).clone() : torch::Tensor(),

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "parallax/core/error.h"
+#include "parallax/tensor_parallel/autograd_context.h"
 
 namespace parallax::tensor_parallel {
 namespace {
@@ -12,14 +13,8 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
-// The communicator travels through the autograd context as an integer: an IValue holds
-// no raw pointer. The caller keeps it alive across backward (the engine owns it).
-void remember(AutogradContext* ctx, Communicator& tp) {
-  ctx->saved_data["tp"] = static_cast<std::int64_t>(reinterpret_cast<std::intptr_t>(&tp));
-}
-Communicator& recall(AutogradContext* ctx) {
-  return *reinterpret_cast<Communicator*>(static_cast<std::intptr_t>(ctx->saved_data["tp"].toInt()));
-}
+using detail::recall;
+using detail::remember;
 
 torch::Tensor summed(const torch::Tensor& x, Communicator& tp) {
   torch::Tensor out = x.contiguous().clone();
