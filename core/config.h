@@ -220,6 +220,33 @@ struct TensorParallelOptions {
   std::vector<TpPlanRule> plan;
 };
 
+enum class PipelineSchedule { kGPipe, k1F1B, kInterleaved, kZbH1 };
+enum class PipelinePartition { kUniform, kParameters, kProfile, kExplicit };
+enum class Recompute { kNone, kFull };
+
+/// [pipeline]: how a model given as layer specs runs over the pipeline stages
+/// (parallel.pp); see pipeline/schedule.h. train.grad_accum is the number of
+/// micro-batches of one train_batch.
+struct PipelineOptions {
+  /// gpipe (all forwards, then all backwards) | 1f1b (at most pp - stage micro-batches
+  /// in flight) | interleaved (1F1B over virtual_stages chunks per rank: a smaller
+  /// bubble, more messages) | zb-h1 (1F1B with each backward split into its input and
+  /// weight gradients, the weight halves deferred into the bubbles). Default: 1f1b.
+  PipelineSchedule schedule = PipelineSchedule::k1F1B;
+  /// Model chunks per rank; > 1 only with interleaved (which needs > 1). Default: 1.
+  int virtual_stages = 1;
+  /// How layers are split into pp × virtual_stages contiguous parts: uniform (layer
+  /// counts), parameters (parameter counts), profile (measured forward + backward time
+  /// per layer), or an explicit list of boundaries [0, b1, ..., layers]. Default:
+  /// parameters.
+  PipelinePartition partition = PipelinePartition::kParameters;
+  /// partition given as a list: the first layer of each part, then the layer count.
+  std::vector<std::int64_t> boundaries;
+  /// none | full: keep only each stage's input during forward and run the forward again
+  /// just before its backward (less activation memory, one more forward). Default: none.
+  Recompute recompute = Recompute::kNone;
+};
+
 enum class CommBackend { kAuto, kMpi, kNccl };
 
 /// [comm]
@@ -238,8 +265,10 @@ struct LoggingOptions {
   LogLevel level = LogLevel::kInfo;
   /// JSON lines, one object per optimizer step, written by rank 0; "" = off. Default: "".
   std::string metrics_file;
-  /// Chrome trace JSON (one file per rank: ".rank<N>" is inserted before the
-  /// extension); "" = off. Default: "".
+  /// Chrome trace JSON: one file, written by rank 0 at shutdown, holding every rank's
+  /// spans (one process per rank; pipeline instructions carry micro_batch and chunk);
+  /// a rank that cannot send its part writes it alone to a file with ".rank<N>" before
+  /// the extension. "" = off. Default: "".
   std::string trace_file;
 };
 
@@ -280,6 +309,7 @@ struct Config {
   ZeroOptions zero;
   OffloadOptions offload;
   TensorParallelOptions tensor_parallel;
+  PipelineOptions pipeline;
   CommOptions comm;
   LoggingOptions logging;
 

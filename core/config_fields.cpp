@@ -282,6 +282,37 @@ class TableReader final : public FieldVisitor {
     index = static_cast<std::size_t>(found - spelled.begin());
   }
 
+  void on_choice_or_integers(const char* key,
+                             std::size_t& index,
+                             const std::vector<const char*>& names,
+                             std::vector<std::int64_t>& integers) override {
+    const toml::node* node = find(key);
+    if (node == nullptr) return;
+    std::vector<std::string> quoted_names;
+    for (std::size_t i = 0; i + 1 < names.size(); ++i) quoted_names.push_back(quote(names[i]));
+    const std::string expected = "one of " + join(quoted_names, ", ") + ", or an array of integers";
+    if (const toml::array* array = node->as_array()) {
+      std::vector<std::int64_t> given;
+      for (const toml::node& element : *array) {
+        if (!element.is_integer()) fail(key, *node, expected);
+        given.push_back(element.as_integer()->get());
+      }
+      integers = std::move(given);
+      index = names.size() - 1;
+      return;
+    }
+    if (!node->is_string()) fail(key, *node, expected);
+    const std::string& given = node->as_string()->get();
+    const std::vector<std::string> spelled(names.begin(), names.end() - 1);
+    const auto found = std::find(spelled.begin(), spelled.end(), given);
+    if (found == spelled.end()) {
+      const std::string suggestion = closest(given, spelled);
+      fail(key, *node, expected + (suggestion.empty() ? "" : "; did you mean " + quote(suggestion) + "?"));
+    }
+    index = static_cast<std::size_t>(found - spelled.begin());
+    integers.clear();
+  }
+
   void on_module_plan(const char* key, std::vector<TpPlanRule>& rules) override {
     const toml::node* node = find(key);
     if (node == nullptr) return;
@@ -410,6 +441,18 @@ class TomlWriter final : public FieldVisitor {
   }
   void on_choice(const char* key, std::size_t& index, const std::vector<const char*>& names) override {
     out_ << key << " = " << quote(names[index]) << "\n";
+  }
+  void on_choice_or_integers(const char* key,
+                             std::size_t& index,
+                             const std::vector<const char*>& names,
+                             std::vector<std::int64_t>& integers) override {
+    if (index + 1 < names.size()) {
+      out_ << key << " = " << quote(names[index]) << "\n";
+      return;
+    }
+    std::vector<std::string> values;
+    for (std::int64_t value : integers) values.push_back(std::to_string(value));
+    out_ << key << " = [" << join(values, ", ") << "]\n";
   }
   // One inline table, so the rules stay inside the section whatever follows.
   void on_module_plan(const char* key, std::vector<TpPlanRule>& rules) override {

@@ -83,6 +83,9 @@ std::uint64_t config_hash(const Config& config);
 /// Enum names as written in TOML, e.g. "adamw", "cosine", "bf16", "manual", "nccl".
 const char* to_string(OptimizerType type);
 const char* to_string(SchedulerType type);
+const char* to_string(PipelineSchedule schedule);
+const char* to_string(PipelinePartition partition);
+const char* to_string(Recompute recompute);
 const char* to_string(Dtype dtype);
 const char* to_string(ParallelMode mode);
 const char* to_string(OffloadTarget target);

@@ -25,6 +25,16 @@ constexpr EnumName<OffloadTarget> kOffloadNames[] = {
     {OffloadTarget::kNone, "none"}, {OffloadTarget::kCpu, "cpu"}, {OffloadTarget::kNvme, "nvme"}};
 constexpr EnumName<CommBackend> kBackendNames[] = {
     {CommBackend::kAuto, "auto"}, {CommBackend::kMpi, "mpi"}, {CommBackend::kNccl, "nccl"}};
+constexpr EnumName<PipelineSchedule> kScheduleNames[] = {{PipelineSchedule::kGPipe, "gpipe"},
+                                                         {PipelineSchedule::k1F1B, "1f1b"},
+                                                         {PipelineSchedule::kInterleaved, "interleaved"},
+                                                         {PipelineSchedule::kZbH1, "zb-h1"}};
+// The last is the explicit list of boundaries (an array in TOML).
+constexpr EnumName<PipelinePartition> kPartitionNames[] = {{PipelinePartition::kUniform, "uniform"},
+                                                           {PipelinePartition::kParameters, "parameters"},
+                                                           {PipelinePartition::kProfile, "profile"},
+                                                           {PipelinePartition::kExplicit, "boundaries"}};
+constexpr EnumName<Recompute> kRecomputeNames[] = {{Recompute::kNone, "none"}, {Recompute::kFull, "full"}};
 // Same spellings as parse_log_level in logging.h.
 constexpr EnumName<LogLevel> kLogLevelNames[] = {
     {LogLevel::kDebug, "debug"}, {LogLevel::kInfo, "info"}, {LogLevel::kWarn, "warn"}, {LogLevel::kError, "error"}};
@@ -128,6 +138,13 @@ void tensor_parallel_fields(FieldVisitor& v, Config& c) {
   v.module_plan("plan", c.tensor_parallel.plan);  // last: printed as one inline table
 }
 
+void pipeline_fields(FieldVisitor& v, Config& c) {
+  v.choice("schedule", c.pipeline.schedule, kScheduleNames);
+  v.integer("virtual_stages", c.pipeline.virtual_stages, kCount);
+  v.choice_or_integers("partition", c.pipeline.partition, kPartitionNames, c.pipeline.boundaries);
+  v.choice("recompute", c.pipeline.recompute, kRecomputeNames);
+}
+
 void comm_fields(FieldVisitor& v, Config& c) {
   // "nccl" is accepted here; whether this build and these tensors can use it is the
   // runtime's question.
@@ -217,6 +234,42 @@ void offload_check(const Config& c, const KeyPositions& positions) {
   }
 }
 
+// What the keys say together; whether the model's layers split that way is the
+// pipeline engine's question, answered when it is built.
+void pipeline_check(const Config& c, const KeyPositions& positions) {
+  const PipelineOptions& p = c.pipeline;
+  const std::string schedule =
+      std::string("pipeline.schedule = \"") + to_string(p.schedule) + "\"" + position(positions, "pipeline.schedule");
+  if (p.schedule == PipelineSchedule::kInterleaved) {
+    PARALLAX_CHECK(p.virtual_stages > 1, ConfigError, schedule, ": interleaving needs pipeline.virtual_stages > 1 (",
+                   p.virtual_stages, position(positions, "pipeline.virtual_stages"),
+                   "), the model chunks each rank holds");
+    PARALLAX_CHECK(c.parallel.pp > 1, ConfigError, schedule,
+                   ": interleaving passes chunks between pipeline stages; it needs parallel.pp > 1");
+  } else {
+    PARALLAX_CHECK(p.virtual_stages == 1, ConfigError, "pipeline.virtual_stages = ", p.virtual_stages,
+                   position(positions, "pipeline.virtual_stages"),
+                   ": only schedule = \"interleaved\" runs several "
+                   "chunks per rank; ",
+                   schedule, " needs 1");
+  }
+  if (p.partition == PipelinePartition::kExplicit) {
+    const std::string where = position(positions, "pipeline.partition");
+    const std::size_t parts = static_cast<std::size_t>(c.parallel.pp) * static_cast<std::size_t>(p.virtual_stages);
+    PARALLAX_CHECK(p.boundaries.size() == parts + 1, ConfigError, "pipeline.partition", where, ": a list of ",
+                   parts + 1, " boundaries expected (0, the first layer of each of the other ", parts - 1,
+                   " parts, then the layer count) for pp = ", c.parallel.pp, " x virtual_stages = ", p.virtual_stages,
+                   "; got ", p.boundaries.size());
+    PARALLAX_CHECK(p.boundaries.front() == 0, ConfigError, "pipeline.partition", where,
+                   ": the first boundary must be 0, got ", p.boundaries.front());
+    for (std::size_t i = 1; i < p.boundaries.size(); ++i) {
+      PARALLAX_CHECK(p.boundaries[i] > p.boundaries[i - 1], ConfigError, "pipeline.partition", where,
+                     ": boundaries must increase (every part holds a layer); ", p.boundaries[i - 1], " is followed by ",
+                     p.boundaries[i]);
+    }
+  }
+}
+
 // Which options each style takes; whether a module fits its rule is the plan's question
 // (tensor_parallel/parallelize.h), answered against the model at engine creation.
 void tensor_parallel_check(const Config& c, const KeyPositions&) {
@@ -250,6 +303,7 @@ const std::vector<SectionDef>& sections() {
       {"zero", zero_fields, nullptr},
       {"offload", offload_fields, offload_check},
       {"tensor_parallel", tensor_parallel_fields, tensor_parallel_check},
+      {"pipeline", pipeline_fields, pipeline_check},
       {"comm", comm_fields, nullptr},
       {"logging", logging_fields, nullptr},
   };
@@ -282,6 +336,15 @@ const char* to_string(OffloadTarget target) {
 }
 const char* to_string(TpStyle style) {
   return detail::name_of(detail::kTpStyleNames, style);
+}
+const char* to_string(PipelineSchedule schedule) {
+  return detail::name_of(detail::kScheduleNames, schedule);
+}
+const char* to_string(PipelinePartition partition) {
+  return detail::name_of(detail::kPartitionNames, partition);
+}
+const char* to_string(Recompute recompute) {
+  return detail::name_of(detail::kRecomputeNames, recompute);
 }
 const char* to_string(CommBackend backend) {
   return detail::name_of(detail::kBackendNames, backend);

@@ -113,6 +113,22 @@ class FieldVisitor {
   void boolean(const char* key, bool& value) { on_boolean(key, value); }
   void text(const char* key, std::string& value) { on_text(key, value); }
   void text_list(const char* key, std::vector<std::string>& value) { on_text_list(key, value); }
+  /// A string among the choices (all but the last), or an array of integers (the last
+  /// choice, whose values land in `integers`), e.g. partition = "uniform" or [0, 3, 6].
+  template <typename E, std::size_t N>
+  void choice_or_integers(const char* key,
+                          E& value,
+                          const EnumName<E> (&names)[N],
+                          std::vector<std::int64_t>& integers) {
+    std::vector<const char*> spelled;
+    std::size_t index = 0;
+    for (std::size_t i = 0; i < N; ++i) {
+      spelled.push_back(names[i].name);
+      if (names[i].value == value) index = i;
+    }
+    on_choice_or_integers(key, index, spelled, integers);
+    value = names[index].value;
+  }
   /// A table of module path globs → style or { style, parts, heads, gather_output }.
   void module_plan(const char* key, std::vector<TpPlanRule>& rules) { on_module_plan(key, rules); }
   template <typename E, std::size_t N>
@@ -136,6 +152,10 @@ class FieldVisitor {
   virtual void on_text_list(const char* key, std::vector<std::string>& value) = 0;
   virtual void on_choice(const char* key, std::size_t& index, const std::vector<const char*>& names) = 0;
   virtual void on_module_plan(const char* key, std::vector<TpPlanRule>& rules) = 0;
+  virtual void on_choice_or_integers(const char* key,
+                                     std::size_t& index,
+                                     const std::vector<const char*>& names,
+                                     std::vector<std::int64_t>& integers) = 0;
 };
 
 /// Where each key that was read came from: "optimizer.lr" → " at a.toml:3:6"

@@ -51,7 +51,16 @@ std::string to_json_line(const StepMetrics& m) {
     }
     out << "}";
   }
-  out << "]}";
+  out << "]";
+  if (!m.bubble_fraction.empty()) {
+    out << ",\"bubble_fraction\":[";
+    for (std::size_t r = 0; r < m.bubble_fraction.size(); ++r) {
+      out << (r ? "," : "");
+      write_number(out, m.bubble_fraction[r]);
+    }
+    out << "]";
+  }
+  out << "}";
   return out.str();
 }
 

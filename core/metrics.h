@@ -4,7 +4,8 @@
 //   {"step": 3, "loss": 2.71, "lr": 0.0003, "step_ms": 41.2, "tokens_per_s": 12400.0,
 //    "model_state_bytes": [{"params": 4096, "grads": 4096, "optimizer": 8192,
 //                           "host": 0, "nvme": 0}, ...],
-//    "comm": [{"all_reduce": {"calls": 2, "bytes": 4096}, ...}, ...]}
+//    "comm": [{"all_reduce": {"calls": 2, "bytes": 4096}, ...}, ...],
+//    "bubble_fraction": [0.21, 0.2, ...]}                     (pipeline runs only)
 // `model_state_bytes` and `comm` are arrays indexed by world rank. `comm` holds the
 // step's activity only; bytes are logical payloads (see communicator.h).
 #pragma once
@@ -41,6 +42,10 @@ struct StepMetrics {
   double grad_norm = -1.0;
   std::vector<ModelStateBytes> model_state_bytes;  ///< by world rank
   std::vector<CommCounters> comm;                  ///< by world rank, this step only
+  /// Pipeline runs: by world rank, the fraction of the step's schedule (the longest over
+  /// all ranks, from its start to its last forward or backward) the rank did not compute;
+  /// empty without a pipeline.
+  std::vector<double> bubble_fraction;
 };
 
 /// The JSON object for one step, on one line (no trailing newline).

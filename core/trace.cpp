@@ -2,6 +2,7 @@
 
 #include <fstream>
 #include <functional>
+#include <sstream>
 
 #include "parallax/core/error.h"
 
@@ -25,11 +26,24 @@ std::int64_t Tracer::now_us() const {
   return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - origin_).count();
 }
 
-void Tracer::record(const char* name, const char* category, std::int64_t start_us, std::int64_t duration_us) {
+void Tracer::record(const char* name,
+                    const char* category,
+                    std::int64_t start_us,
+                    std::int64_t duration_us,
+                    int micro_batch,
+                    int chunk) {
   if (!enabled_) return;
   const auto thread = static_cast<std::uint64_t>(std::hash<std::thread::id>{}(std::this_thread::get_id()) % 100000);
   std::lock_guard<std::mutex> lock(mutex_);
-  events_.push_back({name, category, start_us, duration_us, thread});
+  events_.push_back({name, category, start_us, duration_us, thread, micro_batch, chunk});
+}
+
+void Tracer::align_origin() {
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto shift = std::chrono::duration_cast<std::chrono::microseconds>(now - origin_).count();
+  for (Event& e : events_) e.start_us -= shift;
+  origin_ = now;
 }
 
 std::size_t Tracer::size() const {
@@ -37,16 +51,28 @@ std::size_t Tracer::size() const {
   return events_.size();
 }
 
-void Tracer::write(const std::string& path, int pid) const {
-  std::ofstream out(path);
-  PARALLAX_CHECK(out.good(), UsageError, "cannot write trace file '", path, "'");
+std::string Tracer::events_json(int pid) const {
+  std::ostringstream out;
   std::lock_guard<std::mutex> lock(mutex_);
-  out << "{\"traceEvents\":[\n";
   out << "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" << pid << ",\"args\":{\"name\":\"rank " << pid << "\"}}";
   for (const Event& e : events_) {
     out << ",\n{\"name\":\"" << e.name << "\",\"cat\":\"" << e.category << "\",\"ph\":\"X\",\"ts\":" << e.start_us
-        << ",\"dur\":" << e.duration_us << ",\"pid\":" << pid << ",\"tid\":" << e.thread << "}";
+        << ",\"dur\":" << e.duration_us << ",\"pid\":" << pid << ",\"tid\":" << e.thread;
+    if (e.micro_batch >= 0) out << ",\"args\":{\"micro_batch\":" << e.micro_batch << ",\"chunk\":" << e.chunk << "}";
+    out << "}";
   }
+  return out.str();
+}
+
+void Tracer::write(const std::string& path, int pid) const {
+  write_merged(path, {events_json(pid)});
+}
+
+void Tracer::write_merged(const std::string& path, const std::vector<std::string>& parts) {
+  std::ofstream out(path);
+  PARALLAX_CHECK(out.good(), UsageError, "cannot write trace file '", path, "'");
+  out << "{\"traceEvents\":[\n";
+  for (std::size_t i = 0; i < parts.size(); ++i) out << (i ? ",\n" : "") << parts[i];
   out << "\n]}\n";
   PARALLAX_CHECK(out.good(), UsageError, "failed writing trace file '", path, "'");
 }

@@ -43,7 +43,17 @@ class Tracer {
   Span span(const char* name, const char* category) { return Span(enabled_ ? this : nullptr, name, category); }
 
   /// Records a complete span directly. Times in microseconds since the tracer began.
-  void record(const char* name, const char* category, std::int64_t start_us, std::int64_t duration_us);
+  /// `micro_batch` and `chunk` (>= 0) become the span's args (pipeline instructions).
+  void record(const char* name,
+              const char* category,
+              std::int64_t start_us,
+              std::int64_t duration_us,
+              int micro_batch = -1,
+              int chunk = -1);
+
+  /// Restarts the clock at now (call right after a barrier, so that every rank's times
+  /// share one origin and merged traces line up). Spans recorded before shift with it.
+  void align_origin();
 
   /// Microseconds since this tracer was created.
   std::int64_t now_us() const;
@@ -55,6 +65,14 @@ class Tracer {
   /// path if it cannot be written.
   void write(const std::string& path, int pid) const;
 
+  /// This tracer's events as Chrome trace JSON objects separated by ",\n" (a process
+  /// name record first), with `pid` (the rank): one rank's share of a merged trace.
+  std::string events_json(int pid) const;
+
+  /// Writes one trace from several ranks' events_json() parts. Throws UsageError naming
+  /// the path if it cannot be written.
+  static void write_merged(const std::string& path, const std::vector<std::string>& parts);
+
   /// "trace.json" → "trace.rank3.json": one file per rank.
   static std::string per_rank_path(const std::string& path, int rank);
 
@@ -65,6 +83,8 @@ class Tracer {
     std::int64_t start_us;
     std::int64_t duration_us;
     std::uint64_t thread;
+    int micro_batch;
+    int chunk;
   };
 
   bool enabled_;

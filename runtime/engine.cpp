@@ -123,26 +123,27 @@ void check_same_input(Communicator& tp, const torch::Tensor& input) {
                  " got other data than its rank 0; index the data by mesh().coord().dp, not by world rank");
 }
 
-// The global gradient norm of a tensor-parallel model (each parameter's squares over
-// the number of ranks holding the same elements, summed over the group in float64,
-// so split parameters count in full and replicated ones once) and clipping as
-// torch::nn::utils::clip_grad_norm_ does (clip > 0). Returns the norm (not finite:
-// nothing clipped); every rank of the group reaches the same value.
-double clip_split_gradients(const std::vector<torch::Tensor>& optimized,
-                            const std::vector<torch::Tensor>& params,
-                            const tensor_parallel::ParallelizedModel& split,
-                            Communicator& tp,
-                            double clip) {
+// The global gradient norm of a model split over other ranks (tensor or pipeline
+// parallel): each parameter's squares times its weight (1 / the ranks holding the same
+// elements; 0 for a tied copy another stage counts), summed in float64 over `groups`, and
+// clipping as torch::nn::utils::clip_grad_norm_ does (clip > 0). Returns the norm (not
+// finite: nothing clipped); every rank of the groups reaches the same value.
+double clip_model_parallel_gradients(const std::vector<torch::Tensor>& optimized,
+                                     const std::vector<double>& weights,
+                                     const std::vector<Communicator*>& groups,
+                                     double clip) {
   torch::NoGradGuard no_grad;
   torch::Tensor squares = torch::zeros({1}, optimized.front().options().dtype(torch::kFloat64));
   for (std::size_t i = 0; i < optimized.size(); ++i) {
-    const double copies = static_cast<double>(split.copies(params[i]));
-    squares.add_(optimized[i].grad().to(torch::kFloat64).pow(2).sum() / copies);
+    if (weights[i] == 0.0 || !optimized[i].grad().defined()) continue;
+    squares.add_(optimized[i].grad().to(torch::kFloat64).pow(2).sum() * weights[i]);
   }
-  tp.all_reduce(squares)->wait();
+  for (Communicator* group : groups) group->all_reduce(squares)->wait();
   const double norm = std::sqrt(squares.item<double>());
   if (std::isfinite(norm) && clip > 0 && clip / (norm + 1e-6) < 1.0) {
-    for (const auto& p : optimized) p.grad().mul_(clip / (norm + 1e-6));
+    for (const auto& p : optimized) {
+      if (p.grad().defined()) p.grad().mul_(clip / (norm + 1e-6));
+    }
   }
   return norm;
 }
@@ -163,6 +164,8 @@ struct Engine::State {
   std::unique_ptr<StepTelemetry> telemetry;
   std::unique_ptr<tensor_parallel::ParallelizedModel> split;  ///< parallel.tp > 1
   std::vector<std::size_t> partial_gradients;  ///< indices into params summed over tp (sequence parallel)
+  bool pipeline = false;                       ///< a pipeline stage: the norm is summed over pp
+  std::vector<double> norm_weights;  ///< per param, when split or pipeline (see clip_model_parallel_gradients)
   mutable bool input_checked = false;
 
   std::int64_t grad_accum = 1;
@@ -175,11 +178,35 @@ struct Engine::State {
 };
 
 Engine::Engine(Runtime& runtime, std::shared_ptr<torch::nn::Module> model, const OptimizerSpec& spec)
+    : Engine(runtime, std::move(model), spec, nullptr) {}
+
+Engine::Engine(Runtime& runtime,
+               std::shared_ptr<torch::nn::Module> model,
+               const OptimizerSpec& spec,
+               const PipelineCoupling& coupling)
+    : Engine(runtime, std::move(model), spec, &coupling) {}
+
+Engine::Engine(Runtime& runtime,
+               std::shared_ptr<torch::nn::Module> model,
+               const OptimizerSpec& spec,
+               const PipelineCoupling* coupling)
     : state_(std::make_unique<State>()) {
   State& s = *state_;
   const Config& config = runtime.config();
-  PARALLAX_CHECK(config.parallel.pp == 1, ConfigError, "parallel.pp = ", config.parallel.pp,
-                 ": pipeline parallelism is not available in this build yet; use pp = 1");
+  PARALLAX_CHECK(config.parallel.pp == 1 || coupling != nullptr, ConfigError, "parallel.pp = ", config.parallel.pp,
+                 ": a pipeline needs the model as layer specs, so that each stage builds only its own layers; "
+                 "build a parallax::PipelineEngine (runtime/pipeline_engine.h) instead of rt.engine(model)");
+  if (coupling != nullptr) {
+    PARALLAX_CHECK(config.parallel.tp == 1, ConfigError, "parallel.tp = ", config.parallel.tp,
+                   " with parallel.pp = ", config.parallel.pp,
+                   ": tensor parallelism inside pipeline stages is not available in this build "
+                   "yet; use tp = 1 (pp x dp is supported)");
+    PARALLAX_CHECK(config.zero.stage == 0, ConfigError, "zero.stage = ", config.zero.stage,
+                   " with parallel.pp = ", config.parallel.pp,
+                   ": ZeRO inside pipeline stages is not available in this build yet; use "
+                   "zero.stage = 0 (plain data parallelism across pipeline replicas)");
+    s.pipeline = true;
+  }
   s.runtime = &runtime;
   s.model = std::move(model);
   s.spec = spec;
@@ -244,6 +271,16 @@ Engine::Engine(Runtime& runtime, std::shared_ptr<torch::nn::Module> model, const
     if (p.requires_grad() && seen.insert(p.unsafeGetTensorImpl()).second) s.params.push_back(p);
   }
   PARALLAX_CHECK(!s.params.empty(), UsageError, "every parameter of the model is frozen (requires_grad = false)");
+  if (s.split || s.pipeline) {
+    std::unordered_set<const void*> excluded;
+    if (coupling != nullptr) {
+      for (const auto& t : coupling->norm_excluded) excluded.insert(t.unsafeGetTensorImpl());
+    }
+    for (const auto& p : s.params) {
+      const double copies = s.split ? static_cast<double>(s.split->copies(p)) : 1.0;
+      s.norm_weights.push_back(excluded.count(p.unsafeGetTensorImpl()) ? 0.0 : 1.0 / copies);
+    }
+  }
   if (s.split) {
     std::unordered_set<const void*> partial;
     for (const auto& p : s.split->partial_gradient_parameters()) partial.insert(p.unsafeGetTensorImpl());
@@ -326,6 +363,30 @@ bool Engine::step() {
   State& s = *state_;
   if (s.micro_step < s.grad_accum) return false;
   s.micro_step = 0;
+  reduce_gradients();
+  const double local_loss = s.loss_sum.item<double>() / static_cast<double>(s.grad_accum);
+  s.loss_sum.zero_();
+  apply_step(local_loss);
+  return true;
+}
+
+void Engine::arm_gradient_reduction() {
+  if (state_->buckets) state_->buckets->arm();
+}
+
+void Engine::reduce_gradients() {
+  State& s = *state_;
+  if (s.sharded) return;  // ShardedModel::step finishes its own reductions
+  s.buckets->finish();
+  if (!s.partial_gradients.empty()) {
+    std::vector<torch::Tensor> partial;
+    for (std::size_t i : s.partial_gradients) partial.push_back(s.optimized()[i].grad());
+    sum_in_place(s.runtime->mesh().tp(), partial);
+  }
+}
+
+void Engine::apply_step(double local_loss) {
+  State& s = *state_;
   const double lr = scheduled_lr(s.spec, s.global_step);
   const double loss_scale = s.scaler ? s.scaler->scale() : 1.0;
   bool overflow = false;
@@ -342,21 +403,17 @@ bool Engine::step() {
     overflow = outcome.skipped;
     grad_norm = outcome.grad_norm;
   } else {
-    s.buckets->finish();
     auto span = tracer().span("optimizer", "compute");
     torch::NoGradGuard no_grad;
     if (s.scaler) {
       for (const auto& m : s.masters) m.mutable_grad().mul_(1.0 / loss_scale);
     }
-    Communicator& tp = s.runtime->mesh().tp();
-    if (!s.partial_gradients.empty()) {
-      std::vector<torch::Tensor> partial;
-      for (std::size_t i : s.partial_gradients) partial.push_back(s.optimized()[i].grad());
-      sum_in_place(tp, partial);
-    }
     const double clip = s.spec.optimizer.grad_clip;
-    if (s.split && (clip > 0 || s.scaler)) {
-      grad_norm = clip_split_gradients(s.optimized(), s.params, *s.split, tp, clip);
+    if ((s.split || s.pipeline) && (clip > 0 || s.scaler)) {
+      std::vector<Communicator*> groups;
+      if (s.split) groups.push_back(&s.runtime->mesh().tp());
+      if (s.pipeline) groups.push_back(&s.runtime->mesh().pp());
+      grad_norm = clip_model_parallel_gradients(s.optimized(), s.norm_weights, groups, clip);
       overflow = s.scaler != nullptr && !std::isfinite(grad_norm);
     } else if (clip > 0 || s.scaler) {
       // One global norm serves clipping and the overflow check (an infinite threshold
@@ -380,11 +437,19 @@ bool Engine::step() {
                                 s.scaler->scale(), " (", s.scaler->skipped_steps(), " skipped so far)");
   }
   ++s.global_step;
-
-  const double local_loss = s.loss_sum.item<double>() / static_cast<double>(s.grad_accum);
-  s.loss_sum.zero_();
   s.last = s.telemetry->end_window(s.global_step, local_loss, lr, grad_norm, model_state_bytes());
-  return true;
+}
+
+torch::Tensor Engine::reduced_gradient(const torch::Tensor& param) const {
+  const State& s = *state_;
+  for (std::size_t i = 0; i < s.params.size(); ++i) {
+    if (s.params[i].unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) return s.optimized()[i].grad();
+  }
+  throw UsageError("reduced_gradient: the tensor is not a trained parameter of this engine");
+}
+
+StepTelemetry& Engine::step_telemetry() {
+  return *state_->telemetry;
 }
 
 std::int64_t Engine::global_step() const {

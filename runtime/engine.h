@@ -62,6 +62,7 @@ namespace parallax {
 namespace zero {
 class ShardedModel;
 }
+class StepTelemetry;
 
 class Engine {
  public:
@@ -127,6 +128,29 @@ class Engine {
   std::int64_t skipped_steps() const;
 
  protected:
+  /// How a pipeline stage's engine couples to the other stages (runtime/pipeline_engine.h).
+  struct PipelineCoupling {
+    /// Parameters whose gradient norm another holder counts: every copy of a tied weight
+    /// but its first holder's.
+    std::vector<torch::Tensor> norm_excluded;
+  };
+  /// As the public constructor, for one pipeline stage's module: accepts parallel.pp > 1,
+  /// and sums the clipping norm over the pipeline group.
+  Engine(Runtime& runtime,
+         std::shared_ptr<torch::nn::Module> model,
+         const OptimizerSpec& spec,
+         const PipelineCoupling& coupling);
+  /// The pieces of step() for an engine that runs its own micro-batches (the pipeline):
+  /// arm the data-parallel reduction before the window's last backward; finish it (and
+  /// sum partial gradients); then clip, update and record the step with `local_loss`,
+  /// the mean loss of this rank's window. Collective as step() is.
+  void arm_gradient_reduction();
+  void reduce_gradients();
+  void apply_step(double local_loss);
+  StepTelemetry& step_telemetry();
+  /// The gradient the optimizer steps `param` with (its fp32 master's under bf16/fp16),
+  /// after reduce_gradients(). Throws UsageError for a tensor that is not a trained parameter.
+  torch::Tensor reduced_gradient(const torch::Tensor& param) const;
   /// Casts floating-point inputs to the compute dtype.
   torch::Tensor prepare_input(const torch::Tensor& input) const;
   /// Opens the step's timing window at its first forward.
@@ -138,6 +162,11 @@ class Engine {
   Tracer& tracer();
 
  private:
+  Engine(Runtime& runtime,
+         std::shared_ptr<torch::nn::Module> model,
+         const OptimizerSpec& spec,
+         const PipelineCoupling* coupling);
+
   struct State;
   std::unique_ptr<State> state_;
 };

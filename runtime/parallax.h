@@ -1,4 +1,5 @@
-// The one header a trainer includes: init, the runtime, the engine, the optimizer spec.
+// The one header a trainer includes: init, the runtime, the engines (plain and pipeline),
+// the optimizer spec.
 #pragma once
 
 #include "parallax/core/config.h"
@@ -8,5 +9,6 @@
 #include "parallax/core/world.h"
 #include "parallax/runtime/engine.h"
 #include "parallax/runtime/optimizer.h"
+#include "parallax/runtime/pipeline_engine.h"
 #include "parallax/runtime/runtime.h"
 #include "parallax/zero/deferred_construction.h"

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <sstream>
 
@@ -38,14 +39,50 @@ struct Runtime::State {
   ~State() {
     if (tracer && tracer->enabled() && world) {
       try {
-        tracer->write(Tracer::per_rank_path(config.logging.trace_file, world->rank()), world->rank());
+        write_merged_trace();
       } catch (const std::exception& e) {
-        logger.error(e.what());
+        // A peer that is gone (or a file that cannot be written) must not lose this
+        // rank's spans: they go to a file of its own.
+        logger.error("merging the trace failed (", e.what(), "); writing this rank's part alone");
+        try {
+          tracer->write(Tracer::per_rank_path(config.logging.trace_file, world->rank()), world->rank());
+        } catch (const std::exception& e2) {
+          logger.error(e2.what());
+        }
       }
     }
     // Communicators before the World that finalizes MPI.
     telemetry.reset();
     mesh.reset();
+  }
+
+  // Every rank's spans in one Chrome trace at logging.trace_file: each rank sends its
+  // part (length, then bytes) to rank 0 over the telemetry communicator, which writes
+  // them in rank order, one process per rank. Clocks share the origin set after init's
+  // barrier. Each message waits at most a minute.
+  void write_merged_trace() {
+    PARALLAX_CHECK(telemetry != nullptr, InternalError, "no telemetry communicator");
+    CollectiveOptions options;
+    options.timeout = std::chrono::seconds(60);
+    const int rank = world->rank();
+    const std::string mine = tracer->events_json(rank);
+    if (rank != 0) {
+      at::Tensor length = at::full({1}, static_cast<std::int64_t>(mine.size()), at::kLong);
+      telemetry->send(length, 0, 7, options)->wait();
+      at::Tensor bytes = at::empty({static_cast<std::int64_t>(mine.size())}, at::kByte);
+      std::memcpy(bytes.data_ptr(), mine.data(), mine.size());
+      telemetry->send(bytes, 0, 8, options)->wait();
+      return;
+    }
+    std::vector<std::string> parts{mine};
+    for (int peer = 1; peer < telemetry->size(); ++peer) {
+      at::Tensor length = at::empty({1}, at::kLong);
+      telemetry->recv(length, peer, 7, options)->wait();
+      at::Tensor bytes = at::empty({length.item<std::int64_t>()}, at::kByte);
+      telemetry->recv(bytes, peer, 8, options)->wait();
+      parts.emplace_back(static_cast<const char*>(bytes.data_ptr()), static_cast<std::size_t>(bytes.numel()));
+    }
+    Tracer::write_merged(config.logging.trace_file, parts);
   }
 };
 
@@ -107,6 +144,11 @@ proto::Plan make_plan(const Config& config) {
   plan.set_bucket_bytes(config.zero.bucket_bytes());
   plan.set_dtype(to_string(config.precision.dtype));
   plan.set_comm_backend("mpi");
+  if (config.parallel.pp > 1) {
+    plan.set_schedule(to_string(config.pipeline.schedule));
+    plan.set_virtual_stages(config.pipeline.virtual_stages);
+    plan.set_recompute(to_string(config.pipeline.recompute));
+  }
   return plan;
 }
 
@@ -163,6 +205,12 @@ void Runtime::start(const InitOptions& options) {
   s.rng.add(tensor_parallel::kSplitStream,
             static_cast<std::uint64_t>(s.config.train.seed) + 2718 + static_cast<std::uint64_t>(s.mesh->coord().tp));
   s.telemetry = s.world->communicator().split(0, s.world->rank(), "telemetry");
+  if (s.tracer->enabled()) {
+    // One time origin for every rank's spans (to within a barrier's skew), so the merged
+    // trace lines them up.
+    s.telemetry->barrier()->wait();
+    s.tracer->align_origin();
+  }
 
   // Ranks on one node share its cores: give each an equal share of intra-op threads,
   // so 8 ranks on a 64-core node do not each start 64 OpenMP threads.

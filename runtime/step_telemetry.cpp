@@ -13,7 +13,7 @@
 namespace parallax {
 namespace {
 
-constexpr std::int64_t kStateFields = 6;  // loss, then the ModelStateBytes fields
+constexpr std::int64_t kStateFields = 8;  // loss, the ModelStateBytes fields, pipeline compute and schedule ms
 constexpr std::int64_t kFieldsPerRank = kStateFields + 2 * static_cast<std::int64_t>(kCommOpCount);
 
 std::string human_rate(double per_second) {
@@ -67,6 +67,9 @@ StepMetrics StepTelemetry::end_window(
   m[3] = static_cast<double>(state.optimizer);
   m[4] = static_cast<double>(state.host);
   m[5] = static_cast<double>(state.nvme);
+  m[6] = compute_ms_;
+  m[7] = schedule_ms_;
+  compute_ms_ = schedule_ms_ = -1.0;
   for (std::size_t op = 0; op < kCommOpCount; ++op) {
     m[kStateFields + 2 * op] = static_cast<double>(delta.ops[op].calls);
     m[kStateFields + 1 + 2 * op] = static_cast<double>(delta.ops[op].bytes);
@@ -97,6 +100,14 @@ StepMetrics StepTelemetry::end_window(
     metrics.comm.push_back(counters);
   }
   metrics.loss = loss_sum / ranks;
+  double longest_schedule = -1.0;
+  for (int r = 0; r < ranks; ++r) longest_schedule = std::max(longest_schedule, a[r * kFieldsPerRank + 7]);
+  if (longest_schedule > 0) {
+    for (int r = 0; r < ranks; ++r) {
+      const double compute = a[r * kFieldsPerRank + 6];
+      metrics.bubble_fraction.push_back(compute >= 0 ? 1.0 - compute / longest_schedule : -1.0);
+    }
+  }
   const auto elapsed = std::chrono::steady_clock::now() - window_start_;
   metrics.step_ms = std::chrono::duration<double, std::milli>(elapsed).count();
   const double samples = static_cast<double>(runtime_.config().train.global_batch_size);

@@ -36,6 +36,13 @@ class StepTelemetry {
       std::int64_t step, double local_loss, double lr, double grad_norm, const ModelStateBytes& state);
 
   void set_tokens_per_sample(std::int64_t tokens) { tokens_per_sample_ = tokens; }
+  /// A pipeline stage's activity in the window: milliseconds of forward/backward compute
+  /// and from the schedule's start to its last compute. The next end_window reports each
+  /// rank's bubble fraction, 1 − compute / the longest schedule over all ranks.
+  void set_pipeline_activity(double compute_ms, double schedule_ms) {
+    compute_ms_ = compute_ms;
+    schedule_ms_ = schedule_ms;
+  }
 
  private:
   CommCounters training_counters() const;
@@ -47,6 +54,8 @@ class StepTelemetry {
   std::chrono::steady_clock::time_point window_start_;
   std::int64_t tokens_per_sample_ = 1;
   bool metrics_enabled_ = true;
+  double compute_ms_ = -1.0;  // -1: no pipeline activity this window
+  double schedule_ms_ = -1.0;
 };
 
 }  // namespace parallax

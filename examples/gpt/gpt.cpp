@@ -25,7 +25,7 @@ double unit(std::uint64_t h) {
 }  // namespace
 
 GPTOptions GPTOptions::from_table(const parallax::AppTable& table) {
-  table.expect_only({"vocab_size", "block_size", "d_model", "n_layer", "n_head", "d_ff"});
+  table.expect_only({"vocab_size", "block_size", "d_model", "n_layer", "n_head", "d_ff", "tie_embeddings"});
   GPTOptions o;
   o.vocab_size = table.get_int("vocab_size", o.vocab_size);
   o.block_size = table.get_int("block_size", o.block_size);
@@ -33,6 +33,7 @@ GPTOptions GPTOptions::from_table(const parallax::AppTable& table) {
   o.n_layer = table.get_int("n_layer", o.n_layer);
   o.n_head = table.get_int("n_head", o.n_head);
   o.d_ff = table.get_int("d_ff", o.d_ff);
+  o.tie_embeddings = table.get_bool("tie_embeddings", o.tie_embeddings);
   PARALLAX_CHECK(o.vocab_size >= 2 && o.block_size >= 1 && o.d_model >= 1 && o.n_layer >= 1 && o.n_head >= 1,
                  ConfigError, "[model]: vocab_size >= 2, block_size, d_model, n_layer, n_head >= 1 expected");
   PARALLAX_CHECK(o.d_model % o.n_head == 0, ConfigError, "model.n_head = ", o.n_head,
@@ -67,26 +68,81 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
   return h + mlp_proj_->forward(torch::gelu(fc_->forward(ln2_->forward(h))));
 }
 
-GPTImpl::GPTImpl(const GPTOptions& o) : options_(o) {
-  token_embedding_ = register_module("token_embedding", torch::nn::Embedding(o.vocab_size, o.d_model));
-  position_embedding_ = register_module("position_embedding", torch::nn::Embedding(o.block_size, o.d_model));
-  blocks_ = register_module("blocks", torch::nn::ModuleList());
-  for (std::int64_t i = 0; i < o.n_layer; ++i) blocks_->push_back(Block(o));
-  ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.d_model})));
-  head_ = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(o.d_model, o.vocab_size).bias(false)));
-  // GPT-2 style small init keeps early losses near ln(vocab).
+namespace {
+
+// GPT-2 style small init keeps early losses near ln(vocab).
+template <typename Holder>
+Holder initialized(Holder layer) {
   torch::NoGradGuard no_grad;
-  for (auto& p : parameters()) {
+  for (auto& p : layer->parameters()) {
     if (p.dim() >= 2) p.normal_(0.0, 0.02);
   }
+  return layer;
+}
+
+}  // namespace
+
+EmbeddingsImpl::EmbeddingsImpl(const GPTOptions& o) {
+  token_embedding = register_module("token_embedding", torch::nn::Embedding(o.vocab_size, o.d_model));
+  position_embedding = register_module("position_embedding", torch::nn::Embedding(o.block_size, o.d_model));
+}
+
+torch::Tensor EmbeddingsImpl::forward(const torch::Tensor& tokens) {
+  auto positions = torch::arange(tokens.size(1), torch::TensorOptions().dtype(torch::kLong));
+  return token_embedding->forward(tokens) + position_embedding->forward(positions).unsqueeze(0);
+}
+
+LmHeadImpl::LmHeadImpl(const GPTOptions& o) {
+  ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.d_model})));
+  head = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(o.d_model, o.vocab_size).bias(false)));
+}
+
+torch::Tensor LmHeadImpl::forward(const torch::Tensor& x) {
+  return head->forward(ln_f->forward(x));
+}
+
+torch::Tensor LmHeadImpl::forward_with(const torch::Tensor& x, const torch::Tensor& weight) {
+  return torch::nn::functional::linear(ln_f->forward(x), weight);
+}
+
+std::vector<parallax::pipeline::LayerSpec> layer_specs(const GPTOptions& o) {
+  namespace pl = parallax::pipeline;
+  std::vector<pl::LayerSpec> specs;
+  specs.push_back(pl::layer<EmbeddingsImpl>("embeddings", [o] { return initialized(Embeddings(o)); }));
+  if (o.tie_embeddings) specs.back().tie("wte", "token_embedding.weight");
+  for (std::int64_t i = 0; i < o.n_layer; ++i) {
+    specs.push_back(pl::layer<BlockImpl>("blocks." + std::to_string(i), [o] { return initialized(Block(o)); }));
+  }
+  specs.push_back(pl::layer<LmHeadImpl>("head", [o] { return initialized(LmHead(o)); }));
+  if (o.tie_embeddings) specs.back().tie("wte", "head.weight");
+  return specs;
+}
+
+torch::Tensor pipeline_loss(const parallax::pipeline::Activation& output,
+                            const parallax::pipeline::Activation& targets) {
+  return language_model_loss(output.at(0), targets.at(0));
+}
+
+GPTImpl::GPTImpl(const GPTOptions& o, std::uint64_t seed) : options_(o) {
+  const std::vector<parallax::pipeline::LayerSpec> specs = layer_specs(o);
+  auto build = [&](std::size_t i) {
+    return parallax::pipeline::build_seeded(specs[i].build, seed, static_cast<std::int64_t>(i));
+  };
+  embeddings_ = std::dynamic_pointer_cast<EmbeddingsImpl>(build(0));
+  register_module("token_embedding", embeddings_->token_embedding);
+  register_module("position_embedding", embeddings_->position_embedding);
+  blocks_ = register_module("blocks", torch::nn::ModuleList());
+  for (std::int64_t i = 0; i < o.n_layer; ++i) blocks_->push_back(build(static_cast<std::size_t>(i) + 1));
+  output_ = std::dynamic_pointer_cast<LmHeadImpl>(build(specs.size() - 1));
+  register_module("ln_f", output_->ln_f);
+  if (!o.tie_embeddings) register_module("head", output_->head);
 }
 
 torch::Tensor GPTImpl::forward(const torch::Tensor& tokens) {
-  const auto seq = tokens.size(1);
-  auto positions = torch::arange(seq, torch::TensorOptions().dtype(torch::kLong));
-  auto x = token_embedding_->forward(tokens) + position_embedding_->forward(positions).unsqueeze(0);
+  auto x = embeddings_->forward(tokens);
   for (const auto& block : *blocks_) x = block->as<BlockImpl>()->forward(x);
-  return head_->forward(ln_f_->forward(x));
+  if (options_.tie_embeddings) return output_->forward_with(x, embeddings_->token_embedding->weight);
+  return output_->forward(x);
 }
 
 torch::Tensor language_model_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
@@ -148,7 +204,7 @@ Example build_example(const parallax::Config& config) {
   // unit by unit while the engine shards it.
   std::optional<parallax::zero::DeferredConstruction> deferred;
   if (config.zero.stage == 3 && config.precision.dtype == parallax::Dtype::kFp32) deferred.emplace();
-  GPT model(options);
+  GPT model(options, static_cast<std::uint64_t>(config.train.seed));
   deferred.reset();
   return Example{options, std::move(data), std::move(model)};
 }

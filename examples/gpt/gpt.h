@@ -1,7 +1,11 @@
 // A small decoder-only transformer (GPT) and a synthetic token stream to train it on.
 //
 // Model: token + position embeddings, n_layer pre-LayerNorm blocks (causal
-// self-attention, GELU MLP), a final LayerNorm and an LM head.
+// self-attention, GELU MLP), a final LayerNorm and an LM head (optionally tied to the
+// token embedding). The same model comes in two forms built by the same code: GPT, an
+// ordinary module, and layer_specs(), the n_layer + 2 layers a pipeline builds stage by
+// stage. Layer i starts from LibTorch's generator seeded with (seed, i) in both forms,
+// so they start identical.
 // Data: each sample is a sequence whose next token is a fixed permutation of the
 // current one, except with probability `noise` a uniformly random token. The
 // permutation is learnable, so the loss falls from ln(vocab) towards the noise floor.
@@ -13,6 +17,9 @@
 
 #include <cstdint>
 #include <utility>
+#include <vector>
+
+#include "parallax/pipeline/layers.h"
 
 namespace parallax {
 class AppTable;
@@ -28,8 +35,11 @@ struct GPTOptions {
   std::int64_t n_layer = 2;
   std::int64_t n_head = 4;  ///< must divide d_model
   std::int64_t d_ff = 0;    ///< MLP hidden size; 0 = 4 × d_model
+  /// The LM head reuses the token embedding's weight. Default: false.
+  bool tie_embeddings = false;
 
-  /// The [model] table: vocab_size, block_size, d_model, n_layer, n_head, d_ff.
+  /// The [model] table: vocab_size, block_size, d_model, n_layer, n_head, d_ff,
+  /// tie_embeddings.
   static GPTOptions from_table(const parallax::AppTable& table);
 };
 
@@ -45,19 +55,52 @@ class BlockImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Block);
 
+/// Layer 0: token + position embeddings. tokens [batch, seq] int64 → [batch, seq, d_model].
+class EmbeddingsImpl : public torch::nn::Module {
+ public:
+  explicit EmbeddingsImpl(const GPTOptions& options);
+  torch::Tensor forward(const torch::Tensor& tokens);
+
+  torch::nn::Embedding token_embedding{nullptr}, position_embedding{nullptr};
+};
+TORCH_MODULE(Embeddings);
+
+/// The last layer: final LayerNorm and LM head. [batch, seq, d_model] → logits [batch, seq, vocab].
+class LmHeadImpl : public torch::nn::Module {
+ public:
+  explicit LmHeadImpl(const GPTOptions& options);
+  torch::Tensor forward(const torch::Tensor& x);
+  /// With a tied head: logits through `weight` (the token embedding's) instead of head.
+  torch::Tensor forward_with(const torch::Tensor& x, const torch::Tensor& weight);
+
+  torch::nn::LayerNorm ln_f{nullptr};
+  torch::nn::Linear head{nullptr};
+};
+TORCH_MODULE(LmHead);
+
+/// The model as n_layer + 2 layer specs: "embeddings", "blocks.0" ..., "head". With
+/// tie_embeddings, the head's weight is tied to the token embedding's (key "wte").
+std::vector<parallax::pipeline::LayerSpec> layer_specs(const GPTOptions& options);
+
+/// Next-token loss of the last layer's output against the micro-batch's targets.
+torch::Tensor pipeline_loss(const parallax::pipeline::Activation& output,
+                            const parallax::pipeline::Activation& targets);
+
 class GPTImpl : public torch::nn::Module {
  public:
-  explicit GPTImpl(const GPTOptions& options);
+  /// Built from layer_specs(options), layer i seeded with (seed, i). Its parameters keep
+  /// flat names: token_embedding, position_embedding, blocks.N..., ln_f, head (no head
+  /// with tie_embeddings: the token embedding's weight serves both).
+  explicit GPTImpl(const GPTOptions& options, std::uint64_t seed = 1234);
   /// tokens [batch, seq] int64 → logits [batch, seq, vocab].
   torch::Tensor forward(const torch::Tensor& tokens);
   const GPTOptions& options() const { return options_; }
 
  private:
   GPTOptions options_;
-  torch::nn::Embedding token_embedding_{nullptr}, position_embedding_{nullptr};
+  std::shared_ptr<EmbeddingsImpl> embeddings_;
   torch::nn::ModuleList blocks_;
-  torch::nn::LayerNorm ln_f_{nullptr};
-  torch::nn::Linear head_{nullptr};
+  std::shared_ptr<LmHeadImpl> output_;
 };
 TORCH_MODULE(GPT);
 
@@ -91,9 +134,9 @@ std::int64_t first_sample(std::int64_t step,
                           std::int64_t grad_accum);
 
 /// What a trainer of this example builds from a loaded config: the [model] options, the
-/// [data] stream, and the model. At ZeRO stage 3 in fp32 the model is built under
-/// parallax::zero::DeferredConstruction, so no rank ever holds all of it. Call after
-/// parallax::init, which seeds LibTorch alike on every rank.
+/// [data] stream, and the model (seeded with train.seed). At ZeRO stage 3 in fp32 the
+/// model is built under parallax::zero::DeferredConstruction, so no rank ever holds all
+/// of it. Call after parallax::init.
 struct Example {
   GPTOptions options;
   SyntheticTokens data;

@@ -1,6 +1,9 @@
 // Trains the small GPT on the synthetic token stream with whatever strategy the config
 // chooses. Usage:
 //   mpirun -np 4 ./train_gpt --config configs/dp.toml [--set train.steps=50]...
+//   mpirun -np 4 ./train_gpt --config configs/pp.toml [--print-schedule]
+// With parallel.pp > 1 the model is given as layer specs to a PipelineEngine;
+// --print-schedule prints the schedule's timeline on rank 0 and exits.
 #include <chrono>
 #include <cstdio>
 
@@ -9,7 +12,68 @@
 
 namespace {
 
+bool has_flag(const parallax::Runtime& rt, const std::string& flag) {
+  for (const std::string& arg : rt.args()) {
+    if (arg == flag) return true;
+  }
+  return false;
+}
+
+void print_summary(parallax::Runtime& rt, double seconds, double first_loss, double last_loss, double total_ms) {
+  const auto& train = rt.config().train;
+  const auto& degrees = rt.mesh().degrees();
+  const auto block_size = rt.config().app_table("model").get_int("block_size", 32);
+  char line[256];
+  std::snprintf(line, sizeof(line),
+                "done: %lld steps in %.1f s | loss %.4f -> %.4f | %.1f ms/step | %.0f tok/s | %d ranks (tp=%d, pp=%d, "
+                "dp=%d)",
+                static_cast<long long>(train.steps), seconds, first_loss, last_loss,
+                total_ms / static_cast<double>(train.steps),
+                static_cast<double>(train.steps * train.global_batch_size * block_size) / seconds, rt.world().size(),
+                degrees.tp, degrees.pp, degrees.dp);
+  rt.logger().summary(line);
+}
+
+// The same model as layer specs, over pipeline stages.
+int train_pipeline(parallax::Runtime& rt) {
+  const parallax::Config& config = rt.config();
+  const auto options = gpt::GPTOptions::from_table(config.app_table("model"));
+  const auto data = config.app.count("data")
+                        ? gpt::SyntheticTokens::from_table(config.app_table("data"), options, config.train.seed)
+                        : gpt::SyntheticTokens(options.vocab_size, options.block_size, config.train.seed);
+  const auto& train = config.train;
+  const int dp_rank = rt.mesh().coord().dp;
+  const int dp = rt.mesh().degrees().dp;
+  auto micro_batch = [&](std::int64_t step, std::int64_t micro) {
+    auto [inputs, targets] = data.batch(
+        gpt::first_sample(step, micro, dp_rank, dp, train.micro_batch_size, train.grad_accum), train.micro_batch_size);
+    return parallax::pipeline::MicroBatch{{inputs}, {targets}};
+  };
+  parallax::PipelineEngineOptions engine_options;
+  engine_options.profile_batch = micro_batch(0, 0);
+  parallax::PipelineEngine engine(rt, gpt::layer_specs(options), gpt::pipeline_loss,
+                                  parallax::OptimizerSpec::from(config), engine_options);
+  if (has_flag(rt, "--print-schedule")) {
+    rt.logger().summary(engine.timeline());
+    return 0;
+  }
+  engine.set_tokens_per_sample(options.block_size);
+  double first_loss = 0.0;
+  double total_ms = 0.0;
+  const auto start = std::chrono::steady_clock::now();
+  for (std::int64_t step = 0; step < train.steps; ++step) {
+    std::int64_t micro = 0;
+    const double loss = engine.train_batch([&] { return micro_batch(step, micro++); });
+    if (step == 0) first_loss = loss;
+    total_ms += engine.last_metrics().step_ms;
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  print_summary(rt, seconds, first_loss, engine.last_loss(), total_ms);
+  return 0;
+}
+
 int train(parallax::Runtime& rt) {
+  if (rt.config().parallel.pp > 1) return train_pipeline(rt);
   const parallax::Config& config = rt.config();
   // At ZeRO stage 3 the model is built without any rank ever holding all of it.
   auto [model_options, data, model] = gpt::build_example(config);
@@ -36,14 +100,7 @@ int train(parallax::Runtime& rt) {
     total_ms += engine.last_metrics().step_ms;
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  char line[256];
-  std::snprintf(line, sizeof(line),
-                "done: %lld steps in %.1f s | loss %.4f -> %.4f | %.1f ms/step | %.0f tok/s | %d ranks (tp=%d, dp=%d)",
-                static_cast<long long>(train.steps), seconds, first_loss, engine.last_loss(),
-                total_ms / static_cast<double>(train.steps),
-                static_cast<double>(train.steps * train.global_batch_size * model_options.block_size) / seconds,
-                rt.world().size(), rt.mesh().degrees().tp, dp);
-  rt.logger().summary(line);
+  print_summary(rt, seconds, first_loss, engine.last_loss(), total_ms);
   return 0;
 }
 

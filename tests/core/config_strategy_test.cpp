@@ -147,5 +147,46 @@ TEST_F(ConfigTest, BadTensorParallelPlansSayWhy) {
   EXPECT_CONTAINS(load_error("[tensor_parallel]\nsequence_dim = 1\n"), "a dimension counted from the end");
 }
 
+TEST_F(ConfigTest, PipelineSectionReadsEveryKeyAndWritesWhatLoadsBack) {
+  const Config config = load({write("a.toml",
+                                    "[parallel]\npp = 2\n[pipeline]\nschedule = \"interleaved\"\nvirtual_stages = 2\n"
+                                    "partition = [0, 2, 3, 5, 8]\nrecompute = \"full\"\n")});
+  EXPECT_EQ(config.pipeline.schedule, PipelineSchedule::kInterleaved);
+  EXPECT_EQ(config.pipeline.virtual_stages, 2);
+  EXPECT_EQ(config.pipeline.partition, PipelinePartition::kExplicit);
+  EXPECT_EQ(config.pipeline.boundaries, (std::vector<std::int64_t>{0, 2, 3, 5, 8}));
+  EXPECT_EQ(config.pipeline.recompute, Recompute::kFull);
+  const std::string text = to_toml(config);
+  EXPECT_CONTAINS(text, "partition = [0, 2, 3, 5, 8]");
+  EXPECT_CONTAINS(text, "schedule = \"interleaved\"");
+  const Config again = load({write("b.toml", text)});
+  EXPECT_EQ(again.pipeline.boundaries, config.pipeline.boundaries);
+  EXPECT_EQ(again.pipeline.schedule, config.pipeline.schedule);
+  // The default writes a name, not a list.
+  EXPECT_CONTAINS(to_toml(load({write("c.toml", "[pipeline]\npartition = \"profile\"\n")})), "partition = \"profile\"");
+}
+
+TEST_F(ConfigTest, PipelineErrorsNameKeyValueAndAllowed) {
+  std::string path;
+  const std::string typo = load_error("[pipeline]\nschedule = \"1f1c\"\n", &path);
+  EXPECT_CONTAINS(typo, "pipeline.schedule = \"1f1c\" at " + path + ":2:12");
+  EXPECT_CONTAINS(typo, "\"gpipe\", \"1f1b\", \"interleaved\", \"zb-h1\"");
+  EXPECT_CONTAINS(typo, "did you mean \"1f1b\"?");
+  EXPECT_CONTAINS(load_error("[pipeline]\npartition = \"layers\"\n"),
+                  "one of \"uniform\", \"parameters\", \"profile\", or an array of integers");
+  EXPECT_CONTAINS(load_error("[parallel]\npp = 2\n[pipeline]\nschedule = \"interleaved\"\n"),
+                  "interleaving needs pipeline.virtual_stages > 1");
+  EXPECT_CONTAINS(load_error("[pipeline]\nschedule = \"interleaved\"\nvirtual_stages = 2\n"),
+                  "it needs parallel.pp > 1");
+  EXPECT_CONTAINS(load_error("[parallel]\npp = 2\n[pipeline]\nvirtual_stages = 2\n"),
+                  "only schedule = \"interleaved\" runs several chunks per rank");
+  EXPECT_CONTAINS(load_error("[parallel]\npp = 2\n[pipeline]\npartition = [0, 4]\n"),
+                  "a list of 3 boundaries expected");
+  EXPECT_CONTAINS(load_error("[parallel]\npp = 2\n[pipeline]\npartition = [1, 3, 4]\n"),
+                  "the first boundary must be 0");
+  EXPECT_CONTAINS(load_error("[parallel]\npp = 2\n[pipeline]\npartition = [0, 4, 4]\n"), "boundaries must increase");
+  EXPECT_CONTAINS(load_error("[pipeline]\npartition = [0, \"a\"]\n"), "or an array of integers");
+}
+
 }  // namespace
 }  // namespace parallax

@@ -211,9 +211,9 @@ TEST_F(ConfigTest, UnknownTableListsKnownAndApplicationTables) {
   const std::string file = write("a.toml", "[optimiser]\nlr = 1\n");
   const std::string error = error_of([&] { load({file}, {}, {"model", "data"}); });
   EXPECT_CONTAINS(error, "unknown table [optimiser] at " + file + ":1:2; did you mean [optimizer]?");
-  EXPECT_CONTAINS(
-      error,
-      "known tables: train, optimizer, scheduler, precision, parallel, zero, offload, tensor_parallel, comm, logging");
+  EXPECT_CONTAINS(error,
+                  "known tables: train, optimizer, scheduler, precision, parallel, zero, offload, tensor_parallel, "
+                  "pipeline, comm, logging");
   EXPECT_CONTAINS(error, "tables of this application: model, data");
   EXPECT_CONTAINS(load_error("steps = 3\n"), "unknown top-level key 'steps'");
 }

@@ -44,6 +44,14 @@ TEST(Metrics, JsonLineHasTheContractFieldsIndexedByRank) {
   }
 }
 
+TEST(Metrics, BubbleFractionsOnlyForPipelines) {
+  StepMetrics m;
+  EXPECT_EQ(to_json_line(m).find("bubble_fraction"), std::string::npos);
+  m.bubble_fraction = {0.25, 0.5};
+  const std::string line = to_json_line(m);
+  EXPECT_NE(line.find(",\"bubble_fraction\":[0.25,0.5]}"), std::string::npos) << line;
+}
+
 TEST(Metrics, DivergedLossIsWrittenAsNull) {
   StepMetrics m;
   m.loss = std::nan("");

@@ -64,6 +64,20 @@ expect_failure "plan split does not divide" \
   '\[rank 3\] ConfigError: tensor_parallel.plan."blocks.\*.fc"' -- \
   -np 4 "$train" --config "$configs/tp.toml" --set parallel.tp=4 --set model.d_ff=130
 
+# Pipelines: a stage count that does not divide the ranks, a schedule that does not
+# exist, more stages than layers: every rank says what and why.
+expect_failure "pp does not divide world" \
+  '\[rank 0\] ConfigError: .*parallel.pp \(2\) = 2 does not divide the world size \(3 ranks\)' \
+  '\[rank 2\] ConfigError: .*parallel.pp \(2\)' -- \
+  -np 3 "$train" --config "$configs/pp.toml"
+expect_failure "unknown schedule" \
+  '\[rank 0\] ConfigError: pipeline.schedule = "1f2b" .*did you mean "1f1b"\?' '\[rank 1\] ConfigError: pipeline.schedule' -- \
+  -np 2 "$train" --config "$configs/pp.toml" --set 'pipeline.schedule="1f2b"'
+expect_failure "more stages than layers" \
+  '\[rank 0\] ConfigError: parallel.pp = 4 pipeline stages need at least 4 layers' \
+  '\[rank 3\] ConfigError: parallel.pp = 4 pipeline stages need at least 4 layers' -- \
+  -np 4 "$train" --config "$configs/pp.toml" --set parallel.pp=4 --set model.n_layer=1
+
 if [ "$failures" -ne 0 ]; then
   echo "$failures bad-launch case(s) failed"; exit 1
 fi

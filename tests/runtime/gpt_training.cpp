@@ -31,8 +31,7 @@ parallax::Config make_config(std::int64_t grad_accum, const std::vector<std::str
 Trajectory train_reference(const parallax::Config& config) {
   const auto options = gpt::GPTOptions::from_table(config.app_table("model"));
   const gpt::SyntheticTokens data(options.vocab_size, options.block_size, config.train.seed);
-  torch::manual_seed(config.train.seed);
-  gpt::GPT model(options);
+  gpt::GPT model(options, static_cast<std::uint64_t>(config.train.seed));
   auto spec = parallax::OptimizerSpec::from(config);
   auto optimizer = parallax::make_optimizer(spec.optimizer, model->parameters());
   Trajectory out;
@@ -56,12 +55,7 @@ DistributedRun train_distributed(parallax::Config config) {
   const auto options = gpt::GPTOptions::from_table(c.app_table("model"));
   const gpt::SyntheticTokens data(options.vocab_size, options.block_size, c.train.seed);
   // Every rank seeds differently: the engine's broadcast must make them agree.
-  torch::manual_seed(c.train.seed + 1000 * rt.world().rank());
-  gpt::GPT model(options);
-  if (rt.world().rank() == 0) {
-    torch::manual_seed(c.train.seed);
-    model = gpt::GPT(options);
-  }
+  gpt::GPT model(options, static_cast<std::uint64_t>(c.train.seed + 1000 * rt.world().rank()));
   auto engine = rt.engine(model, parallax::OptimizerSpec::from(c));
   const int dp_rank = rt.mesh().coord().dp, dp = rt.mesh().degrees().dp;
   DistributedRun run;

@@ -124,7 +124,7 @@ TEST(DeferredConstruction, TrainsUnderStage3LikeTheReferenceWithoutEverHoldingTh
   std::shared_ptr<gpt::GPTImpl> model;
   {
     parallax::zero::DeferredConstruction scope(/*min_elements=*/256);
-    model = gpt::GPT(options).ptr();
+    model = gpt::GPT(options, static_cast<std::uint64_t>(c.train.seed)).ptr();
   }
   const std::int64_t largest_parameter = largest_parameter_bytes(*model);
   auto engine = rt.engine(model, parallax::OptimizerSpec::from(c));

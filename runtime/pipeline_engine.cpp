@@ -1,0 +1,286 @@
+#include "parallax/runtime/pipeline_engine.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "parallax/core/config_loader.h"
+#include "parallax/core/error.h"
+#include "parallax/core/mesh.h"
+#include "parallax/core/world.h"
+#include "parallax/pipeline/partition.h"
+#include "parallax/runtime/step_telemetry.h"
+
+namespace parallax {
+namespace {
+
+constexpr int kTieValueTag = 3;  // first holder → other holders, at construction
+constexpr int kTieGradTag = 4;   // holder → first holder: its copies' gradient sum
+constexpr int kTieSumTag = 5;    // first holder → holders: the total
+
+// Step 1 of the construction protocol.
+PipelineLayout choose_layout(Runtime& runtime,
+                             const std::vector<pipeline::LayerSpec>& specs,
+                             const pipeline::LossFunction& loss,
+                             const PipelineEngineOptions& options) {
+  const Config& config = runtime.config();
+  const auto layers = static_cast<std::int64_t>(specs.size());
+  const int pp = config.parallel.pp;
+  const int virtual_stages = config.pipeline.virtual_stages;
+  const int parts = pp * virtual_stages;
+  PARALLAX_CHECK(layers >= pp, ConfigError, "parallel.pp = ", pp, " pipeline stages need at least ", pp,
+                 " layers (one per stage), but the model has ", layers, " layer spec(s)");
+  PARALLAX_CHECK(layers >= parts, ConfigError, "pipeline.virtual_stages = ", virtual_stages, " with parallel.pp = ", pp,
+                 " cuts the model into ", parts, " parts of at least one layer each, but it has ", layers,
+                 " layer spec(s); interleave with at most virtual_stages = ", layers / pp, " or use a deeper model");
+  PipelineLayout layout;
+  layout.partition = to_string(config.pipeline.partition);
+  const auto seed = static_cast<std::uint64_t>(config.train.seed);
+  switch (config.pipeline.partition) {
+    case PipelinePartition::kUniform:
+      layout.boundaries = pipeline::uniform_boundaries(layers, parts);
+      break;
+    case PipelinePartition::kParameters:
+      layout.layer_weights = pipeline::parameter_counts(specs, seed);
+      layout.boundaries = pipeline::balanced_boundaries(layout.layer_weights, parts);
+      break;
+    case PipelinePartition::kProfile: {
+      PARALLAX_CHECK(options.profile_batch.has_value(), ConfigError,
+                     "pipeline.partition = \"profile\" times each layer on a sample micro-batch: pass one in "
+                     "PipelineEngineOptions::profile_batch (or use \"parameters\")");
+      const pipeline::MicroBatch& sample = *options.profile_batch;
+      std::vector<double> times = pipeline::profile_layers(
+          specs, seed, sample.inputs, [&](const pipeline::Activation& output) { return loss(output, sample.targets); });
+      // Every rank measured; all use the mean, so every rank cuts the model the same way.
+      torch::Tensor sum = torch::tensor(times, torch::kFloat64);
+      runtime.telemetry().all_reduce(sum)->wait();
+      sum.div_(runtime.telemetry().size());
+      layout.layer_weights.assign(sum.data_ptr<double>(), sum.data_ptr<double>() + sum.numel());
+      layout.boundaries = pipeline::balanced_boundaries(layout.layer_weights, parts);
+      break;
+    }
+    case PipelinePartition::kExplicit:
+      layout.boundaries = config.pipeline.boundaries;
+      PARALLAX_CHECK(layout.boundaries.back() == layers, ConfigError, "pipeline.partition = [...] ends at ",
+                     layout.boundaries.back(), ", but the model has ", layers,
+                     " layer spec(s): the last boundary must be the layer count");
+      break;
+  }
+  return layout;
+}
+
+void describe_layout(Runtime& runtime,
+                     const PipelineLayout& layout,
+                     const std::vector<pipeline::LayerSpec>& specs,
+                     const pipeline::ScheduleShape& shape) {
+  const Config& config = runtime.config();
+  runtime.logger().summary(
+      "# pipeline: pp = ", shape.stages, " x dp = ", runtime.mesh().degrees().dp, ", schedule ",
+      to_string(config.pipeline.schedule), ", ", shape.micro_batches, " micro-batch(es)",
+      shape.virtual_stages > 1 ? ", " + std::to_string(shape.virtual_stages) + " chunks per stage" : std::string(),
+      ", recompute ", to_string(config.pipeline.recompute), ", partition ", layout.partition, ": ",
+      pipeline::describe_boundaries(layout.boundaries, layout.layer_weights));
+  for (int part = 0; part < shape.parts(); ++part) {
+    const std::int64_t first = layout.boundaries[part];
+    const std::int64_t last = layout.boundaries[part + 1] - 1;
+    runtime.logger().summary("#   stage ", part % shape.stages, " chunk ", part / shape.stages, ": layers ", first,
+                             "..", last, " (", specs[first].name, first == last ? "" : " .. " + specs[last].name, ")");
+  }
+}
+
+}  // namespace
+
+struct PipelineEngine::Built {
+  Runtime* runtime = nullptr;
+  pipeline::ScheduleShape shape;
+  int stage = 0;
+  PipelineLayout layout;
+  pipeline::LossFunction loss;
+  std::shared_ptr<torch::nn::Module> module;  // children "chunk0", "chunk1", ...
+  std::vector<pipeline::LayerSequence> chunks;
+  PipelineCoupling coupling;
+
+  /// One tied key: the stages holding it (ascending), the first holder's stage, and
+  /// this stage's copies in layer order.
+  struct Tie {
+    std::string key;
+    int owner = 0;
+    std::vector<int> stages;
+    std::vector<torch::Tensor> local;
+  };
+  std::vector<Tie> ties;
+  std::unique_ptr<pipeline::Transport> transport;
+  std::unique_ptr<pipeline::StageExecutor> executor;
+};
+
+namespace {
+
+// The tied keys of the whole model, with their holders' stages, and this stage's copies.
+template <typename Tie>
+std::vector<Tie> find_ties(const std::vector<pipeline::LayerSpec>& specs,
+                           const PipelineLayout& layout,
+                           const pipeline::ScheduleShape& shape,
+                           const std::vector<pipeline::LayerSequence>& chunks) {
+  std::map<std::string, Tie> by_key;
+  for (std::size_t layer = 0; layer < specs.size(); ++layer) {
+    const auto part = static_cast<int>(
+        std::upper_bound(layout.boundaries.begin(), layout.boundaries.end(), static_cast<std::int64_t>(layer)) -
+        layout.boundaries.begin() - 1);
+    for (const pipeline::TiedParameter& tied : specs[layer].tied) {
+      Tie& tie = by_key[tied.key];
+      if (tie.stages.empty()) {
+        tie.key = tied.key;
+        tie.owner = part % shape.stages;
+      }
+      tie.stages.push_back(part % shape.stages);
+    }
+  }
+  for (const pipeline::LayerSequence& chunk : chunks) {
+    for (const auto& [key, tensor] : chunk->tied_parameters()) by_key[key].local.push_back(tensor);
+  }
+  std::vector<Tie> ties;
+  for (auto& [key, tie] : by_key) {
+    std::sort(tie.stages.begin(), tie.stages.end());
+    tie.stages.erase(std::unique(tie.stages.begin(), tie.stages.end()), tie.stages.end());
+    ties.push_back(std::move(tie));
+  }
+  return ties;
+}
+
+}  // namespace
+
+PipelineEngine::PipelineEngine(Runtime& runtime,
+                               std::vector<pipeline::LayerSpec> specs,
+                               pipeline::LossFunction loss,
+                               const OptimizerSpec& spec,
+                               const PipelineEngineOptions& options)
+    : PipelineEngine(
+          runtime,
+          [&]() {
+            const Config& config = runtime.config();
+            auto built = std::make_shared<Built>();
+            built->runtime = &runtime;
+            built->loss = std::move(loss);
+            built->stage = runtime.mesh().coord().pp;
+            built->shape = {config.pipeline.schedule, config.parallel.pp, static_cast<int>(config.train.grad_accum),
+                            config.pipeline.virtual_stages};
+            pipeline::validate(built->shape);
+            built->layout = choose_layout(runtime, specs, built->loss, options);
+            describe_layout(runtime, built->layout, specs, built->shape);
+            // Step 2: only this stage's parts.
+            built->module = std::make_shared<torch::nn::Module>("PipelineStage");
+            for (int chunk = 0; chunk < built->shape.virtual_stages; ++chunk) {
+              const int part = pipeline::part_of(built->shape, built->stage, chunk);
+              built->chunks.push_back(built->module->register_module(
+                  "chunk" + std::to_string(chunk),
+                  pipeline::LayerSequence(specs, built->layout.boundaries[part], built->layout.boundaries[part + 1],
+                                          static_cast<std::uint64_t>(config.train.seed))));
+            }
+            // Step 3: tied copies take their first holder's value.
+            built->ties = find_ties<Built::Tie>(specs, built->layout, built->shape, built->chunks);
+            Communicator& pp = runtime.mesh().pp();
+            torch::NoGradGuard no_grad;
+            for (Built::Tie& tie : built->ties) {
+              if (tie.local.empty()) continue;
+              if (built->stage != tie.owner) {
+                torch::Tensor value = tie.local.front().detach();
+                pp.recv(value, tie.owner, kTieValueTag)->wait();
+              } else {
+                for (int peer : tie.stages) {
+                  if (peer != tie.owner) pp.send(tie.local.front().detach(), peer, kTieValueTag)->wait();
+                }
+              }
+              for (std::size_t i = 1; i < tie.local.size(); ++i) tie.local[i].detach().copy_(tie.local[0]);
+              const std::size_t counted = built->stage == tie.owner ? 1 : 0;
+              for (std::size_t i = counted; i < tie.local.size(); ++i) {
+                built->coupling.norm_excluded.push_back(tie.local[i]);
+              }
+            }
+            return built;
+          }(),
+          spec) {}
+
+PipelineEngine::PipelineEngine(Runtime& runtime, std::shared_ptr<Built> built, const OptimizerSpec& spec)
+    : Engine(runtime, built->module, spec, built->coupling), built_(std::move(built)) {
+  Built& b = *built_;
+  b.transport = std::make_unique<pipeline::Transport>(runtime.mesh().pp());
+  b.executor = std::make_unique<pipeline::StageExecutor>(
+      b.shape, b.stage, b.chunks, runtime.config().pipeline.recompute, *b.transport, runtime.tracer());
+}
+
+PipelineEngine::PipelineEngine(PipelineEngine&&) noexcept = default;
+PipelineEngine::~PipelineEngine() = default;
+
+double PipelineEngine::train_batch(const std::function<pipeline::MicroBatch()>& next) {
+  Built& b = *built_;
+  Runtime& runtime = *b.runtime;
+  begin_micro_step();
+  std::vector<pipeline::MicroBatch> batch(static_cast<std::size_t>(b.shape.micro_batches));
+  if (b.stage == 0 || b.stage == b.shape.stages - 1) {
+    for (pipeline::MicroBatch& micro : batch) {
+      micro = next();
+      for (torch::Tensor& t : micro.inputs) t = prepare_input(t);
+    }
+  }
+  pipeline::ExecutorHooks hooks;
+  hooks.before_last_weight_gradients = [this] { arm_gradient_reduction(); };
+  hooks.reduce_gradients = [this] { reduce_gradients(); };
+  hooks.reduce_tied_gradients = [this, &b, &runtime] {
+    // The protocol in the header: the first holder gathers each key's gradient sums,
+    // adds them in stage order and sends the total back.
+    Communicator& pp = runtime.mesh().pp();
+    torch::NoGradGuard no_grad;
+    for (Built::Tie& tie : b.ties) {
+      if (tie.local.empty()) continue;
+      torch::Tensor sum = reduced_gradient(tie.local.front()).clone();
+      for (std::size_t i = 1; i < tie.local.size(); ++i) sum.add_(reduced_gradient(tie.local[i]));
+      if (tie.stages.size() > 1) {
+        if (b.stage == tie.owner) {
+          torch::Tensor received = torch::empty_like(sum);
+          for (int peer : tie.stages) {
+            if (peer == tie.owner) continue;
+            pp.recv(received, peer, kTieGradTag)->wait();
+            sum.add_(received);
+          }
+          std::vector<WorkPtr> sends;
+          for (int peer : tie.stages) {
+            if (peer != tie.owner) sends.push_back(pp.send(sum, peer, kTieSumTag));
+          }
+          for (auto& work : sends) work->wait();
+        } else {
+          pp.send(sum, tie.owner, kTieGradTag)->wait();
+          pp.recv(sum, tie.owner, kTieSumTag)->wait();
+        }
+      }
+      for (const torch::Tensor& copy : tie.local) reduced_gradient(copy).copy_(sum);
+    }
+  };
+  hooks.optimizer_step = [this, &b, &runtime](const pipeline::BatchOutcome& outcome) {
+    // The loss lives on the last stage: every stage of the pipeline gets it.
+    torch::Tensor loss = torch::full({1}, outcome.loss_sum, torch::kFloat64);
+    runtime.mesh().pp().broadcast(loss, b.shape.stages - 1)->wait();
+    step_telemetry().set_pipeline_activity(outcome.compute_ms, outcome.schedule_ms);
+    apply_step(loss.item<double>() / static_cast<double>(b.shape.micro_batches));
+  };
+  hooks.loss_scale = [this] { return loss_scale(); };
+  b.executor->run(batch, b.loss, hooks);
+  return last_loss();
+}
+
+int PipelineEngine::stage() const {
+  return built_->stage;
+}
+const PipelineLayout& PipelineEngine::layout() const {
+  return built_->layout;
+}
+const std::vector<pipeline::LayerSequence>& PipelineEngine::chunks() const {
+  return built_->chunks;
+}
+const std::vector<pipeline::Instruction>& PipelineEngine::instructions() const {
+  return built_->executor->instructions();
+}
+std::string PipelineEngine::timeline() const {
+  return pipeline::format_timeline(built_->shape);
+}
+
+}  // namespace parallax

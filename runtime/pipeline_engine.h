@@ -1,0 +1,95 @@
+// The pipeline engine: a model given as layer specs, trained over parallel.pp stages
+// (× parallel.dp replicas of the whole pipeline) with the [pipeline] schedule.
+//
+//   auto specs = gpt::layer_specs(options);              // embeddings, blocks..., head
+//   parallax::PipelineEngine engine(rt, specs, loss, parallax::OptimizerSpec::from(rt.config()));
+//   for (int64_t step = 0; step < steps; ++step) {
+//     double loss = engine.train_batch([&] { return next_micro_batch(); });   // every rank
+//   }
+//
+// Construction (collective over the mesh), in order:
+//  1. Partition: the layers are cut into pp × virtual_stages contiguous parts by
+//     pipeline.partition (uniform, parameters, profile — measured on every rank and
+//     averaged — or explicit boundaries); rank 0 logs the cut. Part q runs on stage
+//     q mod pp (pipeline/schedule.h).
+//  2. Each rank builds only its stage's layers (pipeline/layers.h: layer i is seeded
+//     from (train.seed, i), so it starts as it would in a single-process model).
+//  3. Tied weights: every holder's copy receives its first holder's value (send/recv
+//     over the pipeline group).
+//  4. The stage's module becomes an Engine (engine.h): broadcast over the data-parallel
+//     group, gradient buckets, optimizer, precision. The clipping norm is summed over
+//     the pipeline group, each tied weight counted once.
+// train_batch runs this stage's instruction list (pipeline/executor.h): micro-batch
+// forwards and backwards with point-to-point transfers, then the data-parallel gradient
+// reduction, the tied-weight gradient sum (first holder gathers, sums in stage order and
+// sends the total back, so every copy gets identical bits), the loss broadcast from the
+// last stage, and the optimizer step.
+//
+// Supported: pp × dp, every schedule, recompute, fp32/bf16/fp16. Not yet: tp > 1 or
+// zero.stage > 0 inside a pipeline (ConfigError at construction).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "parallax/pipeline/executor.h"
+#include "parallax/pipeline/layers.h"
+#include "parallax/runtime/engine.h"
+
+namespace parallax {
+
+struct PipelineEngineOptions {
+  /// pipeline.partition = "profile": the micro-batch each layer is timed on (inputs and
+  /// targets, as train_batch gets them). Required for "profile", unused otherwise.
+  std::optional<pipeline::MicroBatch> profile_batch;
+};
+
+/// Where each layer runs: part boundaries, and the stage and chunk of each part.
+struct PipelineLayout {
+  std::vector<std::int64_t> boundaries;  ///< [0, ..., layers], pp × virtual_stages parts
+  std::string partition;                 ///< how it was chosen, e.g. "parameters"
+  std::vector<double> layer_weights;     ///< what was balanced (parameters, ms); empty for uniform/boundaries
+};
+
+class PipelineEngine : public Engine {
+ public:
+  /// Collective; see the construction protocol above. Throws ConfigError for a config
+  /// the model cannot run (more stages or parts than layers, explicit boundaries that do
+  /// not end at the layer count, profile without a sample), UsageError for a spec
+  /// without factory or a tied path a layer lacks, CommError if a transfer fails.
+  PipelineEngine(Runtime& runtime,
+                 std::vector<pipeline::LayerSpec> specs,
+                 pipeline::LossFunction loss,
+                 const OptimizerSpec& spec,
+                 const PipelineEngineOptions& options = {});
+  PipelineEngine(PipelineEngine&&) noexcept;
+  ~PipelineEngine();
+
+  /// One optimizer step over train.grad_accum micro-batches: `next()` is called that many
+  /// times on the first and last stages (the first reads inputs, the last targets; other
+  /// stages do not call it). Returns the step's loss, the mean over the global batch, on
+  /// every rank. Blocks; throws CommError when a transfer or collective fails or times out.
+  double train_batch(const std::function<pipeline::MicroBatch()>& next);
+
+  /// This rank's pipeline stage (mesh().coord().pp).
+  int stage() const;
+  const PipelineLayout& layout() const;
+  /// This stage's chunks: chunk c holds part c × pp + stage.
+  const std::vector<pipeline::LayerSequence>& chunks() const;
+  /// This stage's instruction list.
+  const std::vector<pipeline::Instruction>& instructions() const;
+  /// The schedule as an ASCII timeline under unit costs (pipeline::format_timeline).
+  std::string timeline() const;
+
+ private:
+  struct Built;
+  PipelineEngine(Runtime& runtime, std::shared_ptr<Built> built, const OptimizerSpec& spec);
+
+  std::shared_ptr<Built> built_;
+};
+
+}  // namespace parallax

@@ -1,0 +1,243 @@
+// Pipeline parallelism against the single-process reference: the GPT example's plain
+// model (gpt::GPT, LibTorch's own optimizer and clipping, the whole global batch at once)
+// and its layer specs trained by the PipelineEngine, compared step by step and at the end.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+
+#include "gpt.h"
+#include "gpt_training.h"
+#include "parallax/core/config_loader.h"
+#include "parallax/core/mpi_communicator.h"
+#include "parallax/pipeline/partition.h"
+#include "parallax/runtime/parallax.h"
+
+namespace {
+
+int world_size() {
+  return parallax::create_mpi_world_communicator()->size();
+}
+
+using equivalence::kSteps;
+using equivalence::make_config;
+using equivalence::train_reference;
+using equivalence::Trajectory;
+
+// The reference's parameter for pipeline layer `layer`'s parameter `name` ("qkv.weight").
+std::string reference_name(std::int64_t layer, std::int64_t layers, const std::string& name) {
+  if (layer == 0) return name;           // token_embedding.weight, position_embedding.weight
+  if (layer == layers - 1) return name;  // ln_f.*, head.weight
+  return "blocks." + std::to_string(layer - 1) + "." + name;
+}
+
+struct PipelineRun {
+  std::vector<double> losses;
+  std::vector<parallax::StepMetrics> metrics;
+  std::map<std::string, torch::Tensor> params;  // this stage's, by reference name
+  parallax::PipelineLayout layout;
+  std::vector<parallax::pipeline::Instruction> instructions;
+};
+
+PipelineRun train_pipeline(parallax::Config config) {
+  parallax::Runtime rt(std::move(config), {{"model", "data"}, /*print_summary=*/false});
+  const auto& c = rt.config();
+  const auto options = gpt::GPTOptions::from_table(c.app_table("model"));
+  const gpt::SyntheticTokens data(options.vocab_size, options.block_size, c.train.seed);
+  const int dp_rank = rt.mesh().coord().dp, dp = rt.mesh().degrees().dp;
+  auto micro_batch = [&](std::int64_t step, std::int64_t micro) {
+    auto [inputs, targets] =
+        data.batch(gpt::first_sample(step, micro, dp_rank, dp, c.train.micro_batch_size, c.train.grad_accum),
+                   c.train.micro_batch_size);
+    return parallax::pipeline::MicroBatch{{inputs}, {targets}};
+  };
+  parallax::PipelineEngineOptions engine_options;
+  engine_options.profile_batch = micro_batch(0, 0);
+  parallax::PipelineEngine engine(rt, gpt::layer_specs(options), gpt::pipeline_loss, parallax::OptimizerSpec::from(c),
+                                  engine_options);
+  PipelineRun run;
+  for (std::int64_t step = 0; step < kSteps; ++step) {
+    std::int64_t micro = 0;
+    run.losses.push_back(engine.train_batch([&] { return micro_batch(step, micro++); }));
+    run.metrics.push_back(engine.last_metrics());
+  }
+  const auto layers = static_cast<std::int64_t>(gpt::layer_specs(options).size());
+  for (const auto& chunk : engine.chunks()) {
+    for (const auto& item : chunk->named_parameters()) {
+      const std::string& key = item.key();
+      const auto dot = key.find('.');
+      const std::int64_t layer = std::stoll(key.substr(0, dot));
+      std::string name = reference_name(layer, layers, key.substr(dot + 1));
+      // A tied head compares against the one shared weight of the reference.
+      if (options.tie_embeddings && name == "head.weight") name = "token_embedding.weight#head";
+      run.params[name] = item.value().detach().clone();
+    }
+  }
+  run.layout = engine.layout();
+  run.instructions = engine.instructions();
+  return run;
+}
+
+// Per-step loss within 1e-5 (relative) on every rank, and this stage's final parameters
+// within 1e-5 of the reference's.
+void expect_matches_reference(const parallax::Config& config) {
+  const Trajectory want = train_reference(config);
+  const PipelineRun got = train_pipeline(config);
+  const auto options = gpt::GPTOptions::from_table(config.app_table("model"));
+  gpt::GPT names_of(options, static_cast<std::uint64_t>(config.train.seed));
+  std::map<std::string, torch::Tensor> reference;
+  std::size_t index = 0;
+  for (const auto& item : names_of->named_parameters()) reference[item.key()] = want.params.at(index++);
+  if (options.tie_embeddings) reference["token_embedding.weight#head"] = reference.at("token_embedding.weight");
+
+  ASSERT_EQ(got.losses.size(), want.losses.size());
+  double worst_loss = 0.0, worst_param = 0.0;
+  for (std::size_t i = 0; i < want.losses.size(); ++i) {
+    const double diff = equivalence::relative_difference(got.losses[i], want.losses[i]);
+    worst_loss = std::max(worst_loss, diff);
+    EXPECT_LE(diff, 1e-5) << "step " << i + 1 << ": pipeline " << got.losses[i] << " vs reference " << want.losses[i];
+  }
+  ASSERT_FALSE(got.params.empty());
+  for (const auto& [name, value] : got.params) {
+    ASSERT_TRUE(reference.count(name)) << name;
+    const double diff = (value - reference.at(name)).abs().max().item<double>();
+    worst_param = std::max(worst_param, diff);
+    EXPECT_LE(diff, 1e-5) << name;
+  }
+  // Every rank measured its bubble; the file records one per rank.
+  EXPECT_EQ(got.metrics.back().bubble_fraction.size(), static_cast<std::size_t>(world_size()));
+  std::printf("[ figures  ] %s: max per-step loss relative difference %.3g, max final parameter difference %.3g\n",
+              parallax::pipeline::describe_boundaries(got.layout.boundaries).c_str(), worst_loss, worst_param);
+}
+
+struct Case {
+  std::string name;
+  int pp;
+  std::vector<std::string> overrides;
+};
+
+std::vector<std::string> with(std::vector<std::string> base, const std::vector<std::string>& more) {
+  base.insert(base.end(), more.begin(), more.end());
+  return base;
+}
+
+class PipelineEquivalence : public ::testing::TestWithParam<Case> {};
+
+TEST_P(PipelineEquivalence, MatchesTheSingleProcessReference) {
+  const Case& c = GetParam();
+  const int world = world_size();
+  if (world % c.pp != 0 || (c.pp == 1 && world != 1)) GTEST_SKIP() << "needs a multiple of " << c.pp << " ranks";
+  // The default: 4 micro-batches, 6 layers (embeddings, 4 blocks, head).
+  std::vector<std::string> overrides{"parallel.pp=" + std::to_string(c.pp), "model.n_layer=4"};
+  auto config = make_config(4, with(overrides, c.overrides));
+  expect_matches_reference(config);
+}
+
+const std::vector<std::string> kGpipe{"pipeline.schedule=\"gpipe\""};
+const std::vector<std::string> kInterleaved{"pipeline.schedule=\"interleaved\"", "pipeline.virtual_stages=2"};
+const std::vector<std::string> kZeroBubble{"pipeline.schedule=\"zb-h1\""};
+
+INSTANTIATE_TEST_SUITE_P(
+    Schedules,
+    PipelineEquivalence,
+    ::testing::Values(
+        // pp = 2 (× dp = 2 on 4 ranks): every schedule.
+        Case{"pp2_1f1b", 2, {}},
+        Case{"pp2_gpipe", 2, kGpipe},
+        Case{"pp2_interleaved", 2, kInterleaved},
+        Case{"pp2_zb_h1", 2, kZeroBubble},
+        // Uneven partitions: explicit, and uniform over an odd layer count.
+        Case{"pp2_boundaries", 2, {"pipeline.partition=[0, 2, 6]"}},
+        Case{"pp2_uniform_odd", 2, {"pipeline.partition=\"uniform\"", "model.n_layer=3"}},
+        Case{"pp2_profile", 2, {"pipeline.partition=\"profile\""}},
+        // Recomputation, with a whole backward and with zb-h1's split one.
+        Case{"pp2_recompute", 2, {"pipeline.recompute=\"full\""}},
+        Case{"pp2_recompute_zb_h1", 2, with(kZeroBubble, {"pipeline.recompute=\"full\""})},
+        // Tied embedding and LM head on the first and last stages.
+        Case{"pp2_tied", 2, {"model.tie_embeddings=true"}},
+        Case{"pp2_tied_zb_h1", 2, with(kZeroBubble, {"model.tie_embeddings=true"})},
+        // Fewer micro-batches than stages is a bigger bubble, not a hang.
+        Case{"pp2_one_micro_batch", 2, {"train.grad_accum=1"}},
+        // pp = 4 (4 ranks): every schedule, tied, recompute, fewer micro-batches than stages.
+        Case{"pp4_1f1b", 4, {}},
+        Case{"pp4_gpipe", 4, kGpipe},
+        Case{"pp4_interleaved", 4, with(kInterleaved, {"model.n_layer=6"})},
+        Case{"pp4_zb_h1", 4, kZeroBubble},
+        Case{"pp4_tied_recompute", 4, {"model.tie_embeddings=true", "pipeline.recompute=\"full\""}},
+        Case{"pp4_two_micro_batches", 4, {"train.grad_accum=2", "pipeline.partition=\"uniform\""}}),
+    [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+// Exact traffic: in a step after the first (when the shapes were announced), each of
+// the M activations from stage 0 and each gradient from stage 1 is one header and one
+// payload of micro_batch × sequence × d_model floats.
+TEST(PipelineTraffic, OneHeaderAndOnePayloadPerTransferAfterTheFirstStep) {
+  if (world_size() != 2) GTEST_SKIP() << "2 ranks";
+  auto config = make_config(4, {"parallel.pp=2", "model.n_layer=4"});
+  const PipelineRun run = train_pipeline(config);
+  const std::int64_t micro = 4;
+  const std::int64_t micro_batch_size = equivalence::kGlobalBatch / micro;  // dp = 1
+  const std::int64_t payload = micro_batch_size * 32 /*block_size*/ * 32 /*d_model*/ * 4;
+  for (std::size_t step = 1; step < run.metrics.size(); ++step) {
+    for (int rank = 0; rank < 2; ++rank) {
+      const parallax::OpCounter& send = run.metrics[step].comm[rank][parallax::CommOp::kSend];
+      EXPECT_EQ(send.calls, 2 * micro) << "step " << step + 1 << " rank " << rank;
+      EXPECT_EQ(send.bytes, micro * (8 + payload)) << "step " << step + 1 << " rank " << rank;
+    }
+  }
+  // The first step also sent the shapes, once per stream.
+  const parallax::OpCounter& first = run.metrics[0].comm[0][parallax::CommOp::kSend];
+  EXPECT_EQ(first.calls, 2 * micro + 1);
+}
+
+// logging.trace_file: one file with every rank's spans, each rank a process, each
+// pipeline instruction a span with its micro-batch and chunk.
+TEST(PipelineTrace, OneMergedFileWithEveryRanksInstructions) {
+  const int world = world_size();
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("parallax_pp_trace_np" + std::to_string(world) + ".json")).string();
+  auto config = make_config(
+      4, {"parallel.pp=2", "model.n_layer=4", "logging.trace_file=\"" + path + "\"", "pipeline.schedule=\"zb-h1\""});
+  train_pipeline(config);  // the Runtime's shutdown writes the file
+  auto world_comm = parallax::create_mpi_world_communicator();
+  world_comm->barrier()->wait();
+  if (world_comm->rank() != 0) return;
+  std::ifstream in(path);
+  ASSERT_TRUE(in.good()) << path;
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (int rank = 0; rank < world; ++rank) {
+    EXPECT_NE(text.find("\"name\":\"rank " + std::to_string(rank) + "\""), std::string::npos) << rank;
+    EXPECT_NE(text.find("\"name\":\"backward_weight\",\"cat\":\"compute\""), std::string::npos);
+  }
+  EXPECT_NE(text.find("\"args\":{\"micro_batch\":3,\"chunk\":0}"), std::string::npos);
+  EXPECT_NE(text.find("\"name\":\"send_activation\""), std::string::npos);
+  std::filesystem::remove(path);
+}
+
+TEST(PipelineErrors, MoreStagesOrPartsThanLayersAreConfigErrors) {
+  const int world = world_size();
+  // pp = world on a model of 3 layers (embeddings, 1 block, head) when world > 3.
+  if (world == 4) {
+    auto config = make_config(4, {"parallel.pp=4", "model.n_layer=1"});
+    try {
+      train_pipeline(config);
+      ADD_FAILURE() << "4 stages on 3 layers were accepted";
+    } catch (const parallax::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("need at least 4 layers"), std::string::npos) << e.what();
+    }
+  }
+  auto config = make_config(
+      4, {"parallel.pp=2", "model.n_layer=3", "pipeline.schedule=\"interleaved\"", "pipeline.virtual_stages=3"});
+  try {
+    train_pipeline(config);
+    ADD_FAILURE() << "6 parts of a 5-layer model were accepted";
+  } catch (const parallax::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("cuts the model into 6 parts"), std::string::npos) << e.what();
+  }
+  auto bad_end = make_config(4, {"parallel.pp=2", "pipeline.partition=[0, 3, 9]"});
+  EXPECT_THROW(train_pipeline(bad_end), parallax::ConfigError);
+}
+
+}  // namespace
