@@ -6,22 +6,13 @@
 #include <mutex>
 
 #include "parallax/core/error.h"
+#include "parallax/pipeline/split_backward.h"
 
 namespace parallax::pipeline {
 namespace {
 
 bool writes_weight_gradients(Op op) {
   return op == Op::kBackward || op == Op::kBackwardWeight;
-}
-
-// A leaf copy of `value` for a new autograd segment: floating-point tensors that carry
-// gradients become leaves that require grad; the rest pass as they are.
-Activation cut(const Activation& value) {
-  Activation leaves;
-  for (const torch::Tensor& t : value) {
-    leaves.push_back(t.defined() && t.requires_grad() ? t.detach().requires_grad_(true) : t);
-  }
-  return leaves;
 }
 
 // The pairs (output, gradient) a backward starts from: outputs that require grad and
@@ -64,11 +55,7 @@ struct StageExecutor::Slot {
   Activation output_grad;  // received gradient of `output`
   Activation input_grad;   // computed gradient of `input`
   at::Tensor rng_state;    // recompute: the generator before the forward
-  // zb-h1: per layer, its input leaves, its outputs (the last part's last entry is the
-  // scaled loss) and the gradient of those outputs that BackwardWeight starts from.
-  std::vector<Activation> layer_inputs;
-  std::vector<Activation> layer_outputs;
-  std::vector<Activation> layer_output_grads;
+  std::unique_ptr<detail::SplitBackward> split;  // zb-h1: between the input and weight passes
 };
 
 StageExecutor::StageExecutor(ScheduleShape shape,
@@ -89,20 +76,13 @@ StageExecutor::StageExecutor(ScheduleShape shape,
   for (std::size_t i = 0; i < instructions_.size(); ++i) {
     if (writes_weight_gradients(instructions_[i].op)) last_weight_instruction_ = i;
   }
-}
-
-Activation StageExecutor::forward_chunk(Slot& slot, int chunk, const Activation& input, bool keep_graph) {
-  LayerSequenceImpl& sequence = *chunks_[chunk];
-  if (shape_.kind != PipelineSchedule::kZbH1 || !keep_graph) return sequence.forward(input);
-  slot.layer_inputs.clear();
-  slot.layer_outputs.clear();
-  Activation x = input;
-  for (std::size_t i = 0; i < sequence.size(); ++i) {
-    slot.layer_inputs.push_back(i == 0 ? x : cut(x));
-    x = sequence.forward_layer(i, slot.layer_inputs.back());
-    slot.layer_outputs.push_back(x);
+  for (const LayerSequence& chunk : chunks_) {
+    std::vector<torch::Tensor> params;
+    for (const auto& p : chunk->parameters()) {
+      if (p.requires_grad()) params.push_back(p);
+    }
+    chunk_parameters_.push_back(std::move(params));
   }
-  return x;
 }
 
 BatchOutcome StageExecutor::run(const std::vector<MicroBatch>& batch,
@@ -154,7 +134,7 @@ BatchOutcome StageExecutor::run(const std::vector<MicroBatch>& batch,
           slot->rng_state = generator_state();
           {
             torch::NoGradGuard no_grad;
-            output = forward_chunk(*slot, in.chunk, slot->input, /*keep_graph=*/false);
+            output = chunks_[in.chunk]->forward(slot->input);
           }
           // Without autograd nothing requires grad; the next stage must still return the
           // gradient of every floating-point output (a float that needs none is skipped
@@ -163,17 +143,14 @@ BatchOutcome StageExecutor::run(const std::vector<MicroBatch>& batch,
             if (t.defined() && t.is_floating_point()) t.requires_grad_(true);
           }
         } else {
-          output = forward_chunk(*slot, in.chunk, slot->input, /*keep_graph=*/true);
+          output = chunks_[in.chunk]->forward(slot->input);
         }
         if (last_part) {
           torch::Tensor loss = loss_function(output, batch[in.micro_batch].targets);
           PARALLAX_CHECK(loss.dim() == 0, UsageError, "the pipeline loss function must return a scalar, got shape ",
                          loss.sizes());
           outcome.loss_sum += loss.detach().to(torch::kFloat64).item<double>();
-          if (!recompute) {
-            slot->loss = loss;
-            if (shape_.kind == PipelineSchedule::kZbH1) slot->layer_outputs.back() = {loss};
-          }
+          if (!recompute) slot->loss = loss;
         } else {
           slot->output = output;
         }
@@ -185,24 +162,23 @@ BatchOutcome StageExecutor::run(const std::vector<MicroBatch>& batch,
           // Replay the forward with autograd, drawing what it drew the first time.
           at::Tensor state = slot->rng_state;
           swap_generator_state(state);
-          Activation output = forward_chunk(*slot, in.chunk, slot->input, /*keep_graph=*/true);
+          Activation output = chunks_[in.chunk]->forward(slot->input);
           swap_generator_state(state);
           if (last_part) {
             slot->loss = loss_function(output, batch[in.micro_batch].targets);
-            if (shape_.kind == PipelineSchedule::kZbH1) slot->layer_outputs.back() = {slot->loss};
           } else {
             slot->output = output;
           }
         }
         if (in.op == Op::kBackward) {
-          backward_whole(*slot, in.chunk, last_part ? backward_scale : 1.0);
+          backward_whole(*slot, last_part ? backward_scale : 1.0);
         } else {
           backward_input(*slot, in.chunk, last_part ? backward_scale : 1.0);
         }
         break;
       }
       case Op::kBackwardWeight:
-        backward_weight(*slot, in.chunk);
+        backward_weight(*slot);
         break;
       case Op::kReduceGradients:
         transport_.wait_sends();
@@ -228,75 +204,45 @@ BatchOutcome StageExecutor::run(const std::vector<MicroBatch>& batch,
   return outcome;
 }
 
-void StageExecutor::backward_whole(Slot& slot, int chunk, double scale) {
-  (void)chunk;
-  std::vector<torch::Tensor> roots;
-  std::vector<torch::Tensor> grads;
+// The roots a backward starts from: the scaled loss on the last part, else the outputs
+// with their received gradients.
+void StageExecutor::roots_of(const Slot& slot,
+                             double scale,
+                             std::vector<torch::Tensor>& roots,
+                             std::vector<torch::Tensor>& grads) const {
   if (slot.loss.defined()) {
     roots.push_back(slot.loss * scale);
   } else {
     backward_roots(slot.output, slot.output_grad, roots, grads);
   }
+}
+
+void StageExecutor::backward_whole(Slot& slot, double scale) {
+  std::vector<torch::Tensor> roots;
+  std::vector<torch::Tensor> grads;
+  roots_of(slot, scale, roots, grads);
   if (!roots.empty()) torch::autograd::backward(roots, grads);
-  slot.input_grad.clear();
-  for (const torch::Tensor& t : slot.input) {
-    slot.input_grad.push_back(t.defined() && t.requires_grad() ? t.grad() : torch::Tensor());
-  }
-  const Activation input_grad = std::move(slot.input_grad);
+  Activation input_grad;
+  for (const torch::Tensor& t : slot.input)
+    input_grad.push_back(t.defined() && t.requires_grad() ? t.grad() : torch::Tensor());
   slot = Slot();
-  slot.input_grad = input_grad;
+  slot.input_grad = std::move(input_grad);
 }
 
 void StageExecutor::backward_input(Slot& slot, int chunk, double scale) {
-  (void)chunk;
-  const std::size_t layers = slot.layer_outputs.size();
-  slot.layer_output_grads.assign(layers, {});
-  if (slot.loss.defined()) {
-    // The last layer's segment ends in the loss: start from loss × scale.
-    slot.layer_outputs.back() = {slot.loss * scale};
-    slot.layer_output_grads.back() = {torch::ones_like(slot.layer_outputs.back()[0])};
-  } else {
-    slot.layer_output_grads.back() = slot.output_grad;
-  }
-  for (std::size_t i = layers; i-- > 0;) {
-    std::vector<torch::Tensor> roots;
-    std::vector<torch::Tensor> grads;
-    backward_roots(slot.layer_outputs[i], slot.layer_output_grads[i], roots, grads);
-    const Activation& inputs = slot.layer_inputs[i];
-    std::vector<torch::Tensor> wanted;
-    for (const torch::Tensor& t : inputs) {
-      if (t.defined() && t.requires_grad()) wanted.push_back(t);
-    }
-    std::vector<torch::Tensor> computed;
-    if (!roots.empty() && !wanted.empty()) {
-      computed = torch::autograd::grad(roots, wanted, grads, /*retain_graph=*/true, /*create_graph=*/false,
-                                       /*allow_unused=*/true);
-    }
-    Activation input_grad;
-    std::size_t next = 0;
-    for (const torch::Tensor& t : inputs) {
-      input_grad.push_back(t.defined() && t.requires_grad() && next < computed.size() ? computed[next++]
-                                                                                      : torch::Tensor());
-    }
-    if (i > 0) {
-      slot.layer_output_grads[i - 1] = input_grad;
-    } else {
-      slot.input_grad = input_grad;
-    }
-  }
+  std::vector<torch::Tensor> roots;
+  std::vector<torch::Tensor> grads;
+  roots_of(slot, scale, roots, grads);
+  slot.split = std::make_unique<detail::SplitBackward>(std::move(roots), std::move(grads), slot.input,
+                                                       chunk_parameters_[chunk], slot.input_grad);
+  // What the weight pass needs is held by the graph and `split`.
+  slot.output = {};
+  slot.output_grad = {};
+  slot.loss = torch::Tensor();
 }
 
-void StageExecutor::backward_weight(Slot& slot, int chunk) {
-  LayerSequenceImpl& sequence = *chunks_[chunk];
-  for (std::size_t i = 0; i < slot.layer_outputs.size(); ++i) {
-    std::vector<torch::Tensor> roots;
-    std::vector<torch::Tensor> grads;
-    backward_roots(slot.layer_outputs[i], slot.layer_output_grads[i], roots, grads);
-    const std::vector<torch::Tensor> params = sequence.layer_parameters(i);
-    if (!roots.empty() && !params.empty()) {
-      torch::autograd::backward(roots, grads, /*retain_graph=*/false, /*create_graph=*/false, params);
-    }
-  }
+void StageExecutor::backward_weight(Slot& slot) {
+  slot.split->weight_pass();
   slot = Slot();
 }
 

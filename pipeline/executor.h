@@ -11,13 +11,10 @@
 //    saved generator state; then one backward from the loss × loss_scale / micro-batches
 //    (last part) or from the received output gradients, accumulating the weights'
 //    gradients and computing the input's.
-//  - BackwardInput / BackwardWeight (zb-h1): the forward of a zb-h1 chunk cuts the
-//    autograd graph between layers (each layer's input is a leaf). BackwardInput walks
-//    the layers backwards with torch::autograd::grad(output, layer input, retain_graph),
-//    which runs only what the input gradients need, keeping each layer's output gradient;
-//    BackwardWeight later runs each layer's own backward from that gradient into its
-//    parameters only (torch::autograd::backward with inputs = its parameters). Both are
-//    exact: the weight gradients are those of a whole backward.
+//  - BackwardInput / BackwardWeight (zb-h1): the backward in two passes over the same
+//    graph (split_backward.h): the input gradients only, recording the gradient that
+//    reaches each node feeding a parameter; later, from those nodes, the parameters'
+//    gradients only. Exact: the weight gradients are those of a whole backward.
 //  - SendActivation / SendGradient: non-blocking sends of the output or input gradient.
 //  - ReduceGradients, ReduceTiedGradients, OptimizerStep: the hooks, in list order.
 // Before the last instruction of the list that writes weight gradients,
@@ -84,14 +81,18 @@ class StageExecutor {
 
  private:
   struct Slot;
-  Activation forward_chunk(Slot& slot, int chunk, const Activation& input, bool keep_graph);
-  void backward_whole(Slot& slot, int chunk, double scale);
+  void roots_of(const Slot& slot,
+                double scale,
+                std::vector<torch::Tensor>& roots,
+                std::vector<torch::Tensor>& grads) const;
+  void backward_whole(Slot& slot, double scale);
   void backward_input(Slot& slot, int chunk, double scale);
-  void backward_weight(Slot& slot, int chunk);
+  void backward_weight(Slot& slot);
 
   ScheduleShape shape_;
   int stage_;
   std::vector<LayerSequence> chunks_;
+  std::vector<std::vector<torch::Tensor>> chunk_parameters_;  // trainable, per chunk
   Recompute recompute_;
   Transport& transport_;
   Tracer& tracer_;

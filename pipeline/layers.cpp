@@ -68,18 +68,6 @@ Activation LayerSequenceImpl::forward(const Activation& input) {
   return x;
 }
 
-Activation LayerSequenceImpl::forward_layer(std::size_t i, const Activation& input) {
-  return specs_.at(i).forward(*layers_.at(i), input);
-}
-
-std::vector<torch::Tensor> LayerSequenceImpl::layer_parameters(std::size_t i) const {
-  std::vector<torch::Tensor> params;
-  for (const auto& p : layers_.at(i)->parameters()) {
-    if (p.requires_grad()) params.push_back(p);
-  }
-  return params;
-}
-
 std::vector<std::pair<std::string, torch::Tensor>> LayerSequenceImpl::tied_parameters() const {
   std::vector<std::pair<std::string, torch::Tensor>> tied;
   for (std::size_t i = 0; i < layers_.size(); ++i) {

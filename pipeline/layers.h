@@ -110,12 +110,6 @@ class LayerSequenceImpl : public torch::nn::Module {
   LayerSequenceImpl(const std::vector<LayerSpec>& specs, std::int64_t begin, std::int64_t end, std::uint64_t seed);
 
   Activation forward(const Activation& input);
-  /// Runs only layer `i` of this sequence (0 .. size() - 1).
-  Activation forward_layer(std::size_t i, const Activation& input);
-  /// Layers in this sequence.
-  std::size_t size() const { return layers_.size(); }
-  /// Layer `i`'s trainable parameters.
-  std::vector<torch::Tensor> layer_parameters(std::size_t i) const;
 
   std::int64_t begin() const { return begin_; }
   std::int64_t end() const { return end_; }

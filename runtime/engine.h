@@ -39,6 +39,10 @@
 // the group before the step. A `vocab_output` plan leaves the logits split over the
 // vocabulary: compute the loss with cross_entropy(), which works with or without a plan.
 //
+// Pipeline parallelism (`parallel.pp` > 1) takes the model as layer specs: see
+// PipelineEngine (pipeline_engine.h), an Engine over one stage's layers whose
+// train_batch() replaces forward/backward/step.
+//
 // Gradients live in the buckets: do not call zero_grad() on the model or replace a
 // parameter's .grad (step() detects it and throws UsageError). Under ZeRO a parameter's
 // .grad is empty after backward: its gradient has moved into the owner's shard.
