@@ -12,7 +12,7 @@ else
   clang-format -i "${sources[@]}"
 fi
 if [ -f "$build_dir/compile_commands.json" ]; then
-  mapfile -t library < <(git ls-files 'core/*.cpp' 'zero/*.cpp' 'offload/*.cpp' 'tensor_parallel/*.cpp' 'runtime/*.cpp')
+  mapfile -t library < <(git ls-files 'core/*.cpp' 'zero/*.cpp' 'offload/*.cpp' 'tensor_parallel/*.cpp' 'pipeline/*.cpp' 'runtime/*.cpp')
   clang-tidy -p "$build_dir" --quiet "${library[@]}"
 else
   echo "lint: no $build_dir/compile_commands.json; configure with -DCMAKE_EXPORT_COMPILE_COMMANDS=ON for clang-tidy" >&2
