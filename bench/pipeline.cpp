@@ -43,7 +43,7 @@ double ms_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
 }
 
-// Forward, whole backward, and zb-h1's two halves of each layer on `micro` (median of 5).
+// Forward, whole backward, and zb-h1's two halves of each layer on `micro` (median of 9).
 std::vector<LayerTimes> time_layers(const std::vector<pl::LayerSpec>& specs, const pl::MicroBatch& micro) {
   std::vector<LayerTimes> times;
   pl::Activation x = micro.inputs;
@@ -53,7 +53,7 @@ std::vector<LayerTimes> time_layers(const std::vector<pl::LayerSpec>& specs, con
     for (const auto& p : module->parameters()) params.push_back(p);
     std::vector<double> f, b, in, w;
     pl::Activation out;
-    for (int r = 0; r < 5; ++r) {
+    for (int r = 0; r < 9; ++r) {
       for (int half = 0; half < 2; ++half) {
         pl::Activation leaves;
         for (const auto& t : x) leaves.push_back(t.is_floating_point() ? t.detach().requires_grad_(true) : t);
