@@ -154,51 +154,52 @@ PipelineEngine::PipelineEngine(Runtime& runtime,
                                pipeline::LossFunction loss,
                                const OptimizerSpec& spec,
                                const PipelineEngineOptions& options)
-    : PipelineEngine(
-          runtime,
-          [&]() {
-            const Config& config = runtime.config();
-            auto built = std::make_shared<Built>();
-            built->runtime = &runtime;
-            built->loss = std::move(loss);
-            built->stage = runtime.mesh().coord().pp;
-            built->shape = {config.pipeline.schedule, config.parallel.pp, static_cast<int>(config.train.grad_accum),
-                            config.pipeline.virtual_stages};
-            pipeline::validate(built->shape);
-            built->layout = choose_layout(runtime, specs, built->loss, options);
-            describe_layout(runtime, built->layout, specs, built->shape);
-            // Step 2: only this stage's parts.
-            built->module = std::make_shared<torch::nn::Module>("PipelineStage");
-            for (int chunk = 0; chunk < built->shape.virtual_stages; ++chunk) {
-              const int part = pipeline::part_of(built->shape, built->stage, chunk);
-              built->chunks.push_back(built->module->register_module(
-                  "chunk" + std::to_string(chunk),
-                  pipeline::LayerSequence(specs, built->layout.boundaries[part], built->layout.boundaries[part + 1],
-                                          static_cast<std::uint64_t>(config.train.seed))));
-            }
-            // Step 3: tied copies take their first holder's value.
-            built->ties = find_ties<Built::Tie>(specs, built->layout, built->shape, built->chunks);
-            Communicator& pp = runtime.mesh().pp();
-            torch::NoGradGuard no_grad;
-            for (Built::Tie& tie : built->ties) {
-              if (tie.local.empty()) continue;
-              if (built->stage != tie.owner) {
-                torch::Tensor value = tie.local.front().detach();
-                pp.recv(value, tie.owner, kTieValueTag)->wait();
-              } else {
-                for (int peer : tie.stages) {
-                  if (peer != tie.owner) pp.send(tie.local.front().detach(), peer, kTieValueTag)->wait();
-                }
-              }
-              for (std::size_t i = 1; i < tie.local.size(); ++i) tie.local[i].detach().copy_(tie.local[0]);
-              const std::size_t counted = built->stage == tie.owner ? 1 : 0;
-              for (std::size_t i = counted; i < tie.local.size(); ++i) {
-                built->coupling.norm_excluded.push_back(tie.local[i]);
-              }
-            }
-            return built;
-          }(),
-          spec) {}
+    : PipelineEngine(runtime, build(runtime, specs, std::move(loss), options), spec) {}
+
+// Steps 1–3 of the construction protocol (the Engine, step 4, needs their module).
+std::shared_ptr<PipelineEngine::Built> PipelineEngine::build(Runtime& runtime,
+                                                             const std::vector<pipeline::LayerSpec>& specs,
+                                                             pipeline::LossFunction loss,
+                                                             const PipelineEngineOptions& options) {
+  const Config& config = runtime.config();
+  auto built = std::make_shared<Built>();
+  built->runtime = &runtime;
+  built->loss = std::move(loss);
+  built->stage = runtime.mesh().coord().pp;
+  built->shape = {config.pipeline.schedule, config.parallel.pp, static_cast<int>(config.train.grad_accum),
+                  config.pipeline.virtual_stages};
+  pipeline::validate(built->shape);
+  built->layout = choose_layout(runtime, specs, built->loss, options);
+  describe_layout(runtime, built->layout, specs, built->shape);
+  // Step 2: only this stage's parts.
+  built->module = std::make_shared<torch::nn::Module>("PipelineStage");
+  for (int chunk = 0; chunk < built->shape.virtual_stages; ++chunk) {
+    const int part = pipeline::part_of(built->shape, built->stage, chunk);
+    built->chunks.push_back(built->module->register_module(
+        "chunk" + std::to_string(chunk),
+        pipeline::LayerSequence(specs, built->layout.boundaries[part], built->layout.boundaries[part + 1],
+                                static_cast<std::uint64_t>(config.train.seed))));
+  }
+  // Step 3: tied copies take their first holder's value; the norm counts the first only.
+  built->ties = find_ties<Built::Tie>(specs, built->layout, built->shape, built->chunks);
+  Communicator& pp = runtime.mesh().pp();
+  torch::NoGradGuard no_grad;
+  for (Built::Tie& tie : built->ties) {
+    if (tie.local.empty()) continue;
+    if (built->stage != tie.owner) {
+      torch::Tensor value = tie.local.front().detach();
+      pp.recv(value, tie.owner, kTieValueTag)->wait();
+    } else {
+      for (int peer : tie.stages) {
+        if (peer != tie.owner) pp.send(tie.local.front().detach(), peer, kTieValueTag)->wait();
+      }
+    }
+    for (std::size_t i = 1; i < tie.local.size(); ++i) tie.local[i].detach().copy_(tie.local[0]);
+    const std::size_t counted = built->stage == tie.owner ? 1 : 0;
+    for (std::size_t i = counted; i < tie.local.size(); ++i) built->coupling.norm_excluded.push_back(tie.local[i]);
+  }
+  return built;
+}
 
 PipelineEngine::PipelineEngine(Runtime& runtime, std::shared_ptr<Built> built, const OptimizerSpec& spec)
     : Engine(runtime, built->module, spec, built->coupling), built_(std::move(built)) {
@@ -225,36 +226,7 @@ double PipelineEngine::train_batch(const std::function<pipeline::MicroBatch()>& 
   pipeline::ExecutorHooks hooks;
   hooks.before_last_weight_gradients = [this] { arm_gradient_reduction(); };
   hooks.reduce_gradients = [this] { reduce_gradients(); };
-  hooks.reduce_tied_gradients = [this, &b, &runtime] {
-    // The protocol in the header: the first holder gathers each key's gradient sums,
-    // adds them in stage order and sends the total back.
-    Communicator& pp = runtime.mesh().pp();
-    torch::NoGradGuard no_grad;
-    for (Built::Tie& tie : b.ties) {
-      if (tie.local.empty()) continue;
-      torch::Tensor sum = reduced_gradient(tie.local.front()).clone();
-      for (std::size_t i = 1; i < tie.local.size(); ++i) sum.add_(reduced_gradient(tie.local[i]));
-      if (tie.stages.size() > 1) {
-        if (b.stage == tie.owner) {
-          torch::Tensor received = torch::empty_like(sum);
-          for (int peer : tie.stages) {
-            if (peer == tie.owner) continue;
-            pp.recv(received, peer, kTieGradTag)->wait();
-            sum.add_(received);
-          }
-          std::vector<WorkPtr> sends;
-          for (int peer : tie.stages) {
-            if (peer != tie.owner) sends.push_back(pp.send(sum, peer, kTieSumTag));
-          }
-          for (auto& work : sends) work->wait();
-        } else {
-          pp.send(sum, tie.owner, kTieGradTag)->wait();
-          pp.recv(sum, tie.owner, kTieSumTag)->wait();
-        }
-      }
-      for (const torch::Tensor& copy : tie.local) reduced_gradient(copy).copy_(sum);
-    }
-  };
+  hooks.reduce_tied_gradients = [this] { reduce_tied_gradients(); };
   hooks.optimizer_step = [this, &b, &runtime](const pipeline::BatchOutcome& outcome) {
     // The loss lives on the last stage: every stage of the pipeline gets it.
     torch::Tensor loss = torch::full({1}, outcome.loss_sum, torch::kFloat64);
@@ -265,6 +237,38 @@ double PipelineEngine::train_batch(const std::function<pipeline::MicroBatch()>& 
   hooks.loss_scale = [this] { return loss_scale(); };
   b.executor->run(batch, b.loss, hooks);
   return last_loss();
+}
+
+// The protocol in the header: the first holder gathers each key's gradient sums, adds
+// them in stage order and sends the total back, so every copy gets identical bits.
+void PipelineEngine::reduce_tied_gradients() {
+  Built& b = *built_;
+  Communicator& pp = b.runtime->mesh().pp();
+  torch::NoGradGuard no_grad;
+  for (Built::Tie& tie : b.ties) {
+    if (tie.local.empty()) continue;
+    torch::Tensor sum = reduced_gradient(tie.local.front()).clone();
+    for (std::size_t i = 1; i < tie.local.size(); ++i) sum.add_(reduced_gradient(tie.local[i]));
+    if (tie.stages.size() > 1) {
+      if (b.stage == tie.owner) {
+        torch::Tensor received = torch::empty_like(sum);
+        for (int peer : tie.stages) {
+          if (peer == tie.owner) continue;
+          pp.recv(received, peer, kTieGradTag)->wait();
+          sum.add_(received);
+        }
+        std::vector<WorkPtr> sends;
+        for (int peer : tie.stages) {
+          if (peer != tie.owner) sends.push_back(pp.send(sum, peer, kTieSumTag));
+        }
+        for (auto& work : sends) work->wait();
+      } else {
+        pp.send(sum, tie.owner, kTieGradTag)->wait();
+        pp.recv(sum, tie.owner, kTieSumTag)->wait();
+      }
+    }
+    for (const torch::Tensor& copy : tie.local) reduced_gradient(copy).copy_(sum);
+  }
 }
 
 int PipelineEngine::stage() const {

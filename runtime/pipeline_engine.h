@@ -87,7 +87,12 @@ class PipelineEngine : public Engine {
 
  private:
   struct Built;
+  static std::shared_ptr<Built> build(Runtime& runtime,
+                                      const std::vector<pipeline::LayerSpec>& specs,
+                                      pipeline::LossFunction loss,
+                                      const PipelineEngineOptions& options);
   PipelineEngine(Runtime& runtime, std::shared_ptr<Built> built, const OptimizerSpec& spec);
+  void reduce_tied_gradients();
 
   std::shared_ptr<Built> built_;
 };
