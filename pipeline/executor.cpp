@@ -1,19 +1,13 @@
 #include "parallax/pipeline/executor.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <torch/autograd.h>
 
-#include <mutex>
-
+#include "parallax/core/cpu_generator.h"
 #include "parallax/core/error.h"
 #include "parallax/pipeline/split_backward.h"
 
 namespace parallax::pipeline {
 namespace {
-
-bool writes_weight_gradients(Op op) {
-  return op == Op::kBackward || op == Op::kBackwardWeight;
-}
 
 // The pairs (output, gradient) a backward starts from: outputs that require grad and
 // have a defined gradient.
@@ -29,21 +23,6 @@ void backward_roots(const Activation& outputs,
       root_grads.push_back(grads[i]);
     }
   }
-}
-
-// Swaps LibTorch's CPU generator state with `state` (for replaying a forward's dropout).
-void swap_generator_state(at::Tensor& state) {
-  at::Generator generator = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(generator.mutex());
-  at::Tensor current = generator.get_state();
-  generator.set_state(state);
-  state = current;
-}
-
-at::Tensor generator_state() {
-  at::Generator generator = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(generator.mutex());
-  return generator.get_state();
 }
 
 }  // namespace
@@ -74,7 +53,9 @@ StageExecutor::StageExecutor(ScheduleShape shape,
   PARALLAX_CHECK(static_cast<int>(chunks_.size()) == shape.virtual_stages, UsageError, "stage ", stage, " got ",
                  chunks_.size(), " chunk(s) for ", shape.virtual_stages, " virtual stage(s)");
   for (std::size_t i = 0; i < instructions_.size(); ++i) {
-    if (writes_weight_gradients(instructions_[i].op)) last_weight_instruction_ = i;
+    if (instructions_[i].op == Op::kBackward || instructions_[i].op == Op::kBackwardWeight) {
+      last_weight_instruction_ = i;
+    }
   }
   for (const LayerSequence& chunk : chunks_) {
     std::vector<torch::Tensor> params;
@@ -131,7 +112,7 @@ BatchOutcome StageExecutor::run(const std::vector<MicroBatch>& batch,
         const bool recompute = recompute_ == Recompute::kFull;
         Activation output;
         if (recompute) {
-          slot->rng_state = generator_state();
+          slot->rng_state = cpu_generator_state();
           {
             torch::NoGradGuard no_grad;
             output = chunks_[in.chunk]->forward(slot->input);
@@ -160,10 +141,12 @@ BatchOutcome StageExecutor::run(const std::vector<MicroBatch>& batch,
       case Op::kBackwardInput: {
         if (recompute_ == Recompute::kFull) {
           // Replay the forward with autograd, drawing what it drew the first time.
-          at::Tensor state = slot->rng_state;
-          swap_generator_state(state);
-          Activation output = chunks_[in.chunk]->forward(slot->input);
-          swap_generator_state(state);
+          Activation output;
+          {
+            RestoreCpuGenerator restore;
+            set_cpu_generator_state(slot->rng_state);
+            output = chunks_[in.chunk]->forward(slot->input);
+          }
           if (last_part) {
             slot->loss = loss_function(output, batch[in.micro_batch].targets);
           } else {
@@ -191,8 +174,7 @@ BatchOutcome StageExecutor::run(const std::vector<MicroBatch>& batch,
         if (hooks.optimizer_step) hooks.optimizer_step(outcome);
         break;
     }
-    const bool compute =
-        in.op == Op::kForward || in.op == Op::kBackward || in.op == Op::kBackwardInput || in.op == Op::kBackwardWeight;
+    const bool compute = is_compute(in.op);
     if (compute) {
       const double now_ms = elapsed_ms();
       outcome.compute_ms += now_ms - op_start_ms;
@@ -223,8 +205,9 @@ void StageExecutor::backward_whole(Slot& slot, double scale) {
   roots_of(slot, scale, roots, grads);
   if (!roots.empty()) torch::autograd::backward(roots, grads);
   Activation input_grad;
-  for (const torch::Tensor& t : slot.input)
+  for (const torch::Tensor& t : slot.input) {
     input_grad.push_back(t.defined() && t.requires_grad() ? t.grad() : torch::Tensor());
+  }
   slot = Slot();
   slot.input_grad = std::move(input_grad);
 }

@@ -1,8 +1,5 @@
 #include "parallax/pipeline/layers.h"
 
-#include <ATen/CPUGeneratorImpl.h>
-#include <ATen/core/Generator.h>
-
 #include <algorithm>
 #include <chrono>
 #include <limits>
@@ -10,6 +7,7 @@
 
 #include <torch/autograd.h>
 
+#include "parallax/core/cpu_generator.h"
 #include "parallax/core/error.h"
 
 namespace parallax::pipeline {
@@ -24,23 +22,12 @@ std::uint64_t layer_seed(std::uint64_t seed, std::int64_t index) {
 std::shared_ptr<torch::nn::Module> build_seeded(const std::function<std::shared_ptr<torch::nn::Module>()>& build,
                                                 std::uint64_t seed,
                                                 std::int64_t index) {
-  at::Generator generator = at::detail::getDefaultCPUGenerator();
-  at::Tensor saved;
-  {
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    saved = generator.get_state();
-    generator.set_current_seed(layer_seed(seed, index));
-  }
   std::shared_ptr<torch::nn::Module> module;
-  try {
+  {
+    RestoreCpuGenerator restore;
+    seed_cpu_generator(layer_seed(seed, index));
     module = build();
-  } catch (...) {
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    generator.set_state(saved);
-    throw;
   }
-  std::lock_guard<std::mutex> lock(generator.mutex());
-  generator.set_state(saved);
   PARALLAX_CHECK(module != nullptr, UsageError, "layer ", index, "'s factory returned no module");
   return module;
 }

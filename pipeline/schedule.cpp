@@ -160,11 +160,11 @@ double compute_cost(const StageCosts& costs, Op op) {
   }
 }
 
+}  // namespace
+
 bool is_compute(Op op) {
   return op == Op::kForward || op == Op::kBackward || op == Op::kBackwardInput || op == Op::kBackwardWeight;
 }
-
-}  // namespace
 
 const char* to_string(Op op) {
   switch (op) {

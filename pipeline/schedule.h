@@ -56,6 +56,9 @@ enum class Op : std::uint8_t {
 /// "forward", "send_activation", ... (also the trace span names).
 const char* to_string(Op op);
 
+/// Forward, Backward, BackwardInput or BackwardWeight: the ops that take compute time.
+bool is_compute(Op op);
+
 struct Instruction {
   Op op = Op::kForward;
   int micro_batch = -1;  ///< -1 for the last three ops

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <map>
-#include <set>
 
 #include "parallax/core/config_loader.h"
 #include "parallax/core/error.h"
@@ -88,6 +87,46 @@ void describe_layout(Runtime& runtime,
   }
 }
 
+// One tied key: the stages holding it (ascending), the first holder's stage, and this
+// stage's copies in layer order.
+struct TiedWeight {
+  std::string key;
+  int owner = 0;
+  std::vector<int> stages;
+  std::vector<torch::Tensor> local;
+};
+
+// The tied keys of the whole model, with their holders' stages, and this stage's copies.
+std::vector<TiedWeight> find_ties(const std::vector<pipeline::LayerSpec>& specs,
+                                  const PipelineLayout& layout,
+                                  const pipeline::ScheduleShape& shape,
+                                  const std::vector<pipeline::LayerSequence>& chunks) {
+  std::map<std::string, TiedWeight> by_key;
+  for (std::size_t layer = 0; layer < specs.size(); ++layer) {
+    const auto part = static_cast<int>(
+        std::upper_bound(layout.boundaries.begin(), layout.boundaries.end(), static_cast<std::int64_t>(layer)) -
+        layout.boundaries.begin() - 1);
+    for (const pipeline::TiedParameter& tied : specs[layer].tied) {
+      TiedWeight& tie = by_key[tied.key];
+      if (tie.stages.empty()) {
+        tie.key = tied.key;
+        tie.owner = part % shape.stages;
+      }
+      tie.stages.push_back(part % shape.stages);
+    }
+  }
+  for (const pipeline::LayerSequence& chunk : chunks) {
+    for (const auto& [key, tensor] : chunk->tied_parameters()) by_key[key].local.push_back(tensor);
+  }
+  std::vector<TiedWeight> ties;
+  for (auto& [key, tie] : by_key) {
+    std::sort(tie.stages.begin(), tie.stages.end());
+    tie.stages.erase(std::unique(tie.stages.begin(), tie.stages.end()), tie.stages.end());
+    ties.push_back(std::move(tie));
+  }
+  return ties;
+}
+
 }  // namespace
 
 struct PipelineEngine::Built {
@@ -100,54 +139,10 @@ struct PipelineEngine::Built {
   std::vector<pipeline::LayerSequence> chunks;
   PipelineCoupling coupling;
 
-  /// One tied key: the stages holding it (ascending), the first holder's stage, and
-  /// this stage's copies in layer order.
-  struct Tie {
-    std::string key;
-    int owner = 0;
-    std::vector<int> stages;
-    std::vector<torch::Tensor> local;
-  };
-  std::vector<Tie> ties;
+  std::vector<TiedWeight> ties;
   std::unique_ptr<pipeline::Transport> transport;
   std::unique_ptr<pipeline::StageExecutor> executor;
 };
-
-namespace {
-
-// The tied keys of the whole model, with their holders' stages, and this stage's copies.
-template <typename Tie>
-std::vector<Tie> find_ties(const std::vector<pipeline::LayerSpec>& specs,
-                           const PipelineLayout& layout,
-                           const pipeline::ScheduleShape& shape,
-                           const std::vector<pipeline::LayerSequence>& chunks) {
-  std::map<std::string, Tie> by_key;
-  for (std::size_t layer = 0; layer < specs.size(); ++layer) {
-    const auto part = static_cast<int>(
-        std::upper_bound(layout.boundaries.begin(), layout.boundaries.end(), static_cast<std::int64_t>(layer)) -
-        layout.boundaries.begin() - 1);
-    for (const pipeline::TiedParameter& tied : specs[layer].tied) {
-      Tie& tie = by_key[tied.key];
-      if (tie.stages.empty()) {
-        tie.key = tied.key;
-        tie.owner = part % shape.stages;
-      }
-      tie.stages.push_back(part % shape.stages);
-    }
-  }
-  for (const pipeline::LayerSequence& chunk : chunks) {
-    for (const auto& [key, tensor] : chunk->tied_parameters()) by_key[key].local.push_back(tensor);
-  }
-  std::vector<Tie> ties;
-  for (auto& [key, tie] : by_key) {
-    std::sort(tie.stages.begin(), tie.stages.end());
-    tie.stages.erase(std::unique(tie.stages.begin(), tie.stages.end()), tie.stages.end());
-    ties.push_back(std::move(tie));
-  }
-  return ties;
-}
-
-}  // namespace
 
 PipelineEngine::PipelineEngine(Runtime& runtime,
                                std::vector<pipeline::LayerSpec> specs,
@@ -181,10 +176,10 @@ std::shared_ptr<PipelineEngine::Built> PipelineEngine::build(Runtime& runtime,
                                 static_cast<std::uint64_t>(config.train.seed))));
   }
   // Step 3: tied copies take their first holder's value; the norm counts the first only.
-  built->ties = find_ties<Built::Tie>(specs, built->layout, built->shape, built->chunks);
+  built->ties = find_ties(specs, built->layout, built->shape, built->chunks);
   Communicator& pp = runtime.mesh().pp();
   torch::NoGradGuard no_grad;
-  for (Built::Tie& tie : built->ties) {
+  for (TiedWeight& tie : built->ties) {
     if (tie.local.empty()) continue;
     if (built->stage != tie.owner) {
       torch::Tensor value = tie.local.front().detach();
@@ -245,7 +240,7 @@ void PipelineEngine::reduce_tied_gradients() {
   Built& b = *built_;
   Communicator& pp = b.runtime->mesh().pp();
   torch::NoGradGuard no_grad;
-  for (Built::Tie& tie : b.ties) {
+  for (TiedWeight& tie : b.ties) {
     if (tie.local.empty()) continue;
     torch::Tensor sum = reduced_gradient(tie.local.front()).clone();
     for (std::size_t i = 1; i < tie.local.size(); ++i) sum.add_(reduced_gradient(tie.local[i]));
