@@ -317,6 +317,9 @@ struct Config {
   std::map<std::string, AppTable> app;
   /// The files that were read, in order (extends first), for messages.
   std::vector<std::string> sources;
+  /// Where each key that was set came from, for messages: "zero.stage" →
+  /// " at train.toml:12:9". Keys left at their defaults are absent. Not hashed.
+  std::map<std::string, std::string> positions;
 
   /// The application table `name`; throws ConfigError if the config has none.
   const AppTable& app_table(const std::string& name) const;

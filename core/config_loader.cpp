@@ -264,6 +264,7 @@ Config load_config(const ConfigSources& sources, const LoadOptions& options) {
   for (const detail::SectionDef& section : detail::sections()) {
     if (section.check != nullptr) section.check(config, positions);
   }
+  config.positions = std::move(positions);
   return config;
 }
 

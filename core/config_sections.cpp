@@ -188,13 +188,6 @@ void precision_check(const Config& c, const KeyPositions& positions) {
                  position(positions, "precision.loss_scale_initial"), ")");
 }
 
-void parallel_check(const Config& c, const KeyPositions& positions) {
-  PARALLAX_CHECK(c.parallel.mode != ParallelMode::kAuto, ConfigError, "parallel.mode = \"auto\"",
-                 position(positions, "parallel.mode"),
-                 ": the automatic planner is not available in this build yet; supported: "
-                 "\"manual\" (set tp, pp and dp)");
-}
-
 // Whether the directory can take the NVMe tier's files is checked where they are
 // created (offload/), on every rank's own node; here only what the keys say.
 void offload_check(const Config& c, const KeyPositions& positions) {
@@ -299,7 +292,7 @@ const std::vector<SectionDef>& sections() {
       {"optimizer", optimizer_fields, optimizer_check},
       {"scheduler", scheduler_fields, scheduler_check},
       {"precision", precision_fields, precision_check},
-      {"parallel", parallel_fields, parallel_check},
+      {"parallel", parallel_fields, nullptr},
       {"zero", zero_fields, nullptr},
       {"offload", offload_fields, offload_check},
       {"tensor_parallel", tensor_parallel_fields, tensor_parallel_check},

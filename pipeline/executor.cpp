@@ -81,6 +81,18 @@ BatchOutcome StageExecutor::run(const std::vector<MicroBatch>& batch,
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   };
 
+  // A chunk's forward, inside the caller's scope (tensor-parallel rewrite) when it has one.
+  auto forward = [this, &hooks](int chunk, const Activation& input) {
+    Activation output;
+    auto run = [&] { output = chunks_[chunk]->forward(input); };
+    if (hooks.around_forward) {
+      hooks.around_forward(run);
+    } else {
+      run();
+    }
+    return output;
+  };
+
   for (std::size_t index = 0; index < instructions_.size(); ++index) {
     const Instruction& in = instructions_[index];
     if (index == last_weight_instruction_ && hooks.before_last_weight_gradients) hooks.before_last_weight_gradients();
@@ -115,7 +127,7 @@ BatchOutcome StageExecutor::run(const std::vector<MicroBatch>& batch,
           slot->rng_state = cpu_generator_state();
           {
             torch::NoGradGuard no_grad;
-            output = chunks_[in.chunk]->forward(slot->input);
+            output = forward(in.chunk, slot->input);
           }
           // Without autograd nothing requires grad; the next stage must still return the
           // gradient of every floating-point output (a float that needs none is skipped
@@ -124,7 +136,7 @@ BatchOutcome StageExecutor::run(const std::vector<MicroBatch>& batch,
             if (t.defined() && t.is_floating_point()) t.requires_grad_(true);
           }
         } else {
-          output = chunks_[in.chunk]->forward(slot->input);
+          output = forward(in.chunk, slot->input);
         }
         if (last_part) {
           torch::Tensor loss = loss_function(output, batch[in.micro_batch].targets);
@@ -145,7 +157,7 @@ BatchOutcome StageExecutor::run(const std::vector<MicroBatch>& batch,
           {
             RestoreCpuGenerator restore;
             set_cpu_generator_state(slot->rng_state);
-            output = chunks_[in.chunk]->forward(slot->input);
+            output = forward(in.chunk, slot->input);
           }
           if (last_part) {
             slot->loss = loss_function(output, batch[in.micro_batch].targets);

@@ -53,6 +53,9 @@ struct ExecutorHooks {
   std::function<void(const BatchOutcome&)> optimizer_step;
   /// Multiplies the loss before backward (fp16's dynamic scale); 1 when empty.
   std::function<double()> loss_scale;
+  /// Runs a chunk's forward (given as a callable) inside the caller's scopes, e.g. the
+  /// tensor-parallel rewrite; the forward runs directly when empty.
+  std::function<void(const std::function<void()>& forward)> around_forward;
 };
 
 struct BatchOutcome {

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -48,6 +49,19 @@ struct LayerSpec {
   /// Runs the module built by `build` on an activation.
   std::function<Activation(torch::nn::Module&, const Activation&)> forward;
   std::vector<TiedParameter> tied;
+  /// Where this layer's modules sit in the whole model's module tree: the prefix that
+  /// path rules written for the whole model (a [tensor_parallel.plan]) see in front of
+  /// the layer's own module paths, e.g. "blocks.3" (then "blocks.3.qkv"), or "" for a
+  /// layer whose modules sit at the top ("token_embedding"). Default: the name.
+  std::optional<std::string> model_path;
+
+  /// The prefix path rules see for this layer's modules (see model_path).
+  const std::string& path_in_model() const { return model_path ? *model_path : name; }
+  /// Sets model_path.
+  LayerSpec& at(std::string path) {
+    model_path = std::move(path);
+    return *this;
+  }
 
   /// Declares `parameter` (a path in this layer, as named_parameters() spells it) one
   /// logical weight with every other layer's parameter tied under `key`.

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <exception>
 #include <limits>
 #include <unordered_set>
 
@@ -148,6 +149,43 @@ double clip_model_parallel_gradients(const std::vector<torch::Tensor>& optimized
   return norm;
 }
 
+// A pipeline stage's layers split by the plan. The stages agree on the outcome (one
+// stage's ConfigError fails every stage, so none waits in a later collective), and each
+// rule must match a module on some stage.
+std::unique_ptr<tensor_parallel::ParallelizedModel> split_pipeline_stage(
+    torch::nn::Module& stage,
+    const TensorParallelOptions& options,
+    Communicator& tp,
+    Communicator& pp,
+    const std::function<std::string(const std::string&)>& plan_path) {
+  std::unique_ptr<tensor_parallel::ParallelizedModel> split;
+  std::exception_ptr error;
+  try {
+    split = std::make_unique<tensor_parallel::ParallelizedModel>(stage, options, tp,
+                                                                 tensor_parallel::ParallelizeOptions{plan_path, true});
+  } catch (const ConfigError&) {
+    error = std::current_exception();
+  }
+  // [failed stages, then per rule: stages it matched on]
+  torch::Tensor counts = torch::zeros({static_cast<std::int64_t>(options.plan.size()) + 1}, torch::kLong);
+  counts[0] = error ? 1 : 0;
+  if (split) {
+    const std::vector<bool> matched = split->rules_matched();
+    for (std::size_t i = 0; i < matched.size(); ++i) counts[static_cast<std::int64_t>(i) + 1] = matched[i] ? 1 : 0;
+  }
+  pp.all_reduce(counts, {ReduceOp::kSum})->wait();
+  if (error) std::rethrow_exception(error);
+  const auto* count = counts.data_ptr<std::int64_t>();
+  PARALLAX_CHECK(count[0] == 0, ConfigError, "[tensor_parallel.plan] failed on ", count[0],
+                 " other pipeline stage(s); see their messages");
+  for (std::size_t i = 0; i < options.plan.size(); ++i) {
+    const TpPlanRule& rule = options.plan[i];
+    PARALLAX_CHECK(count[i + 1] > 0, ConfigError, "[tensor_parallel.plan] \"", rule.pattern, "\"", rule.position,
+                   " matches no Linear or Embedding on any of the ", pp.size(), " pipeline stages");
+  }
+  return split;
+}
+
 }  // namespace
 
 struct Engine::State {
@@ -196,17 +234,8 @@ Engine::Engine(Runtime& runtime,
   PARALLAX_CHECK(config.parallel.pp == 1 || coupling != nullptr, ConfigError, "parallel.pp = ", config.parallel.pp,
                  ": a pipeline needs the model as layer specs, so that each stage builds only its own layers; "
                  "build a parallax::PipelineEngine (runtime/pipeline_engine.h) instead of rt.engine(model)");
-  if (coupling != nullptr) {
-    PARALLAX_CHECK(config.parallel.tp == 1, ConfigError, "parallel.tp = ", config.parallel.tp,
-                   " with parallel.pp = ", config.parallel.pp,
-                   ": tensor parallelism inside pipeline stages is not available in this build "
-                   "yet; use tp = 1 (pp x dp is supported)");
-    PARALLAX_CHECK(config.zero.stage == 0, ConfigError, "zero.stage = ", config.zero.stage,
-                   " with parallel.pp = ", config.parallel.pp,
-                   ": ZeRO inside pipeline stages is not available in this build yet; use "
-                   "zero.stage = 0 (plain data parallelism across pipeline replicas)");
-    s.pipeline = true;
-  }
+  // The runtime's strategy matrix has refused what this engine cannot compose.
+  s.pipeline = coupling != nullptr;
   s.runtime = &runtime;
   s.model = std::move(model);
   s.spec = spec;
@@ -233,7 +262,11 @@ Engine::Engine(Runtime& runtime,
       check_same_structure(tp, unique, s.model->buffers());
       broadcast_from_first(tp, unique, s.model->buffers());
     }
-    s.split = std::make_unique<tensor_parallel::ParallelizedModel>(*s.model, config.tensor_parallel, tp);
+    if (coupling == nullptr) {
+      s.split = std::make_unique<tensor_parallel::ParallelizedModel>(*s.model, config.tensor_parallel, tp);
+    } else {
+      s.split = split_pipeline_stage(*s.model, config.tensor_parallel, tp, runtime.mesh().pp(), coupling->plan_path);
+    }
     describe_split(runtime, *s.split);
   }
   check_same_structure(dp, unique, s.model->buffers());

@@ -41,7 +41,8 @@
 //
 // Pipeline parallelism (`parallel.pp` > 1) takes the model as layer specs: see
 // PipelineEngine (pipeline_engine.h), an Engine over one stage's layers whose
-// train_batch() replaces forward/backward/step.
+// train_batch() replaces forward/backward/step; tensor parallelism then splits each
+// stage's layers by the same plan.
 //
 // Gradients live in the buckets: do not call zero_grad() on the model or replace a
 // parameter's .grad (step() detects it and throws UsageError). Under ZeRO a parameter's
@@ -53,7 +54,9 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
 #include <utility>
 
 #include "parallax/core/metrics.h"
@@ -137,9 +140,13 @@ class Engine {
     /// Parameters whose gradient norm another holder counts: every copy of a tied weight
     /// but its first holder's.
     std::vector<torch::Tensor> norm_excluded;
+    /// The whole model's path of a module at `path` in the stage's module, for the
+    /// [tensor_parallel.plan]'s rules.
+    std::function<std::string(const std::string& path)> plan_path;
   };
   /// As the public constructor, for one pipeline stage's module: accepts parallel.pp > 1,
-  /// and sums the clipping norm over the pipeline group.
+  /// sums the clipping norm over the pipeline group, and applies a tensor-parallel plan
+  /// to the stage's layers (each rule must match on some stage).
   Engine(Runtime& runtime,
          std::shared_ptr<torch::nn::Module> model,
          const OptimizerSpec& spec,

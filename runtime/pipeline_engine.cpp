@@ -127,6 +127,20 @@ std::vector<TiedWeight> find_ties(const std::vector<pipeline::LayerSpec>& specs,
   return ties;
 }
 
+// "chunkC.L.rest" (a stage module's path) → layer L's path in the whole model + ".rest".
+std::string path_in_model(const std::string& path, const std::vector<std::string>& prefixes) {
+  const auto first = path.find('.');
+  if (first == std::string::npos) return path;
+  const auto second = path.find('.', first + 1);
+  const std::string layer =
+      path.substr(first + 1, second == std::string::npos ? std::string::npos : second - first - 1);
+  const auto index = static_cast<std::size_t>(std::stoll(layer));
+  const std::string& prefix = prefixes.at(index);
+  if (second == std::string::npos) return prefix;
+  const std::string rest = path.substr(second + 1);
+  return prefix.empty() ? rest : prefix + "." + rest;
+}
+
 }  // namespace
 
 struct PipelineEngine::Built {
@@ -175,6 +189,10 @@ std::shared_ptr<PipelineEngine::Built> PipelineEngine::build(Runtime& runtime,
         pipeline::LayerSequence(specs, built->layout.boundaries[part], built->layout.boundaries[part + 1],
                                 static_cast<std::uint64_t>(config.train.seed))));
   }
+  // A plan's rules name the whole model's modules: "chunk0.3.qkv" is layer 3's "qkv".
+  std::vector<std::string> prefixes;
+  for (const pipeline::LayerSpec& spec : specs) prefixes.push_back(spec.path_in_model());
+  built->coupling.plan_path = [prefixes](const std::string& path) { return path_in_model(path, prefixes); };
   // Step 3: tied copies take their first holder's value; the norm counts the first only.
   built->ties = find_ties(specs, built->layout, built->shape, built->chunks);
   Communicator& pp = runtime.mesh().pp();
@@ -230,6 +248,10 @@ double PipelineEngine::train_batch(const std::function<pipeline::MicroBatch()>& 
     apply_step(loss.item<double>() / static_cast<double>(b.shape.micro_batches));
   };
   hooks.loss_scale = [this] { return loss_scale(); };
+  hooks.around_forward = [this](const std::function<void()>& forward) {
+    auto splitting = tensor_parallel_scope();
+    forward();
+  };
   b.executor->run(batch, b.loss, hooks);
   return last_loss();
 }

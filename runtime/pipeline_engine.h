@@ -25,8 +25,16 @@
 // sends the total back, so every copy gets identical bits), the loss broadcast from the
 // last stage, and the optimizer step.
 //
-// Supported: pp × dp, every schedule, recompute, fp32/bf16/fp16. Not yet: tp > 1 or
-// zero.stage > 0 inside a pipeline (ConfigError at construction).
+// Tensor parallelism inside the stages (parallel.tp > 1): the [tensor_parallel.plan]
+// splits each stage's layers, its rules matched against the whole model's module paths
+// (LayerSpec::model_path: "blocks.3.qkv", not the stage's "chunk0.4.qkv"); a rule must
+// match on some stage. Each tensor-parallel rank exchanges activations with the same
+// tensor-parallel rank of the neighbouring stages (with sequence parallelism, its part of
+// the sequence); the last stage's loss function gets whole logits (a vocab_output rule
+// gathers them). The clipping norm sums over the tensor-parallel and pipeline groups.
+//
+// Supported: tp × pp × dp, every schedule, recompute, fp32/bf16/fp16. Not yet:
+// zero.stage > 0 inside a pipeline (refused by the strategy matrix, strategy_matrix.h).
 #pragma once
 
 #include <cstdint>

@@ -16,6 +16,7 @@
 #include "parallax/core/topology.h"
 #include "parallax/core/world.h"
 #include "parallax/runtime/blas_info.h"
+#include "parallax/runtime/strategy_matrix.h"
 #include "parallax/tensor_parallel/rng_tracker.h"
 #include "proto/plan.pb.h"
 
@@ -176,9 +177,9 @@ Runtime::Runtime(Config config, const InitOptions& options) : state_(std::make_u
 void Runtime::start(const InitOptions& options) {
   State& s = *state_;
   s.config.resolve(s.world->size());
-  PARALLAX_CHECK(s.config.comm.backend != CommBackend::kNccl, ConfigError,
-                 "comm.backend = \"nccl\": this engine trains on CPU tensors, which NCCL cannot carry; "
-                 "use \"auto\" or \"mpi\"");
+  // Every rank holds the same config, so every rank refuses the same way, before
+  // anything is printed or built.
+  check_strategy(s.config);
   // The library's own randomness (and the application's default generator) starts from
   // train.seed on every rank.
   at::manual_seed(static_cast<std::uint64_t>(s.config.train.seed));

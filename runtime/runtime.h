@@ -11,8 +11,9 @@
 //  2. Config: --config FILE... and --set k=v from argv, strictly validated. Ranks agree
 //     on success (one failing rank fails all, each with a clear message), then compare
 //     config hashes; a mismatch names the ranks that differ.
-//  3. Resolve: dp and the omitted batch value from the world size; seed LibTorch's
-//     default generator with train.seed; open logging.metrics_file on rank 0.
+//  3. Resolve: dp and the omitted batch value from the world size; the strategy matrix
+//     (strategy_matrix.h) refuses what this build does not run, naming the keys; seed
+//     LibTorch's default generator with train.seed; open logging.metrics_file on rank 0.
 //  4. Topology: each rank discovers its node with hwloc; the cluster is gathered.
 //  5. Mesh: (tp, pp, dp) placed on the cluster; one communicator per group.
 //  6. Rank 0 prints the resolved config, the cluster, the mesh, the plan and the BLAS.

@@ -268,6 +268,7 @@ struct ParallelizedModel::State {
   std::unordered_set<const c10::TensorImpl*> whole_gradients;
   std::vector<torch::Tensor> partial;
   std::int64_t output_vocabulary = 0;
+  std::vector<bool> rules_matched;  ///< per plan rule
   std::vector<std::string> description;
 
   ~State() {
@@ -301,7 +302,10 @@ void check_split(const std::string& what,
 
 }  // namespace
 
-ParallelizedModel::ParallelizedModel(torch::nn::Module& model, const TensorParallelOptions& options, Communicator& tp)
+ParallelizedModel::ParallelizedModel(torch::nn::Module& model,
+                                     const TensorParallelOptions& options,
+                                     Communicator& tp,
+                                     const ParallelizeOptions& how)
     : state_(std::make_unique<State>()) {
   State& s = *state_;
   s.tp = &tp;
@@ -350,7 +354,7 @@ ParallelizedModel::ParallelizedModel(torch::nn::Module& model, const TensorParal
   std::vector<std::string> paths;
   std::unordered_set<const torch::nn::Module*> seen;
   for (const auto& item : modules) {
-    const std::string& path = item.key();
+    const std::string path = how.plan_path ? how.plan_path(item.key()) : item.key();
     const ModulePtr& module = item.value();
     const bool linear = dynamic_cast<torch::nn::LinearImpl*>(module.get()) != nullptr;
     const bool embedding = dynamic_cast<torch::nn::EmbeddingImpl*>(module.get()) != nullptr;
@@ -387,7 +391,8 @@ ParallelizedModel::ParallelizedModel(torch::nn::Module& model, const TensorParal
                       "; give each a rule (style \"replicate\" keeps a module whole on every rank)");
   }
   for (std::size_t i = 0; i < options.plan.size(); ++i) {
-    PARALLAX_CHECK(matched.count(i), ConfigError, rule_name(options.plan[i]),
+    s.rules_matched.push_back(matched.count(i) > 0);
+    PARALLAX_CHECK(how.part_of_model || matched.count(i), ConfigError, rule_name(options.plan[i]),
                    " matches no Linear or Embedding of the model; module paths look like \"",
                    paths.empty() ? std::string("(none)") : paths.front(), "\"");
   }
@@ -536,6 +541,10 @@ std::vector<torch::Tensor> ParallelizedModel::partial_gradient_parameters() cons
 
 std::int64_t ParallelizedModel::split_output_vocabulary() const {
   return state_->output_vocabulary;
+}
+
+std::vector<bool> ParallelizedModel::rules_matched() const {
+  return state_->rules_matched;
 }
 
 std::vector<std::string> ParallelizedModel::describe() const {

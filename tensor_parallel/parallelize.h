@@ -50,6 +50,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -58,6 +59,16 @@
 #include "parallax/core/config.h"
 
 namespace parallax::tensor_parallel {
+
+/// How a plan sees the model it is applied to (per call; defaults fit a whole model).
+struct ParallelizeOptions {
+  /// The path plan rules match for a module at `path` in the model (e.g. a pipeline
+  /// stage's "chunk0.3.qkv" is the whole model's "blocks.2.qkv"). Default: the path itself.
+  std::function<std::string(const std::string& path)> plan_path;
+  /// The model is one part of a larger one (a pipeline stage): a rule may match nothing
+  /// here, and the caller checks rules_matched() across the parts. Default: false.
+  bool part_of_model = false;
+};
 
 class ParallelizedModel {
  public:
@@ -73,7 +84,10 @@ class ParallelizedModel {
   /// the model's tensor_parallel/ layers, and throws ConfigError when there are none (tp
   /// > 1 would then replicate the whole model) or when sequence parallelism is asked for. `tp` must outlive this object
   /// and the model's use. Does not communicate. Every rank of `tp` must hold the same dense model.
-  ParallelizedModel(torch::nn::Module& model, const TensorParallelOptions& options, Communicator& tp);
+  ParallelizedModel(torch::nn::Module& model,
+                    const TensorParallelOptions& options,
+                    Communicator& tp,
+                    const ParallelizeOptions& how = {});
   ParallelizedModel(ParallelizedModel&&) noexcept;
   ParallelizedModel& operator=(ParallelizedModel&&) noexcept;
   /// Unregisters the planned weights: their modules then compute their local part only.
@@ -107,6 +121,8 @@ class ParallelizedModel {
   /// The vocabulary of a `vocab_output` layer whose logits stay split (then the loss
   /// must be vocab_parallel_cross_entropy); 0 when the model's output is whole.
   std::int64_t split_output_vocabulary() const;
+  /// For each rule of the plan, in order: whether it matched a module of this model.
+  std::vector<bool> rules_matched() const;
   /// One line per rule (or layer kind): what it matched and how it was split.
   std::vector<std::string> describe() const;
 

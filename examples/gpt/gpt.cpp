@@ -108,12 +108,13 @@ torch::Tensor LmHeadImpl::forward_with(const torch::Tensor& x, const torch::Tens
 std::vector<parallax::pipeline::LayerSpec> layer_specs(const GPTOptions& o) {
   namespace pl = parallax::pipeline;
   std::vector<pl::LayerSpec> specs;
-  specs.push_back(pl::layer<EmbeddingsImpl>("embeddings", [o] { return initialized(Embeddings(o)); }));
+  // The plain GPT registers the embeddings' and the head's modules at its top level.
+  specs.push_back(pl::layer<EmbeddingsImpl>("embeddings", [o] { return initialized(Embeddings(o)); }).at(""));
   if (o.tie_embeddings) specs.back().tie("wte", "token_embedding.weight");
   for (std::int64_t i = 0; i < o.n_layer; ++i) {
     specs.push_back(pl::layer<BlockImpl>("blocks." + std::to_string(i), [o] { return initialized(Block(o)); }));
   }
-  specs.push_back(pl::layer<LmHeadImpl>("head", [o] { return initialized(LmHead(o)); }));
+  specs.push_back(pl::layer<LmHeadImpl>("head", [o] { return initialized(LmHead(o)); }).at(""));
   if (o.tie_embeddings) specs.back().tie("wte", "head.weight");
   return specs;
 }

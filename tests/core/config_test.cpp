@@ -201,10 +201,10 @@ TEST_F(ConfigTest, MinLrAboveLrNamesBothKeys) {
   EXPECT_CONTAINS(error, "scheduler.min_lr = 0.01 at " + path + ":4:10: expected a number <= optimizer.lr (0.001");
 }
 
-TEST_F(ConfigTest, AutoModeIsNotAvailableYet) {
-  const std::string mode = load_error("[parallel]\nmode = \"auto\"\n");
-  EXPECT_CONTAINS(mode, "parallel.mode = \"auto\" at ");
-  EXPECT_CONTAINS(mode, "not available in this build yet");
+// parallel.mode = "auto" loads; the strategy matrix refuses it (strategy_matrix_test).
+TEST_F(ConfigTest, AutoModeLoads) {
+  const std::string file = write("auto.toml", "[parallel]\nmode = \"auto\"\n");
+  EXPECT_EQ(load({file}).parallel.mode, ParallelMode::kAuto);
 }
 
 TEST_F(ConfigTest, UnknownTableListsKnownAndApplicationTables) {

@@ -78,6 +78,19 @@ expect_failure "more stages than layers" \
   '\[rank 3\] ConfigError: parallel.pp = 4 pipeline stages need at least 4 layers' -- \
   -np 4 "$train" --config "$configs/pp.toml" --set parallel.pp=4 --set model.n_layer=1
 
+# The strategy matrix refuses on every rank, before the resolved config is printed or a
+# model is built.
+expect_failure "ZeRO inside a pipeline is refused" \
+  '\[rank 0\] ConfigError: this strategy is refused: zero.stage = 1.*inside pipeline stages is not available' \
+  '\[rank 1\] ConfigError: this strategy is refused' -- \
+  -np 2 "$train" --config "$configs/pp.toml" --set zero.stage=1
+if output=$(timeout 120 "${launch[@]}" -np 2 "$train" --config "$configs/pp.toml" --set zero.stage=1 2>&1) ||
+   grep -q "# resolved configuration" <<<"$output"; then
+  echo "FAIL refusal comes first: the run printed its config or succeeded"; failures=$((failures + 1))
+else
+  echo "ok   refusal comes before the resolved config is printed"
+fi
+
 if [ "$failures" -ne 0 ]; then
   echo "$failures bad-launch case(s) failed"; exit 1
 fi

@@ -15,6 +15,7 @@
 #include "parallax/core/mpi_communicator.h"
 #include "parallax/pipeline/partition.h"
 #include "parallax/runtime/parallax.h"
+#include "pipeline_training.h"
 
 namespace {
 
@@ -24,98 +25,10 @@ int world_size() {
 
 using equivalence::kSteps;
 using equivalence::make_config;
+using equivalence::PipelineRun;
+using equivalence::train_pipeline;
 using equivalence::train_reference;
 using equivalence::Trajectory;
-
-// The reference's parameter for pipeline layer `layer`'s parameter `name` ("qkv.weight").
-std::string reference_name(std::int64_t layer, std::int64_t layers, const std::string& name) {
-  if (layer == 0) return name;           // token_embedding.weight, position_embedding.weight
-  if (layer == layers - 1) return name;  // ln_f.*, head.weight
-  return "blocks." + std::to_string(layer - 1) + "." + name;
-}
-
-struct PipelineRun {
-  std::vector<double> losses;
-  std::vector<parallax::StepMetrics> metrics;
-  std::map<std::string, torch::Tensor> params;  // this stage's, by reference name
-  parallax::PipelineLayout layout;
-  std::vector<parallax::pipeline::Instruction> instructions;
-  std::vector<torch::Tensor> tied;  // this stage's copies of tied weights, after training
-};
-
-PipelineRun train_pipeline(parallax::Config config) {
-  parallax::Runtime rt(std::move(config), {{"model", "data"}, /*print_summary=*/false});
-  const auto& c = rt.config();
-  const auto options = gpt::GPTOptions::from_table(c.app_table("model"));
-  const gpt::SyntheticTokens data(options.vocab_size, options.block_size, c.train.seed);
-  const int dp_rank = rt.mesh().coord().dp, dp = rt.mesh().degrees().dp;
-  auto micro_batch = [&](std::int64_t step, std::int64_t micro) {
-    auto [inputs, targets] =
-        data.batch(gpt::first_sample(step, micro, dp_rank, dp, c.train.micro_batch_size, c.train.grad_accum),
-                   c.train.micro_batch_size);
-    return parallax::pipeline::MicroBatch{{inputs}, {targets}};
-  };
-  parallax::PipelineEngineOptions engine_options;
-  engine_options.profile_batch = micro_batch(0, 0);
-  parallax::PipelineEngine engine(rt, gpt::layer_specs(options), gpt::pipeline_loss, parallax::OptimizerSpec::from(c),
-                                  engine_options);
-  PipelineRun run;
-  for (std::int64_t step = 0; step < kSteps; ++step) {
-    std::int64_t micro = 0;
-    run.losses.push_back(engine.train_batch([&] { return micro_batch(step, micro++); }));
-    run.metrics.push_back(engine.last_metrics());
-  }
-  const auto layers = static_cast<std::int64_t>(gpt::layer_specs(options).size());
-  for (const auto& chunk : engine.chunks()) {
-    for (const auto& item : chunk->named_parameters()) {
-      const std::string& key = item.key();
-      const auto dot = key.find('.');
-      const std::int64_t layer = std::stoll(key.substr(0, dot));
-      std::string name = reference_name(layer, layers, key.substr(dot + 1));
-      // A tied head compares against the one shared weight of the reference.
-      if (options.tie_embeddings && name == "head.weight") name = "token_embedding.weight#head";
-      run.params[name] = item.value().detach().clone();
-    }
-  }
-  for (const auto& chunk : engine.chunks()) {
-    for (const auto& [key, tensor] : chunk->tied_parameters()) run.tied.push_back(tensor.detach().clone());
-  }
-  run.layout = engine.layout();
-  run.instructions = engine.instructions();
-  return run;
-}
-
-// Per-step loss within 1e-5 (relative) on every rank, and this stage's final parameters
-// within 1e-5 of the reference's.
-void expect_matches_reference(const parallax::Config& config) {
-  const Trajectory want = train_reference(config);
-  const PipelineRun got = train_pipeline(config);
-  const auto options = gpt::GPTOptions::from_table(config.app_table("model"));
-  gpt::GPT names_of(options, static_cast<std::uint64_t>(config.train.seed));
-  std::map<std::string, torch::Tensor> reference;
-  std::size_t index = 0;
-  for (const auto& item : names_of->named_parameters()) reference[item.key()] = want.params.at(index++);
-  if (options.tie_embeddings) reference["token_embedding.weight#head"] = reference.at("token_embedding.weight");
-
-  ASSERT_EQ(got.losses.size(), want.losses.size());
-  double worst_loss = 0.0, worst_param = 0.0;
-  for (std::size_t i = 0; i < want.losses.size(); ++i) {
-    const double diff = equivalence::relative_difference(got.losses[i], want.losses[i]);
-    worst_loss = std::max(worst_loss, diff);
-    EXPECT_LE(diff, 1e-5) << "step " << i + 1 << ": pipeline " << got.losses[i] << " vs reference " << want.losses[i];
-  }
-  ASSERT_FALSE(got.params.empty());
-  for (const auto& [name, value] : got.params) {
-    ASSERT_TRUE(reference.count(name)) << name;
-    const double diff = (value - reference.at(name)).abs().max().item<double>();
-    worst_param = std::max(worst_param, diff);
-    EXPECT_LE(diff, 1e-5) << name;
-  }
-  // Every rank measured its bubble; the file records one per rank.
-  EXPECT_EQ(got.metrics.back().bubble_fraction.size(), static_cast<std::size_t>(world_size()));
-  std::printf("[ figures  ] %s: max per-step loss relative difference %.3g, max final parameter difference %.3g\n",
-              parallax::pipeline::describe_boundaries(got.layout.boundaries).c_str(), worst_loss, worst_param);
-}
 
 struct Case {
   std::string name;
@@ -137,7 +50,7 @@ TEST_P(PipelineEquivalence, MatchesTheSingleProcessReference) {
   // The default: 4 micro-batches, 6 layers (embeddings, 4 blocks, head).
   std::vector<std::string> overrides{"parallel.pp=" + std::to_string(c.pp), "model.n_layer=4"};
   auto config = make_config(4, with(overrides, c.overrides));
-  expect_matches_reference(config);
+  equivalence::expect_pipeline_matches_reference(config, c.name);
 }
 
 const std::vector<std::string> kGpipe{"pipeline.schedule=\"gpipe\""};

@@ -1,0 +1,155 @@
+#include "parallax/runtime/strategy_matrix.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "parallax/core/config_loader.h"
+#include "parallax/core/error.h"
+
+namespace parallax {
+namespace {
+
+// "key = value at file:line:col" (the position only when the key was set).
+std::string key(const Config& config, const std::string& name, const std::string& value) {
+  const auto found = config.positions.find(name);
+  return name + " = " + value + (found == config.positions.end() ? "" : found->second);
+}
+
+std::string quoted(const char* text) {
+  return std::string("\"") + text + "\"";
+}
+
+// A plan rule that leaves the logits split over the vocabulary, or null.
+const TpPlanRule* split_logits_rule(const TensorParallelOptions& options) {
+  for (const TpPlanRule& rule : options.plan) {
+    if (rule.style == TpStyle::kVocabOutput && !rule.gather_output) return &rule;
+  }
+  return nullptr;
+}
+
+// Empty when the cell runs; otherwise its first reason (the loader's, or the matrix's
+// with its nearest cell) without the keys' values and where they were set, which the
+// table's row shows.
+std::string verdict_of(const ConfigSources& sources, int world_size) {
+  Config config;
+  try {
+    config = load_config(sources);
+    config.resolve(world_size);
+  } catch (const ConfigError& e) {
+    std::string reason = e.detail();
+    const auto colon = reason.find(": ");
+    if (colon != std::string::npos) reason = reason.substr(colon + 2);
+    // "(zero.stage = 0 at --set zero.stage=0)": the row says which stage.
+    const auto open = reason.find(" (zero.stage = ");
+    if (open != std::string::npos) reason.erase(open, reason.find(')', open) - open + 1);
+    return reason;
+  }
+  const std::vector<Refusal> refusals = strategy_refusals(config);
+  if (refusals.empty()) return "";
+  return refusals.front().reason + "; instead: " + refusals.front().nearest;
+}
+
+std::string escape_bars(const std::string& text) {
+  std::string out;
+  for (char ch : text) {
+    if (ch == '|') out += '\\';
+    out += ch;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string Refusal::message() const {
+  std::string text;
+  for (std::size_t i = 0; i < keys.size(); ++i) text += (i ? ", " : "") + keys[i];
+  return text + ": " + reason + "; instead: " + nearest;
+}
+
+std::vector<Refusal> strategy_refusals(const Config& c) {
+  std::vector<Refusal> refusals;
+  const std::string tp = std::to_string(c.parallel.tp);
+  const std::string pp = std::to_string(c.parallel.pp);
+  const std::string stage = std::to_string(c.zero.stage);
+
+  if (c.parallel.mode == ParallelMode::kAuto) {
+    refusals.push_back({{key(c, "parallel.mode", quoted("auto"))},
+                        "the automatic planner is not available in this build yet",
+                        "parallel.mode = \"manual\" with parallel.tp, pp and dp set"});
+  }
+  if (c.comm.backend == CommBackend::kNccl) {
+    refusals.push_back({{key(c, "comm.backend", quoted("nccl"))},
+                        "this engine trains on CPU tensors, which NCCL cannot carry",
+                        "comm.backend = \"auto\" or \"mpi\""});
+  }
+  if (c.parallel.pp > 1 && c.zero.stage > 0) {
+    refusals.push_back({{key(c, "zero.stage", stage), key(c, "parallel.pp", pp)},
+                        "ZeRO (and so offload) inside pipeline stages is not available in this build yet",
+                        "zero.stage = 0 (data parallelism across pipelines), or parallel.pp = 1 with ZeRO"});
+  }
+  if (c.parallel.tp > 1 && c.tensor_parallel.sequence_parallel && c.tensor_parallel.plan.empty()) {
+    refusals.push_back({{key(c, "tensor_parallel.sequence_parallel", "true"), key(c, "parallel.tp", tp)},
+                        "the hand-written tensor_parallel/ layers are not sequence-parallel; only a "
+                        "[tensor_parallel.plan] splits the sequence",
+                        "a [tensor_parallel.plan] (see configs/tp.toml), or sequence_parallel = false"});
+  }
+  if (c.parallel.tp > 1 && c.parallel.pp > 1) {
+    if (const TpPlanRule* rule = split_logits_rule(c.tensor_parallel)) {
+      refusals.push_back({{"[tensor_parallel.plan] \"" + rule->pattern + "\" = \"vocab_output\"" + rule->position,
+                           key(c, "parallel.pp", pp)},
+                          "a pipeline's loss function receives whole logits, but this rule leaves them split "
+                          "over the vocabulary",
+                          "{ style = \"vocab_output\", gather_output = true } for that rule (see configs/3d.toml)"});
+    }
+  }
+  return refusals;
+}
+
+void check_strategy(const Config& config) {
+  const std::vector<Refusal> refusals = strategy_refusals(config);
+  if (refusals.empty()) return;
+  std::string text = refusals.size() == 1 ? "this strategy is refused: " : "this strategy is refused:";
+  for (const Refusal& refusal : refusals) text += (refusals.size() == 1 ? "" : "\n  - ") + refusal.message();
+  throw ConfigError(text);
+}
+
+std::string strategy_matrix_markdown() {
+  const std::vector<std::vector<std::string>> offloads{
+      {},
+      {"offload.optimizer=\"cpu\""},
+      {"offload.optimizer=\"cpu\"", "offload.param=\"cpu\""},
+  };
+  std::vector<std::string> reasons;  // numbered in order of first appearance
+  std::ostringstream rows;
+  for (int tp : {1, 2}) {
+    for (int pp : {1, 2}) {
+      for (int stage = 0; stage <= 3; ++stage) {
+        rows << "| " << tp << " | " << pp << " | " << stage << " |";
+        for (const std::vector<std::string>& offload : offloads) {
+          ConfigSources sources;
+          sources.overrides = {"parallel.tp=" + std::to_string(tp), "parallel.pp=" + std::to_string(pp),
+                               "parallel.dp=2", "zero.stage=" + std::to_string(stage), "train.micro_batch_size=1"};
+          if (tp > 1) sources.overrides.push_back("tensor_parallel.plan={\"*\"=\"column\"}");
+          sources.overrides.insert(sources.overrides.end(), offload.begin(), offload.end());
+          const std::string verdict = verdict_of(sources, tp * pp * 2);
+          if (verdict.empty()) {
+            rows << " runs |";
+            continue;
+          }
+          auto found = std::find(reasons.begin(), reasons.end(), verdict);
+          if (found == reasons.end()) found = reasons.insert(reasons.end(), verdict);
+          rows << " refused (" << (found - reasons.begin() + 1) << ") |";
+        }
+        rows << "\n";
+      }
+    }
+  }
+  std::ostringstream out;
+  out << "| tp | pp | zero.stage | no offload | offload.optimizer | offload.optimizer + param |\n"
+      << "|---|---|---|---|---|---|\n"
+      << rows.str() << "\n";
+  for (std::size_t i = 0; i < reasons.size(); ++i) out << i + 1 << ". " << escape_bars(reasons[i]) << "\n";
+  return out.str();
+}
+
+}  // namespace parallax

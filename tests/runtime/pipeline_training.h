@@ -1,0 +1,41 @@
+// Shared by the pipeline equivalence tests: the GPT example's layer specs trained by the
+// PipelineEngine on every rank of the world, and the comparison of each rank's stage
+// (its tensor-parallel part, when tp > 1) with the single-process reference.
+#pragma once
+
+#include <torch/types.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "parallax/core/config.h"
+#include "parallax/core/metrics.h"
+#include "parallax/pipeline/schedule.h"
+#include "parallax/runtime/pipeline_engine.h"
+
+namespace equivalence {
+
+struct PipelineRun {
+  std::vector<double> losses;
+  std::vector<parallax::StepMetrics> metrics;
+  std::map<std::string, torch::Tensor> params;  // this stage's, by reference name
+  parallax::PipelineLayout layout;
+  std::vector<parallax::pipeline::Instruction> instructions;
+  std::vector<torch::Tensor> tied;  // this stage's copies of tied weights, after training
+  int tp_rank = 0;
+  int tp = 1;
+};
+
+/// The PipelineEngine on every rank of the world, kSteps optimizer steps.
+PipelineRun train_pipeline(parallax::Config config);
+
+/// Per-step loss within `loss_tolerance` (relative) on every rank, and this rank's final
+/// parameters (its part of them under configs/tp.toml's plan) within `param_tolerance`
+/// of the reference's; prints the worst of each as "[ figures  ]" after `label`.
+void expect_pipeline_matches_reference(const parallax::Config& config,
+                                       const std::string& label,
+                                       double loss_tolerance = 1e-5,
+                                       double param_tolerance = 1e-5);
+
+}  // namespace equivalence
