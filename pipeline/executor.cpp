@@ -93,9 +93,20 @@ BatchOutcome StageExecutor::run(const std::vector<MicroBatch>& batch,
     return output;
   };
 
+  // A backward instruction's autograd, through the caller's reduction when it has one.
+  auto backward = [this, &hooks](std::size_t index, const std::function<void()>& run) {
+    if (!hooks.around_backward) {
+      run();
+      return;
+    }
+    WeightGradients writes = WeightGradients::kSome;
+    if (instructions_[index].op == Op::kBackwardInput) writes = WeightGradients::kNone;
+    if (index == last_weight_instruction_) writes = WeightGradients::kLast;
+    hooks.around_backward(writes, run);
+  };
+
   for (std::size_t index = 0; index < instructions_.size(); ++index) {
     const Instruction& in = instructions_[index];
-    if (index == last_weight_instruction_ && hooks.before_last_weight_gradients) hooks.before_last_weight_gradients();
     Slot* slot = in.micro_batch >= 0
                      ? &slots[static_cast<std::size_t>(in.micro_batch) * shape_.virtual_stages + in.chunk]
                      : nullptr;
@@ -165,15 +176,16 @@ BatchOutcome StageExecutor::run(const std::vector<MicroBatch>& batch,
             slot->output = output;
           }
         }
+        const double scale = last_part ? backward_scale : 1.0;
         if (in.op == Op::kBackward) {
-          backward_whole(*slot, last_part ? backward_scale : 1.0);
+          backward(index, [&] { backward_whole(*slot, scale); });
         } else {
-          backward_input(*slot, in.chunk, last_part ? backward_scale : 1.0);
+          backward(index, [&] { backward_input(*slot, in.chunk, scale); });
         }
         break;
       }
       case Op::kBackwardWeight:
-        backward_weight(*slot);
+        backward(index, [&] { backward_weight(*slot); });
         break;
       case Op::kReduceGradients:
         transport_.wait_sends();

@@ -17,8 +17,9 @@
 //    gradients only. Exact: the weight gradients are those of a whole backward.
 //  - SendActivation / SendGradient: non-blocking sends of the output or input gradient.
 //  - ReduceGradients, ReduceTiedGradients, OptimizerStep: the hooks, in list order.
-// Before the last instruction of the list that writes weight gradients,
-// hooks.before_last_weight_gradients runs (the data-parallel reduction arms itself).
+// Every backward runs through hooks.around_backward, which is told whether it writes
+// weight gradients and whether for the last time (the data-parallel reduction arms
+// itself for that one, and ZeRO reduces around each).
 #pragma once
 
 #include <torch/types.h>
@@ -45,8 +46,17 @@ using LossFunction = std::function<torch::Tensor(const Activation& output, const
 
 struct BatchOutcome;
 
+/// What a backward instruction writes (ExecutorHooks::around_backward).
+enum class WeightGradients {
+  kNone,  ///< only the input's gradient (zb-h1's BackwardInput)
+  kSome,  ///< weight gradients
+  kLast,  ///< weight gradients, for the last time in this batch
+};
+
 struct ExecutorHooks {
-  std::function<void()> before_last_weight_gradients;
+  /// Runs a backward instruction's autograd (given as a callable) through the caller's
+  /// gradient reduction, told what it writes; the autograd runs directly when empty.
+  std::function<void(WeightGradients writes, const std::function<void()>& backward)> around_backward;
   std::function<void()> reduce_gradients;
   std::function<void()> reduce_tied_gradients;
   /// Gets the batch's outcome so far (every compute has run by then).

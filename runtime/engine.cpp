@@ -1,28 +1,22 @@
 #include "parallax/runtime/engine.h"
 
 #include <torch/nn/functional/loss.h>
-#include <torch/nn/utils/clip_grad.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <exception>
-#include <limits>
 #include <unordered_set>
 
 #include "parallax/core/config_loader.h"
-#include "parallax/core/cpu_binding.h"
 #include "parallax/core/error.h"
 #include "parallax/core/mesh.h"
 #include "parallax/core/world.h"
-#include "parallax/offload/cpu_adam.h"
-#include "parallax/offload/offloaded_adam.h"
-#include "parallax/runtime/gradient_buckets.h"
+#include "parallax/runtime/gradient_reduction.h"
 #include "parallax/runtime/step_telemetry.h"
 #include "parallax/tensor_parallel/vocab_parallel.h"
 #include "parallax/zero/deferred_construction.h"
 #include "parallax/zero/loss_scaler.h"
-#include "parallax/zero/sharded_model.h"
 
 namespace parallax {
 namespace {
@@ -89,20 +83,6 @@ zero::LossScalerOptions loss_scaler_options(const PrecisionOptions& precision) {
       .min_scale(precision.loss_scale_min);
 }
 
-// The CPU Adam streams memory: keep its threads on this rank's own cores, and say where.
-void bind_offload_threads(Runtime& runtime, const zero::ShardedModel& sharded) {
-  const World& world = runtime.world();
-  const std::vector<int> pus = rank_cpu_share(world.local_rank(), world.local_size());
-  const std::vector<int> bound = offload::CpuAdam::bind_threads(pus);
-  std::string where;
-  for (std::size_t t = 0; t < bound.size(); ++t) where += (t ? "," : "") + std::to_string(bound[t]);
-  const OffloadOptions& offload = runtime.config().offload;
-  runtime.logger().summary("# offload: optimizer ", to_string(offload.optimizer), ", param ", to_string(offload.param),
-                           "; fused CPU Adam (", offload::CpuAdam::instruction_set(), "), rank 0's ", bound.size(),
-                           " intra-op thread(s) bound to PU(s) {", where, "}; rank 0 holds ", sharded.host_bytes(),
-                           " bytes on the host and ", sharded.nvme_bytes(), " in the NVMe tier");
-}
-
 // Rank 0 of the tensor-parallel group says how the model was split.
 void describe_split(Runtime& runtime, const tensor_parallel::ParallelizedModel& split) {
   const Config& config = runtime.config();
@@ -122,31 +102,6 @@ void check_same_input(Communicator& tp, const torch::Tensor& input) {
   PARALLAX_CHECK(differing.empty(), UsageError, "the first forward's input differs across tensor-parallel group '",
                  tp.name(), "': rank(s) ", format_rank_set(differing),
                  " got other data than its rank 0; index the data by mesh().coord().dp, not by world rank");
-}
-
-// The global gradient norm of a model split over other ranks (tensor or pipeline
-// parallel): each parameter's squares times its weight (1 / the ranks holding the same
-// elements; 0 for a tied copy another stage counts), summed in float64 over `groups`, and
-// clipping as torch::nn::utils::clip_grad_norm_ does (clip > 0). Returns the norm (not
-// finite: nothing clipped); every rank of the groups reaches the same value.
-double clip_model_parallel_gradients(const std::vector<torch::Tensor>& optimized,
-                                     const std::vector<double>& weights,
-                                     const std::vector<Communicator*>& groups,
-                                     double clip) {
-  torch::NoGradGuard no_grad;
-  torch::Tensor squares = torch::zeros({1}, optimized.front().options().dtype(torch::kFloat64));
-  for (std::size_t i = 0; i < optimized.size(); ++i) {
-    if (weights[i] == 0.0 || !optimized[i].grad().defined()) continue;
-    squares.add_(optimized[i].grad().to(torch::kFloat64).pow(2).sum() * weights[i]);
-  }
-  for (Communicator* group : groups) group->all_reduce(squares)->wait();
-  const double norm = std::sqrt(squares.item<double>());
-  if (std::isfinite(norm) && clip > 0 && clip / (norm + 1e-6) < 1.0) {
-    for (const auto& p : optimized) {
-      if (p.grad().defined()) p.grad().mul_(clip / (norm + 1e-6));
-    }
-  }
-  return norm;
 }
 
 // A pipeline stage's layers split by the plan. The stages agree on the outcome (one
@@ -193,17 +148,11 @@ struct Engine::State {
   std::shared_ptr<torch::nn::Module> model;
   OptimizerSpec spec;
   torch::ScalarType dtype = torch::kFloat32;
-  std::vector<torch::Tensor> params;                   ///< the model's (compute dtype)
-  std::vector<torch::Tensor> masters;                  ///< stage 0: fp32 copies under bf16/fp16; empty under fp32
-  std::unique_ptr<GradientBuckets> buckets;            ///< stage 0
-  std::unique_ptr<torch::optim::Optimizer> optimizer;  ///< stage 0
-  std::unique_ptr<zero::ShardedModel> sharded;         ///< stages 1–3
-  std::unique_ptr<zero::LossScaler> scaler;            ///< fp16
+  std::vector<torch::Tensor> params;  ///< the model's trainable ones (compute dtype)
+  std::unique_ptr<GradientReduction> reduction;
+  std::unique_ptr<zero::LossScaler> scaler;  ///< fp16
   std::unique_ptr<StepTelemetry> telemetry;
   std::unique_ptr<tensor_parallel::ParallelizedModel> split;  ///< parallel.tp > 1
-  std::vector<std::size_t> partial_gradients;  ///< indices into params summed over tp (sequence parallel)
-  bool pipeline = false;                       ///< a pipeline stage: the norm is summed over pp
-  std::vector<double> norm_weights;  ///< per param, when split or pipeline (see clip_model_parallel_gradients)
   mutable bool input_checked = false;
 
   std::int64_t grad_accum = 1;
@@ -211,8 +160,6 @@ struct Engine::State {
   std::int64_t global_step = 0;
   torch::Tensor loss_sum;  ///< sum of micro-step losses in the window (float64)
   StepMetrics last;
-
-  const std::vector<torch::Tensor>& optimized() const { return masters.empty() ? params : masters; }
 };
 
 Engine::Engine(Runtime& runtime, std::shared_ptr<torch::nn::Module> model, const OptimizerSpec& spec)
@@ -234,8 +181,6 @@ Engine::Engine(Runtime& runtime,
   PARALLAX_CHECK(config.parallel.pp == 1 || coupling != nullptr, ConfigError, "parallel.pp = ", config.parallel.pp,
                  ": a pipeline needs the model as layer specs, so that each stage builds only its own layers; "
                  "build a parallax::PipelineEngine (runtime/pipeline_engine.h) instead of rt.engine(model)");
-  // The runtime's strategy matrix has refused what this engine cannot compose.
-  s.pipeline = coupling != nullptr;
   s.runtime = &runtime;
   s.model = std::move(model);
   s.spec = spec;
@@ -304,21 +249,27 @@ Engine::Engine(Runtime& runtime,
     if (p.requires_grad() && seen.insert(p.unsafeGetTensorImpl()).second) s.params.push_back(p);
   }
   PARALLAX_CHECK(!s.params.empty(), UsageError, "every parameter of the model is frozen (requires_grad = false)");
-  if (s.split || s.pipeline) {
+  // How the model is split beyond the data-parallel group, for the norm and the
+  // partial (sequence-parallel) gradients.
+  ModelSplit model_split;
+  if (s.split) model_split.norm_groups.push_back(&runtime.mesh().tp());
+  if (coupling != nullptr) model_split.norm_groups.push_back(&runtime.mesh().pp());
+  if (!model_split.norm_groups.empty()) {
     std::unordered_set<const void*> excluded;
     if (coupling != nullptr) {
       for (const auto& t : coupling->norm_excluded) excluded.insert(t.unsafeGetTensorImpl());
     }
     for (const auto& p : s.params) {
       const double copies = s.split ? static_cast<double>(s.split->copies(p)) : 1.0;
-      s.norm_weights.push_back(excluded.count(p.unsafeGetTensorImpl()) ? 0.0 : 1.0 / copies);
+      model_split.norm_weights.push_back(excluded.count(p.unsafeGetTensorImpl()) ? 0.0 : 1.0 / copies);
     }
   }
   if (s.split) {
+    model_split.tp = &runtime.mesh().tp();
     std::unordered_set<const void*> partial;
     for (const auto& p : s.split->partial_gradient_parameters()) partial.insert(p.unsafeGetTensorImpl());
     for (std::size_t i = 0; i < s.params.size(); ++i) {
-      if (partial.count(s.params[i].unsafeGetTensorImpl())) s.partial_gradients.push_back(i);
+      if (partial.count(s.params[i].unsafeGetTensorImpl())) model_split.partial.push_back(i);
     }
   }
   if (config.precision.dtype == Dtype::kFp16) {
@@ -331,37 +282,7 @@ Engine::Engine(Runtime& runtime,
   }
   s.telemetry = std::make_unique<StepTelemetry>(runtime);
   s.loss_sum = torch::zeros({}, torch::kFloat64);
-  if (config.zero.stage > 0) {
-    const OptimizerOptions optimizer_options = spec.optimizer;
-    s.sharded =
-        std::make_unique<zero::ShardedModel>(*s.model, s.params, config.zero, config.offload, spec.optimizer, dp,
-                                             runtime.tracer(), [&optimizer_options](std::vector<torch::Tensor> shards) {
-                                               return make_optimizer(optimizer_options, std::move(shards));
-                                             });
-    if (s.split) {
-      std::vector<std::int64_t> copies;
-      std::vector<bool> partial(s.params.size(), false);
-      for (const auto& p : s.params) copies.push_back(s.split->copies(p));
-      for (std::size_t i : s.partial_gradients) partial[i] = true;
-      s.sharded->set_model_parallel(runtime.mesh().tp(), copies, partial);
-    }
-    if (config.offload.optimizer_offloaded()) bind_offload_threads(runtime, *s.sharded);
-    return;
-  }
-  const std::int64_t bucket_bytes = config.zero.bucket_bytes();
-  // bf16/fp16 gradients accumulate and are reduced in fp32, straight into the masters' grads.
-  const bool keep_masters = s.dtype != torch::kFloat32;
-  s.buckets = std::make_unique<GradientBuckets>(
-      s.params, bucket_bytes, dp, runtime.tracer(), config.zero.overlap_comm,
-      keep_masters ? c10::optional<torch::ScalarType>(torch::kFloat32) : c10::nullopt);
-  if (keep_masters) {
-    for (std::size_t i = 0; i < s.params.size(); ++i) {
-      torch::Tensor master = s.params[i].detach().to(torch::kFloat32).clone().requires_grad_(true);
-      master.mutable_grad() = s.buckets->accumulated_grad(i);
-      s.masters.push_back(master);
-    }
-  }
-  s.optimizer = make_optimizer(spec.optimizer, s.optimized());
+  s.reduction = make_gradient_reduction(runtime, *s.model, s.params, s.dtype, spec.optimizer, std::move(model_split));
 }
 
 Engine::Engine(Engine&&) noexcept = default;
@@ -379,106 +300,49 @@ void Engine::backward(const torch::Tensor& loss) {
   auto span = tracer().span("backward", "compute");
   s.loss_sum += loss.detach().to(torch::kFloat64);
   const double scale = (s.scaler ? s.scaler->scale() : 1.0) / static_cast<double>(s.grad_accum);
-  if (s.sharded) {
-    s.sharded->begin_backward(last);
-    {
-      auto gathering = s.sharded->use_scope();
-      (loss * scale).backward();
-    }
-    s.sharded->end_backward();
-    return;
-  }
-  if (last) s.buckets->arm();
-  (loss * scale).backward();
+  s.reduction->run_backward(last ? BackwardKind::kLastWeights : BackwardKind::kWeights,
+                            [&] { (loss * scale).backward(); });
 }
 
 bool Engine::step() {
   State& s = *state_;
   if (s.micro_step < s.grad_accum) return false;
   s.micro_step = 0;
-  reduce_gradients();
+  s.reduction->finish();
   const double local_loss = s.loss_sum.item<double>() / static_cast<double>(s.grad_accum);
   s.loss_sum.zero_();
   apply_step(local_loss);
   return true;
 }
 
-void Engine::arm_gradient_reduction() {
-  if (state_->buckets) state_->buckets->arm();
-}
-
-void Engine::reduce_gradients() {
-  State& s = *state_;
-  if (s.sharded) return;  // ShardedModel::step finishes its own reductions
-  s.buckets->finish();
-  if (!s.partial_gradients.empty()) {
-    std::vector<torch::Tensor> partial;
-    for (std::size_t i : s.partial_gradients) partial.push_back(s.optimized()[i].grad());
-    sum_in_place(s.runtime->mesh().tp(), partial);
-  }
-}
-
 void Engine::apply_step(double local_loss) {
   State& s = *state_;
   const double lr = scheduled_lr(s.spec, s.global_step);
   const double loss_scale = s.scaler ? s.scaler->scale() : 1.0;
-  bool overflow = false;
-  double grad_norm = -1.0;
-  if (s.sharded) {
+  zero::StepOutcome outcome;
+  {
     auto span = tracer().span("optimizer", "compute");
-    if (offload::OffloadedAdam* host = s.sharded->offloaded_optimizer()) {
-      host->set_learning_rate(lr);
-    } else {
-      set_learning_rate(s.sharded->optimizer(), lr);
-    }
-    const double gradient_scale = 1.0 / (static_cast<double>(s.runtime->mesh().dp().size()) * loss_scale);
-    const zero::StepOutcome outcome = s.sharded->step(gradient_scale, s.spec.optimizer.grad_clip, s.scaler != nullptr);
-    overflow = outcome.skipped;
-    grad_norm = outcome.grad_norm;
-  } else {
-    auto span = tracer().span("optimizer", "compute");
-    torch::NoGradGuard no_grad;
-    if (s.scaler) {
-      for (const auto& m : s.masters) m.mutable_grad().mul_(1.0 / loss_scale);
-    }
-    const double clip = s.spec.optimizer.grad_clip;
-    if ((s.split || s.pipeline) && (clip > 0 || s.scaler)) {
-      std::vector<Communicator*> groups;
-      if (s.split) groups.push_back(&s.runtime->mesh().tp());
-      if (s.pipeline) groups.push_back(&s.runtime->mesh().pp());
-      grad_norm = clip_model_parallel_gradients(s.optimized(), s.norm_weights, groups, clip);
-      overflow = s.scaler != nullptr && !std::isfinite(grad_norm);
-    } else if (clip > 0 || s.scaler) {
-      // One global norm serves clipping and the overflow check (an infinite threshold
-      // never clips). Gradients are identical on every rank after the all-reduce, so
-      // every rank reaches the same verdict without communicating; an overflowing
-      // step's gradients are discarded below whatever clipping did to them.
-      grad_norm =
-          torch::nn::utils::clip_grad_norm_(s.optimized(), clip > 0 ? clip : std::numeric_limits<double>::infinity());
-      overflow = s.scaler != nullptr && !std::isfinite(grad_norm);
-    }
-    if (!overflow) {
-      set_learning_rate(*s.optimizer, lr);
-      s.optimizer->step();
-      for (std::size_t i = 0; i < s.masters.size(); ++i) s.params[i].detach().copy_(s.masters[i]);
-    }
-    s.buckets->zero();
+    outcome = s.reduction->step(lr, loss_scale, s.spec.optimizer.grad_clip, s.scaler != nullptr);
   }
-  if (s.scaler && s.scaler->update(overflow)) {
+  if (s.scaler && s.scaler->update(outcome.skipped)) {
     s.runtime->logger().summary("warning: step ", s.global_step + 1,
                                 " skipped: fp16 gradients overflowed at loss scale ", loss_scale, "; next scale ",
                                 s.scaler->scale(), " (", s.scaler->skipped_steps(), " skipped so far)");
   }
   ++s.global_step;
-  s.last = s.telemetry->end_window(s.global_step, local_loss, lr, grad_norm, model_state_bytes());
+  s.last = s.telemetry->end_window(s.global_step, local_loss, lr, outcome.grad_norm, model_state_bytes());
 }
 
-torch::Tensor Engine::reduced_gradient(const torch::Tensor& param) const {
+GradientReduction& Engine::gradient_reduction() {
+  return *state_->reduction;
+}
+
+std::size_t Engine::parameter_index(const torch::Tensor& param) const {
   const State& s = *state_;
   for (std::size_t i = 0; i < s.params.size(); ++i) {
-    if (s.params[i].unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) return s.optimized()[i].grad();
+    if (s.params[i].unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) return i;
   }
-  throw UsageError("reduced_gradient: the tensor is not a trained parameter of this engine");
+  throw UsageError("parameter_index: the tensor is not a trained parameter of this engine");
 }
 
 StepTelemetry& Engine::step_telemetry() {
@@ -504,21 +368,16 @@ torch::ScalarType Engine::compute_dtype() const {
   return state_->dtype;
 }
 std::int64_t Engine::gradient_bytes() const {
-  if (state_->sharded) {
-    std::int64_t bytes = 0;
-    for (const auto& p : state_->params) bytes += p.numel() * 4;  // reduced in fp32
-    return bytes;
-  }
-  return state_->buckets->gradient_bytes();
+  return state_->reduction->gradient_bytes();
 }
 std::int64_t Engine::gradient_padding_bytes() const {
-  return state_->sharded ? state_->sharded->padding_elements() * 4 : state_->buckets->padding_bytes();
+  return state_->reduction->gradient_padding_bytes();
 }
 std::size_t Engine::bucket_count() const {
-  return state_->sharded ? state_->sharded->group_count() : state_->buckets->bucket_count();
+  return state_->reduction->bucket_count();
 }
 const zero::ShardedModel* Engine::sharded_model() const {
-  return state_->sharded.get();
+  return state_->reduction->sharded_model();
 }
 double Engine::loss_scale() const {
   return state_->scaler ? state_->scaler->scale() : 1.0;
@@ -530,36 +389,18 @@ tensor_parallel::ParallelizedModel::Scope Engine::tensor_parallel_scope() const 
   return state_->split ? state_->split->scope() : tensor_parallel::ParallelizedModel::Scope(false);
 }
 zero::ParameterUseScope Engine::parameter_use_scope() const {
-  return state_->sharded ? state_->sharded->use_scope() : zero::ParameterUseScope(false);
+  return state_->reduction->use_scope();
 }
 void Engine::set_tokens_per_sample(std::int64_t tokens) {
   state_->telemetry->set_tokens_per_sample(tokens);
 }
 
 std::vector<torch::Tensor> Engine::master_parameters() const {
-  if (state_->sharded) return state_->sharded->gather_masters();
-  std::vector<torch::Tensor> out;
-  for (const auto& p : state_->optimized()) out.push_back(p.detach().to(torch::kFloat32));
-  return out;
+  return state_->reduction->master_parameters();
 }
 
 ModelStateBytes Engine::model_state_bytes() const {
-  const State& s = *state_;
-  ModelStateBytes bytes;
-  if (s.sharded) {
-    bytes.params = s.sharded->parameter_bytes();
-    bytes.grads = s.sharded->gradient_bytes();
-    bytes.optimizer = s.sharded->master_bytes();
-    if (s.sharded->offloaded_optimizer() == nullptr) bytes.optimizer += optimizer_state_bytes(s.sharded->optimizer());
-    bytes.host = s.sharded->host_bytes();
-    bytes.nvme = s.sharded->nvme_bytes();
-    return bytes;
-  }
-  for (const auto& p : s.params) bytes.params += payload_bytes(p);
-  bytes.grads = s.buckets->buffer_bytes();
-  bytes.optimizer = optimizer_state_bytes(*s.optimizer);
-  for (const auto& m : s.masters) bytes.optimizer += payload_bytes(m);  // the fp32 master weight
-  return bytes;
+  return state_->reduction->model_state_bytes();
 }
 
 void Engine::begin_micro_step() {

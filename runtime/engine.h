@@ -70,6 +70,7 @@ namespace zero {
 class ShardedModel;
 }
 class StepTelemetry;
+class GradientReduction;
 
 class Engine {
  public:
@@ -151,17 +152,16 @@ class Engine {
          std::shared_ptr<torch::nn::Module> model,
          const OptimizerSpec& spec,
          const PipelineCoupling& coupling);
-  /// The pieces of step() for an engine that runs its own micro-batches (the pipeline):
-  /// arm the data-parallel reduction before the window's last backward; finish it (and
-  /// sum partial gradients); then clip, update and record the step with `local_loss`,
-  /// the mean loss of this rank's window. Collective as step() is.
-  void arm_gradient_reduction();
-  void reduce_gradients();
+  /// For an engine that runs its own micro-batches (the pipeline): the gradient
+  /// reduction to run its backwards through and finish at the boundary, then
+  /// apply_step() clips, updates and records the step with `local_loss`, the mean loss
+  /// of this rank's window. Collective as step() is.
+  GradientReduction& gradient_reduction();
   void apply_step(double local_loss);
   StepTelemetry& step_telemetry();
-  /// The gradient the optimizer steps `param` with (its fp32 master's under bf16/fp16),
-  /// after reduce_gradients(). Throws UsageError for a tensor that is not a trained parameter.
-  torch::Tensor reduced_gradient(const torch::Tensor& param) const;
+  /// Index of `param` among the trained parameters (GradientReduction's order). Throws
+  /// UsageError for a tensor that is not one.
+  std::size_t parameter_index(const torch::Tensor& param) const;
   /// Casts floating-point inputs to the compute dtype.
   torch::Tensor prepare_input(const torch::Tensor& input) const;
   /// Opens the step's timing window at its first forward.

@@ -8,6 +8,7 @@
 #include "parallax/core/mesh.h"
 #include "parallax/core/world.h"
 #include "parallax/pipeline/partition.h"
+#include "parallax/runtime/gradient_reduction.h"
 #include "parallax/runtime/step_telemetry.h"
 
 namespace parallax {
@@ -237,8 +238,12 @@ double PipelineEngine::train_batch(const std::function<pipeline::MicroBatch()>& 
     }
   }
   pipeline::ExecutorHooks hooks;
-  hooks.before_last_weight_gradients = [this] { arm_gradient_reduction(); };
-  hooks.reduce_gradients = [this] { reduce_gradients(); };
+  hooks.around_backward = [this](pipeline::WeightGradients writes, const std::function<void()>& backward) {
+    static constexpr BackwardKind kKinds[] = {BackwardKind::kInputOnly, BackwardKind::kWeights,
+                                              BackwardKind::kLastWeights};
+    gradient_reduction().run_backward(kKinds[static_cast<int>(writes)], backward);
+  };
+  hooks.reduce_gradients = [this] { gradient_reduction().finish(); };
   hooks.reduce_tied_gradients = [this] { reduce_tied_gradients(); };
   hooks.optimizer_step = [this, &b, &runtime](const pipeline::BatchOutcome& outcome) {
     // The loss lives on the last stage: every stage of the pipeline gets it.
@@ -249,6 +254,7 @@ double PipelineEngine::train_batch(const std::function<pipeline::MicroBatch()>& 
   };
   hooks.loss_scale = [this] { return loss_scale(); };
   hooks.around_forward = [this](const std::function<void()>& forward) {
+    auto gathering = parameter_use_scope();
     auto splitting = tensor_parallel_scope();
     forward();
   };
@@ -264,27 +270,31 @@ void PipelineEngine::reduce_tied_gradients() {
   torch::NoGradGuard no_grad;
   for (TiedWeight& tie : b.ties) {
     if (tie.local.empty()) continue;
-    torch::Tensor sum = reduced_gradient(tie.local.front()).clone();
-    for (std::size_t i = 1; i < tie.local.size(); ++i) sum.add_(reduced_gradient(tie.local[i]));
-    if (tie.stages.size() > 1) {
-      if (b.stage == tie.owner) {
-        torch::Tensor received = torch::empty_like(sum);
-        for (int peer : tie.stages) {
-          if (peer == tie.owner) continue;
-          pp.recv(received, peer, kTieGradTag)->wait();
-          sum.add_(received);
+    std::vector<std::size_t> indices;
+    for (const torch::Tensor& copy : tie.local) indices.push_back(parameter_index(copy));
+    gradient_reduction().edit_gradients(indices, [&](std::vector<torch::Tensor>& grads) {
+      torch::Tensor sum = grads.front().clone();
+      for (std::size_t i = 1; i < grads.size(); ++i) sum.add_(grads[i]);
+      if (tie.stages.size() > 1) {
+        if (b.stage == tie.owner) {
+          torch::Tensor received = torch::empty_like(sum);
+          for (int peer : tie.stages) {
+            if (peer == tie.owner) continue;
+            pp.recv(received, peer, kTieGradTag)->wait();
+            sum.add_(received);
+          }
+          std::vector<WorkPtr> sends;
+          for (int peer : tie.stages) {
+            if (peer != tie.owner) sends.push_back(pp.send(sum, peer, kTieSumTag));
+          }
+          for (auto& work : sends) work->wait();
+        } else {
+          pp.send(sum, tie.owner, kTieGradTag)->wait();
+          pp.recv(sum, tie.owner, kTieSumTag)->wait();
         }
-        std::vector<WorkPtr> sends;
-        for (int peer : tie.stages) {
-          if (peer != tie.owner) sends.push_back(pp.send(sum, peer, kTieSumTag));
-        }
-        for (auto& work : sends) work->wait();
-      } else {
-        pp.send(sum, tie.owner, kTieGradTag)->wait();
-        pp.recv(sum, tie.owner, kTieSumTag)->wait();
       }
-    }
-    for (const torch::Tensor& copy : tie.local) reduced_gradient(copy).copy_(sum);
+      for (torch::Tensor& grad : grads) grad.copy_(sum);
+    });
   }
 }
 

@@ -71,12 +71,13 @@ struct ShardedModel::State {
   /// Tensor parallelism (set_model_parallel): per group, 1/copies of each shard element
   /// for the norm; the shard fragments whose gradients are partial over tp.
   Communicator* tp = nullptr;
+  std::vector<Communicator*> norm_groups;  ///< beyond dp: the norm's squares are summed over each
   struct WeightedFragment {
     std::size_t group;
     Fragment fragment;
     double weight;  ///< 1 / copies
   };
-  std::vector<WeightedFragment> shared_fragments;                   ///< copies > 1 (weight < 1)
+  std::vector<WeightedFragment> shared_fragments;                   ///< norm weight != 1
   std::vector<std::pair<std::size_t, Fragment>> partial_fragments;  ///< (group, fragment)
   /// Stage 3: group index of each unit, and the unit of each group (-1: replicated).
   std::vector<std::size_t> unit_groups;
@@ -378,23 +379,35 @@ void ShardedModel::end_backward() {
   if (s.schedule) s.apply_locked(s.schedule->end_backward());
 }
 
-void ShardedModel::set_model_parallel(Communicator& tp,
-                                      const std::vector<std::int64_t>& copies,
-                                      const std::vector<bool>& partial) {
+void ShardedModel::set_model_parallel(const ModelParallel& model_parallel) {
   State& s = *state_;
-  PARALLAX_CHECK(copies.size() == s.params.size() && partial.size() == s.params.size(), UsageError,
-                 "set_model_parallel: ", copies.size(), " copies and ", partial.size(), " partial flags for ",
-                 s.params.size(), " parameters");
-  s.tp = &tp;
+  const ModelParallel& mp = model_parallel;
+  PARALLAX_CHECK(mp.norm_weights.size() == s.params.size() && mp.partial.size() == s.params.size(), UsageError,
+                 "set_model_parallel: ", mp.norm_weights.size(), " norm weights and ", mp.partial.size(),
+                 " partial flags for ", s.params.size(), " parameters");
+  s.tp = mp.tp;
+  s.norm_groups = mp.norm_groups;
   s.shared_fragments.clear();
   s.partial_fragments.clear();
   for (std::size_t i = 0; i < s.params.size(); ++i) {
     const std::size_t g = s.group_of_param[i];
     const auto fragment = s.groups[g]->layout().fragment(s.index_in_group[i], s.dp->rank());
     if (!fragment) continue;
-    if (copies[i] > 1) s.shared_fragments.push_back({g, *fragment, 1.0 / static_cast<double>(copies[i])});
-    if (partial[i]) s.partial_fragments.emplace_back(g, *fragment);
+    if (mp.norm_weights[i] != 1.0) s.shared_fragments.push_back({g, *fragment, mp.norm_weights[i]});
+    if (mp.partial[i]) {
+      PARALLAX_CHECK(mp.tp != nullptr, UsageError, "set_model_parallel: a partial gradient needs a tp group");
+      s.partial_fragments.emplace_back(g, *fragment);
+    }
   }
+}
+
+std::optional<GradientPart> ShardedModel::gradient_part(std::size_t i) const {
+  const State& s = *state_;
+  const std::size_t g = s.group_of_param.at(i);
+  const auto fragment = s.groups[g]->layout().fragment(s.index_in_group[i], s.dp->rank());
+  if (!fragment) return std::nullopt;
+  return GradientPart{fragment->param_offset,
+                      s.groups[g]->gradient_shard().narrow(0, fragment->shard_offset, fragment->numel)};
 }
 
 StepOutcome ShardedModel::step(double gradient_scale, double clip_norm, bool skip_non_finite) {
@@ -422,7 +435,7 @@ StepOutcome ShardedModel::step(double gradient_scale, double clip_norm, bool ski
       sum_of_squares += part.to(torch::kFloat64).pow(2).sum() * (weight - 1.0);
     }
     s.dp->all_reduce(sum_of_squares)->wait();
-    if (s.tp) s.tp->all_reduce(sum_of_squares)->wait();
+    for (Communicator* group : s.norm_groups) group->all_reduce(sum_of_squares)->wait();
     outcome.grad_norm = std::sqrt(sum_of_squares.item<double>());
     if (skip_non_finite && !std::isfinite(outcome.grad_norm)) {
       outcome.skipped = true;

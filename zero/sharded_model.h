@@ -49,6 +49,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "parallax/core/communicator.h"
@@ -68,6 +69,26 @@ using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(
 struct StepOutcome {
   bool skipped = false;     ///< non-finite gradients: nothing was updated
   double grad_norm = -1.0;  ///< global norm after scaling, before clipping; -1 if not computed
+};
+
+/// How the data-parallel group's model is split over other ranks, for set_model_parallel.
+struct ModelParallel {
+  /// The tensor-parallel group, when partial[] marks any gradient; else null.
+  Communicator* tp = nullptr;
+  /// Groups beyond dp whose ranks hold other parts of the model (tp, pp): the norm's
+  /// squares are summed over each.
+  std::vector<Communicator*> norm_groups;
+  /// Per parameter: the weight of its squares in the norm, 1 / the ranks of the norm
+  /// groups holding the same elements (1: split or unshared; 0: a copy another rank counts).
+  std::vector<double> norm_weights;
+  /// Per parameter: its gradient is a partial sum over tp (replicated under sequence parallelism).
+  std::vector<bool> partial;
+};
+
+/// A parameter's elements in this rank's gradient shard.
+struct GradientPart {
+  std::int64_t param_offset = 0;  ///< first element, within the flattened parameter
+  torch::Tensor values;           ///< a view of the gradient shard (fp32)
 };
 
 class ShardedModel final : private ParameterUseListener {
@@ -98,15 +119,18 @@ class ShardedModel final : private ParameterUseListener {
   void begin_backward(bool last_micro_step);
   /// Blocks until this micro-step's reductions are done; throws CommError.
   void end_backward();
-  /// Tensor parallelism: this rank's parameters are its parts of a model split over
-  /// `tp`; `copies[i]` ranks of `tp` hold the same elements of params[i] (1 = split,
-  /// tp.size() = replicated), and `partial[i]` marks gradients that are partial sums
-  /// over `tp` (replicated parameters under sequence parallelism). From then on step()
-  /// sums those gradients' fragments in this rank's shard over `tp` (one all-reduce) and
-  /// computes the global norm over dp × tp, counting each element once (one more
-  /// all-reduce over `tp`). Every rank of `tp` must hold the same shard layout (the same
-  /// parameter shapes, as a plan's parts have). Does not communicate.
-  void set_model_parallel(Communicator& tp, const std::vector<std::int64_t>& copies, const std::vector<bool>& partial);
+  /// Model parallelism around the data-parallel group (a model split over tensor and/or
+  /// pipeline ranks; see ModelParallel). From then on step() sums the partial
+  /// gradients' fragments in this rank's shard over `tp` (one all-reduce) and computes
+  /// the global norm over dp and each norm group (one all-reduce each), every element
+  /// weighted as norm_weights says. Every rank of `tp` must hold the same shard layout
+  /// (the same parameter shapes, as a plan's parts have). Throws UsageError for vectors
+  /// that do not match the parameters. Does not communicate.
+  void set_model_parallel(const ModelParallel& model_parallel);
+  /// This rank's part of params[i]'s gradient in its gradient shard (reduced after
+  /// end_backward, unscaled until step), or nothing when the shard holds none of it.
+  /// Writing the view changes what step() uses.
+  std::optional<GradientPart> gradient_part(std::size_t i) const;
 
   /// Multiplies gradients by `gradient_scale`, clips to `clip_norm` (0 = off), checks
   /// for non-finite values when `skip_non_finite`, steps, refreshes parameters, zeroes

@@ -1,0 +1,291 @@
+#include "parallax/runtime/gradient_reduction.h"
+
+#include <torch/nn/module.h>
+#include <torch/nn/utils/clip_grad.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "parallax/core/config_loader.h"
+#include "parallax/core/cpu_binding.h"
+#include "parallax/core/error.h"
+#include "parallax/core/mesh.h"
+#include "parallax/core/world.h"
+#include "parallax/offload/cpu_adam.h"
+#include "parallax/offload/offloaded_adam.h"
+#include "parallax/runtime/gradient_buckets.h"
+#include "parallax/runtime/runtime.h"
+
+namespace parallax {
+namespace {
+
+// The global gradient norm of a model split over other ranks (tensor or pipeline
+// parallel): each parameter's squares times its weight (1 / the ranks holding the same
+// elements; 0 for a tied copy another stage counts), summed in float64 over `groups`, and
+// clipping as torch::nn::utils::clip_grad_norm_ does (clip > 0). Returns the norm (not
+// finite: nothing clipped); every rank of the groups reaches the same value.
+double clip_model_parallel_gradients(const std::vector<torch::Tensor>& optimized,
+                                     const std::vector<double>& weights,
+                                     const std::vector<Communicator*>& groups,
+                                     double clip) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor squares = torch::zeros({1}, optimized.front().options().dtype(torch::kFloat64));
+  for (std::size_t i = 0; i < optimized.size(); ++i) {
+    if (weights[i] == 0.0 || !optimized[i].grad().defined()) continue;
+    squares.add_(optimized[i].grad().to(torch::kFloat64).pow(2).sum() * weights[i]);
+  }
+  for (Communicator* group : groups) group->all_reduce(squares)->wait();
+  const double norm = std::sqrt(squares.item<double>());
+  if (std::isfinite(norm) && clip > 0 && clip / (norm + 1e-6) < 1.0) {
+    for (const auto& p : optimized) {
+      if (p.grad().defined()) p.grad().mul_(clip / (norm + 1e-6));
+    }
+  }
+  return norm;
+}
+
+// zero.stage = 0: buckets all-reduced during the window's last backward; a LibTorch
+// optimizer over the parameters, or over fp32 masters under bf16/fp16 (whose gradients
+// are the buckets' fp32 accumulators).
+class ReplicatedReduction final : public GradientReduction {
+ public:
+  ReplicatedReduction(Runtime& runtime,
+                      std::vector<torch::Tensor> params,
+                      torch::ScalarType dtype,
+                      const OptimizerOptions& optimizer,
+                      ModelSplit split)
+      : params_(std::move(params)), split_(std::move(split)) {
+    const Config& config = runtime.config();
+    // bf16/fp16 gradients accumulate and are reduced in fp32, straight into the masters' grads.
+    const bool keep_masters = dtype != torch::kFloat32;
+    buckets_ = std::make_unique<GradientBuckets>(
+        params_, config.zero.bucket_bytes(), runtime.mesh().dp(), runtime.tracer(), config.zero.overlap_comm,
+        keep_masters ? c10::optional<torch::ScalarType>(torch::kFloat32) : c10::nullopt);
+    if (keep_masters) {
+      for (std::size_t i = 0; i < params_.size(); ++i) {
+        torch::Tensor master = params_[i].detach().to(torch::kFloat32).clone().requires_grad_(true);
+        master.mutable_grad() = buckets_->accumulated_grad(i);
+        masters_.push_back(master);
+      }
+    }
+    optimizer_ = make_optimizer(optimizer, optimized());
+  }
+
+  zero::ParameterUseScope use_scope() const override { return zero::ParameterUseScope(false); }
+
+  void run_backward(BackwardKind kind, const std::function<void()>& backward) override {
+    if (kind == BackwardKind::kLastWeights) buckets_->arm();
+    backward();
+  }
+
+  void finish() override {
+    buckets_->finish();
+    if (split_.partial.empty()) return;
+    std::vector<torch::Tensor> partial;
+    for (std::size_t i : split_.partial) partial.push_back(optimized()[i].grad());
+    sum_in_place(*split_.tp, partial);
+  }
+
+  void edit_gradients(const std::vector<std::size_t>& indices,
+                      const std::function<void(std::vector<torch::Tensor>&)>& edit) override {
+    std::vector<torch::Tensor> grads;
+    for (std::size_t i : indices) grads.push_back(optimized().at(i).grad());  // views: edited in place
+    edit(grads);
+  }
+
+  zero::StepOutcome step(double lr, double loss_scale, double clip, bool skip_non_finite) override {
+    torch::NoGradGuard no_grad;
+    zero::StepOutcome outcome;
+    if (loss_scale != 1.0) {
+      for (const auto& m : masters_) m.mutable_grad().mul_(1.0 / loss_scale);
+    }
+    if (clip > 0 || skip_non_finite) {
+      if (!split_.norm_groups.empty()) {
+        outcome.grad_norm = clip_model_parallel_gradients(optimized(), split_.norm_weights, split_.norm_groups, clip);
+      } else {
+        // Gradients are identical on every rank after the all-reduce, so every rank
+        // reaches the same norm without communicating (an infinite bound never clips).
+        outcome.grad_norm =
+            torch::nn::utils::clip_grad_norm_(optimized(), clip > 0 ? clip : std::numeric_limits<double>::infinity());
+      }
+      // An overflowing step's gradients are discarded below whatever clipping did to them.
+      outcome.skipped = skip_non_finite && !std::isfinite(outcome.grad_norm);
+    }
+    if (!outcome.skipped) {
+      set_learning_rate(*optimizer_, lr);
+      optimizer_->step();
+      for (std::size_t i = 0; i < masters_.size(); ++i) params_[i].detach().copy_(masters_[i]);
+    }
+    buckets_->zero();
+    return outcome;
+  }
+
+  std::vector<torch::Tensor> master_parameters() override {
+    std::vector<torch::Tensor> out;
+    for (const auto& p : optimized()) out.push_back(p.detach().to(torch::kFloat32));
+    return out;
+  }
+
+  ModelStateBytes model_state_bytes() const override {
+    ModelStateBytes bytes;
+    for (const auto& p : params_) bytes.params += payload_bytes(p);
+    bytes.grads = buckets_->buffer_bytes();
+    bytes.optimizer = optimizer_state_bytes(*optimizer_);
+    for (const auto& m : masters_) bytes.optimizer += payload_bytes(m);  // the fp32 master weight
+    return bytes;
+  }
+  std::int64_t gradient_bytes() const override { return buckets_->gradient_bytes(); }
+  std::int64_t gradient_padding_bytes() const override { return buckets_->padding_bytes(); }
+  std::size_t bucket_count() const override { return buckets_->bucket_count(); }
+
+ private:
+  const std::vector<torch::Tensor>& optimized() const { return masters_.empty() ? params_ : masters_; }
+
+  std::vector<torch::Tensor> params_;   ///< the model's (compute dtype)
+  std::vector<torch::Tensor> masters_;  ///< fp32 copies under bf16/fp16; empty under fp32
+  ModelSplit split_;
+  std::unique_ptr<GradientBuckets> buckets_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+};
+
+// The CPU Adam streams memory: keep its threads on this rank's own cores, and say where.
+void bind_offload_threads(Runtime& runtime, const zero::ShardedModel& sharded) {
+  const World& world = runtime.world();
+  const std::vector<int> pus = rank_cpu_share(world.local_rank(), world.local_size());
+  const std::vector<int> bound = offload::CpuAdam::bind_threads(pus);
+  std::string where;
+  for (std::size_t t = 0; t < bound.size(); ++t) where += (t ? "," : "") + std::to_string(bound[t]);
+  const OffloadOptions& offload = runtime.config().offload;
+  runtime.logger().summary("# offload: optimizer ", to_string(offload.optimizer), ", param ", to_string(offload.param),
+                           "; fused CPU Adam (", offload::CpuAdam::instruction_set(), "), rank 0's ", bound.size(),
+                           " intra-op thread(s) bound to PU(s) {", where, "}; rank 0 holds ", sharded.host_bytes(),
+                           " bytes on the host and ", sharded.nvme_bytes(), " in the NVMe tier");
+}
+
+// zero.stage 1–3 (zero/sharded_model.h), with [offload].
+class ShardedReduction final : public GradientReduction {
+ public:
+  ShardedReduction(Runtime& runtime,
+                   torch::nn::Module& model,
+                   std::vector<torch::Tensor> params,
+                   const OptimizerOptions& optimizer,
+                   const ModelSplit& split)
+      : dp_(&runtime.mesh().dp()) {
+    const Config& config = runtime.config();
+    for (const auto& p : params) {
+      numels_.push_back(p.numel());
+      shapes_.push_back(p.sizes().vec());
+    }
+    sharded_ = std::make_unique<zero::ShardedModel>(
+        model, params, config.zero, config.offload, optimizer, *dp_, runtime.tracer(),
+        [&optimizer](std::vector<torch::Tensor> shards) { return make_optimizer(optimizer, std::move(shards)); });
+    if (!split.norm_groups.empty()) {
+      zero::ModelParallel model_parallel;
+      model_parallel.tp = split.tp;
+      model_parallel.norm_groups = split.norm_groups;
+      model_parallel.norm_weights = split.norm_weights;
+      model_parallel.partial.assign(params.size(), false);
+      for (std::size_t i : split.partial) model_parallel.partial[i] = true;
+      sharded_->set_model_parallel(model_parallel);
+    }
+    if (config.offload.optimizer_offloaded()) bind_offload_threads(runtime, *sharded_);
+  }
+
+  zero::ParameterUseScope use_scope() const override { return sharded_->use_scope(); }
+
+  void run_backward(BackwardKind kind, const std::function<void()>& backward) override {
+    if (kind == BackwardKind::kInputOnly) {
+      auto gathering = sharded_->use_scope();
+      backward();
+      return;
+    }
+    sharded_->begin_backward(kind == BackwardKind::kLastWeights);
+    {
+      auto gathering = sharded_->use_scope();
+      backward();
+    }
+    sharded_->end_backward();
+  }
+
+  void finish() override {}  // every backward waited for its reductions; step() sums partial ones
+
+  // Each rank's parts of the parameters' gradients are disjoint: a sum over dp of
+  // zero-padded copies assembles them whole on every rank.
+  void edit_gradients(const std::vector<std::size_t>& indices,
+                      const std::function<void(std::vector<torch::Tensor>&)>& edit) override {
+    torch::NoGradGuard no_grad;
+    std::int64_t total = 0;
+    for (std::size_t i : indices) total += numels_.at(i);
+    torch::Tensor flat = torch::zeros({total}, torch::kFloat32);
+    std::vector<torch::Tensor> whole;
+    std::vector<std::optional<zero::GradientPart>> parts;
+    std::int64_t base = 0;
+    for (std::size_t i : indices) {
+      whole.push_back(flat.narrow(0, base, numels_[i]).view(shapes_[i]));
+      parts.push_back(sharded_->gradient_part(i));
+      if (parts.back())
+        flat.narrow(0, base + parts.back()->param_offset, parts.back()->values.numel()).copy_(parts.back()->values);
+      base += numels_[i];
+    }
+    dp_->all_reduce(flat)->wait();
+    edit(whole);
+    base = 0;
+    for (std::size_t k = 0; k < indices.size(); ++k) {
+      if (parts[k]) parts[k]->values.copy_(flat.narrow(0, base + parts[k]->param_offset, parts[k]->values.numel()));
+      base += numels_[indices[k]];
+    }
+  }
+
+  zero::StepOutcome step(double lr, double loss_scale, double clip, bool skip_non_finite) override {
+    if (offload::OffloadedAdam* host = sharded_->offloaded_optimizer()) {
+      host->set_learning_rate(lr);
+    } else {
+      set_learning_rate(sharded_->optimizer(), lr);
+    }
+    return sharded_->step(1.0 / (static_cast<double>(dp_->size()) * loss_scale), clip, skip_non_finite);
+  }
+
+  std::vector<torch::Tensor> master_parameters() override { return sharded_->gather_masters(); }
+
+  ModelStateBytes model_state_bytes() const override {
+    ModelStateBytes bytes;
+    bytes.params = sharded_->parameter_bytes();
+    bytes.grads = sharded_->gradient_bytes();
+    bytes.optimizer = sharded_->master_bytes();
+    if (sharded_->offloaded_optimizer() == nullptr) bytes.optimizer += optimizer_state_bytes(sharded_->optimizer());
+    bytes.host = sharded_->host_bytes();
+    bytes.nvme = sharded_->nvme_bytes();
+    return bytes;
+  }
+  std::int64_t gradient_bytes() const override {
+    std::int64_t elements = 0;
+    for (std::int64_t n : numels_) elements += n;
+    return elements * 4;  // reduced in fp32
+  }
+  std::int64_t gradient_padding_bytes() const override { return sharded_->padding_elements() * 4; }
+  std::size_t bucket_count() const override { return sharded_->group_count(); }
+  const zero::ShardedModel* sharded_model() const override { return sharded_.get(); }
+
+ private:
+  Communicator* dp_;
+  std::vector<std::int64_t> numels_;
+  std::vector<std::vector<std::int64_t>> shapes_;
+  std::unique_ptr<zero::ShardedModel> sharded_;
+};
+
+}  // namespace
+
+std::unique_ptr<GradientReduction> make_gradient_reduction(Runtime& runtime,
+                                                           torch::nn::Module& model,
+                                                           std::vector<torch::Tensor> params,
+                                                           torch::ScalarType dtype,
+                                                           const OptimizerOptions& optimizer,
+                                                           ModelSplit split) {
+  if (runtime.config().zero.stage == 0) {
+    return std::make_unique<ReplicatedReduction>(runtime, std::move(params), dtype, optimizer, std::move(split));
+  }
+  return std::make_unique<ShardedReduction>(runtime, model, std::move(params), optimizer, split);
+}
+
+}  // namespace parallax

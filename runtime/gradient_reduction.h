@@ -1,0 +1,107 @@
+// How the engines reduce and apply gradients: one interface, implemented by replicated
+// data parallelism (gradient buckets all-reduced during backward, a LibTorch optimizer
+// over whole parameters or their fp32 masters) and by ZeRO (zero::ShardedModel:
+// reduce-scatter into owner shards, a sharded or offloaded optimizer). The data-parallel
+// engine and the pipeline engine own one each, built from the config by
+// make_gradient_reduction(); neither branches on which.
+//
+// Protocol, per optimizer step (every rank of the data-parallel group runs the same):
+//  1. Forward runs inside use_scope() (ZeRO-3 gathers parameters on use).
+//  2. Each backward runs through run_backward(kind, backward): kWeights for one that
+//     writes weight gradients, kLastWeights for the window's last such backward (the
+//     reductions that wait for the window launch during it), kInputOnly for one that
+//     writes only an input's gradient (zb-h1's first pass).
+//  3. finish(): every reduction is done; partial (sequence-parallel) gradients are
+//     summed over the tensor-parallel group.
+//  4. Optionally edit_gradients() (the pipeline's tied-weight sum).
+//  5. step(): averages, computes the global norm over every parallel dimension (each
+//     element once), skips a non-finite step when asked, clips, updates, refreshes the
+//     compute-dtype parameters and zeroes the gradients.
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "parallax/core/communicator.h"
+#include "parallax/core/metrics.h"
+#include "parallax/runtime/optimizer.h"
+#include "parallax/zero/parameter_interception.h"
+#include "parallax/zero/sharded_model.h"
+
+namespace torch::nn {
+class Module;
+}
+
+namespace parallax {
+
+class Runtime;
+
+/// What a backward writes.
+enum class BackwardKind {
+  kInputOnly,    ///< only an input's gradient (zb-h1's first pass)
+  kWeights,      ///< weight gradients
+  kLastWeights,  ///< weight gradients, for the last time in the window
+};
+
+/// The model's split over ranks beyond the data-parallel group.
+struct ModelSplit {
+  /// Groups whose ranks hold other parts of the model (tp, pp); empty for plain data
+  /// parallelism. The global norm sums over each.
+  std::vector<Communicator*> norm_groups;
+  /// Per parameter, when norm_groups is not empty: 1 / the ranks holding the same
+  /// elements, 0 for a tied copy another stage counts.
+  std::vector<double> norm_weights;
+  /// The tensor-parallel group, and the parameters (indices) whose gradients are partial
+  /// sums over it (sequence parallelism); null and empty otherwise.
+  Communicator* tp = nullptr;
+  std::vector<std::size_t> partial;
+};
+
+class GradientReduction {
+ public:
+  virtual ~GradientReduction() = default;
+
+  /// Held around forward (and by run_backward around backward).
+  virtual zero::ParameterUseScope use_scope() const = 0;
+  /// Runs `backward` (which calls autograd), reducing over the data-parallel group as the
+  /// strategy does. Blocks until this backward's reductions are done where the strategy
+  /// waits per backward (ZeRO); throws CommError.
+  virtual void run_backward(BackwardKind kind, const std::function<void()>& backward) = 0;
+  /// Step 3 of the protocol. Blocks; throws CommError.
+  virtual void finish() = 0;
+  /// Calls `edit` with the reduced, not yet averaged fp32 gradients of params[i] for i in
+  /// `indices`, each whole (the parameter's shape); what `edit` writes into them is what
+  /// step() uses. Under ZeRO a collective over the data-parallel group.
+  virtual void edit_gradients(const std::vector<std::size_t>& indices,
+                              const std::function<void(std::vector<torch::Tensor>&)>& edit) = 0;
+  /// Step 5 with learning rate `lr`; `loss_scale` is undone (fp16), `clip` is the norm
+  /// bound (0 = off), and with `skip_non_finite` a non-finite norm skips the update.
+  /// Collective; blocks.
+  virtual zero::StepOutcome step(double lr, double loss_scale, double clip, bool skip_non_finite) = 0;
+
+  /// Parameters in fp32, as the optimizer sees them. Under ZeRO a collective over dp.
+  virtual std::vector<torch::Tensor> master_parameters() = 0;
+  virtual ModelStateBytes model_state_bytes() const = 0;
+  /// Gradient payload reduced per step, and padding (bytes); buckets or flat groups.
+  virtual std::int64_t gradient_bytes() const = 0;
+  virtual std::int64_t gradient_padding_bytes() const = 0;
+  virtual std::size_t bucket_count() const = 0;
+  /// The ZeRO state; null for replicated data parallelism.
+  virtual const zero::ShardedModel* sharded_model() const { return nullptr; }
+};
+
+/// Replicated data parallelism at zero.stage = 0, ZeRO (with [offload]) at 1–3, over
+/// `params` (the model's trainable parameters, in the compute dtype `dtype`) and
+/// runtime.mesh().dp(). Throws ConfigError for an option ZeRO cannot take.
+std::unique_ptr<GradientReduction> make_gradient_reduction(Runtime& runtime,
+                                                           torch::nn::Module& model,
+                                                           std::vector<torch::Tensor> params,
+                                                           torch::ScalarType dtype,
+                                                           const OptimizerOptions& optimizer,
+                                                           ModelSplit split);
+
+}  // namespace parallax
