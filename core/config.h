@@ -249,6 +249,24 @@ struct PipelineOptions {
 
 enum class CommBackend { kAuto, kMpi, kNccl };
 
+/// How an emulated launcher deals ranks onto nodes ([topology] emulate_rank_order).
+enum class LauncherOrder { kBlock, kRoundRobin };
+
+/// [topology]: the machine the mesh is placed on. By default each rank discovers its
+/// own node with hwloc. An emulated cluster gives every rank a synthetic node instead,
+/// so placements for several nodes can be tried, tested and shown on one machine
+/// (nothing is bound to the emulated cores).
+struct TopologyOptions {
+  /// Emulated nodes; the world size must be a multiple. 0 = the real machine. Default: 0.
+  std::int64_t emulate_nodes = 0;
+  /// Each emulated node: an hwloc synthetic description, optionally with "gpu:N".
+  /// Default: "pack:1 numa:2 core:8 pu:1 gpu:4".
+  std::string emulate_node = "pack:1 numa:2 core:8 pu:1 gpu:4";
+  /// block: ranks 0..k-1 on the first node (mpirun --map-by slot); round_robin: rank r
+  /// on node r mod nodes (--map-by node). Default: block.
+  LauncherOrder emulate_rank_order = LauncherOrder::kBlock;
+};
+
 /// [comm]
 struct CommOptions {
   /// auto | mpi | nccl; auto = NCCL for CUDA tensors when built, else MPI. Default: auto.
@@ -310,6 +328,7 @@ struct Config {
   OffloadOptions offload;
   TensorParallelOptions tensor_parallel;
   PipelineOptions pipeline;
+  TopologyOptions topology;
   CommOptions comm;
   LoggingOptions logging;
 

@@ -91,5 +91,6 @@ const char* to_string(ParallelMode mode);
 const char* to_string(OffloadTarget target);
 const char* to_string(TpStyle style);
 const char* to_string(CommBackend backend);
+const char* to_string(LauncherOrder order);
 
 }  // namespace parallax

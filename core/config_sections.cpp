@@ -23,6 +23,8 @@ constexpr EnumName<Dtype> kDtypeNames[] = {{Dtype::kFp32, "fp32"}, {Dtype::kBf16
 constexpr EnumName<ParallelMode> kModeNames[] = {{ParallelMode::kManual, "manual"}, {ParallelMode::kAuto, "auto"}};
 constexpr EnumName<OffloadTarget> kOffloadNames[] = {
     {OffloadTarget::kNone, "none"}, {OffloadTarget::kCpu, "cpu"}, {OffloadTarget::kNvme, "nvme"}};
+constexpr EnumName<LauncherOrder> kLauncherOrderNames[] = {{LauncherOrder::kBlock, "block"},
+                                                           {LauncherOrder::kRoundRobin, "round_robin"}};
 constexpr EnumName<CommBackend> kBackendNames[] = {
     {CommBackend::kAuto, "auto"}, {CommBackend::kMpi, "mpi"}, {CommBackend::kNccl, "nccl"}};
 constexpr EnumName<PipelineSchedule> kScheduleNames[] = {{PipelineSchedule::kGPipe, "gpipe"},
@@ -150,6 +152,12 @@ void comm_fields(FieldVisitor& v, Config& c) {
   // runtime's question.
   v.choice("backend", c.comm.backend, kBackendNames);
   v.number("timeout_s", c.comm.timeout_s, kTimeoutSeconds);
+}
+
+void topology_fields(FieldVisitor& v, Config& c) {
+  v.integer("emulate_nodes", c.topology.emulate_nodes, kCountOrZero);
+  v.text("emulate_node", c.topology.emulate_node);
+  v.choice("emulate_rank_order", c.topology.emulate_rank_order, kLauncherOrderNames);
 }
 
 void logging_fields(FieldVisitor& v, Config& c) {
@@ -297,6 +305,7 @@ const std::vector<SectionDef>& sections() {
       {"offload", offload_fields, offload_check},
       {"tensor_parallel", tensor_parallel_fields, tensor_parallel_check},
       {"pipeline", pipeline_fields, pipeline_check},
+      {"topology", topology_fields, nullptr},
       {"comm", comm_fields, nullptr},
       {"logging", logging_fields, nullptr},
   };
@@ -312,6 +321,9 @@ const SectionDef* find_section(const std::string& name) {
 
 }  // namespace detail
 
+const char* to_string(LauncherOrder order) {
+  return detail::name_of(detail::kLauncherOrderNames, order);
+}
 const char* to_string(OptimizerType type) {
   return detail::name_of(detail::kOptimizerNames, type);
 }

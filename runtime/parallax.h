@@ -8,6 +8,7 @@
 #include "parallax/core/metrics.h"
 #include "parallax/core/world.h"
 #include "parallax/runtime/engine.h"
+#include "parallax/runtime/explain.h"
 #include "parallax/runtime/optimizer.h"
 #include "parallax/runtime/pipeline_engine.h"
 #include "parallax/runtime/runtime.h"

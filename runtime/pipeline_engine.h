@@ -17,7 +17,7 @@
 //  3. Tied weights: every holder's copy receives its first holder's value (send/recv
 //     over the pipeline group).
 //  4. The stage's module becomes an Engine (engine.h): broadcast over the data-parallel
-//     group, gradient buckets, optimizer, precision. The clipping norm is summed over
+//     group, its gradient reduction (buckets or ZeRO), optimizer, precision. The clipping norm is summed over
 //     the pipeline group, each tied weight counted once.
 // train_batch runs this stage's instruction list (pipeline/executor.h): micro-batch
 // forwards and backwards with point-to-point transfers, then the data-parallel gradient
@@ -33,8 +33,16 @@
 // the sequence); the last stage's loss function gets whole logits (a vocab_output rule
 // gathers them). The clipping norm sums over the tensor-parallel and pipeline groups.
 //
-// Supported: tp × pp × dp, every schedule, recompute, fp32/bf16/fp16. Not yet:
-// zero.stage > 0 inside a pipeline (refused by the strategy matrix, strategy_matrix.h).
+// ZeRO inside the stages (zero.stage > 0, with [offload]): the stage's parameters are
+// sharded over its data-parallel group; every backward instruction runs through the
+// GradientReduction (gradient_reduction.h), so stage 1 reduce-scatters once, during the
+// last backward that writes weight gradients, and stages 2–3 after every such backward;
+// stage 3 gathers a unit on use in each micro-batch's forward and backward. A tied
+// weight's copies are summed whole (each rank's part of the reduced gradient assembled
+// over dp, summed over the holders, each rank keeping its part).
+//
+// Supported: every cell of tp × pp × dp × ZeRO 0–3 × offload, every schedule,
+// recompute, fp32/bf16/fp16 (strategy_matrix.h says why any other is refused).
 #pragma once
 
 #include <cstdint>

@@ -16,9 +16,9 @@
 #include "parallax/core/topology.h"
 #include "parallax/core/world.h"
 #include "parallax/runtime/blas_info.h"
+#include "parallax/runtime/plan.h"
 #include "parallax/runtime/strategy_matrix.h"
 #include "parallax/tensor_parallel/rng_tracker.h"
-#include "proto/plan.pb.h"
 
 #include <google/protobuf/text_format.h>
 
@@ -131,28 +131,6 @@ void check_same_config(World& world, const Config& config) {
                  " differ from rank 0 (check that every node reads the same files and --set values)");
 }
 
-proto::Plan make_plan(const Config& config) {
-  proto::Plan plan;
-  plan.mutable_degrees()->set_tp(config.parallel.tp);
-  plan.mutable_degrees()->set_pp(config.parallel.pp);
-  plan.mutable_degrees()->set_dp(config.parallel.dp);
-  plan.set_zero_stage(config.zero.stage);
-  plan.set_optimizer_offload(to_string(config.offload.optimizer));
-  plan.set_param_offload(to_string(config.offload.param));
-  plan.set_micro_batch_size(config.train.micro_batch_size);
-  plan.set_grad_accum(config.train.grad_accum);
-  plan.set_global_batch_size(config.train.global_batch_size);
-  plan.set_bucket_bytes(config.zero.bucket_bytes());
-  plan.set_dtype(to_string(config.precision.dtype));
-  plan.set_comm_backend("mpi");
-  if (config.parallel.pp > 1) {
-    plan.set_schedule(to_string(config.pipeline.schedule));
-    plan.set_virtual_stages(config.pipeline.virtual_stages);
-    plan.set_recompute(to_string(config.pipeline.recompute));
-  }
-  return plan;
-}
-
 }  // namespace
 
 Runtime::Runtime(int& argc, char**& argv, const InitOptions& options) : state_(std::make_unique<State>()) {
@@ -197,9 +175,16 @@ void Runtime::start(const InitOptions& options) {
     }
   });
 
+  // Each rank's node: discovered, or one of [topology]'s emulated nodes.
+  const bool emulated = s.config.topology.emulate_nodes > 0;
   NodeTopology local_node;
-  run_everywhere(*s.world, "topology discovery", [&] { local_node = NodeTopology::discover(); });
+  run_everywhere(*s.world, "topology discovery", [&] {
+    local_node =
+        emulated ? emulated_node(s.config.topology, s.world->rank(), s.world->size()) : NodeTopology::discover();
+  });
   Cluster cluster = Cluster::gather(s.world->communicator(), local_node);
+  // The plan (and so the placement) is decided before any communicator is split.
+  s.plan = make_plan(s.config, cluster, emulated);
   const ParallelOptions& p = s.config.parallel;
   s.mesh = std::make_unique<Mesh>(s.world->communicator(), std::move(cluster), MeshDegrees{p.tp, p.pp, p.dp});
   // Dropout on split activations draws per tensor-parallel rank (Megatron's seed offset).
@@ -219,7 +204,6 @@ void Runtime::start(const InitOptions& options) {
   const int threads = std::max(1, node.cores / std::max(1, s.world->local_size()));
   if (at::get_num_threads() > threads) at::set_num_threads(threads);
   s.blas = describe_loaded_blas();
-  s.plan = make_plan(s.config);
 
   if (is_reference_blas(s.blas)) {
     s.logger.warn("LibTorch is using the reference BLAS (", s.blas,
@@ -229,7 +213,7 @@ void Runtime::start(const InitOptions& options) {
     s.logger.summary("# resolved configuration\n", to_toml(s.config));
     s.logger.summary("# cluster\n", s.mesh->cluster().describe());
     s.logger.summary("# mesh\n", s.mesh->describe());
-    s.logger.summary("# plan\n", plan_text());
+    s.logger.summary("# ", describe_plan(s.plan));
     s.logger.summary("# blas: ", s.blas, "; intra-op threads per rank: ", at::get_num_threads());
   }
 }
@@ -275,6 +259,10 @@ std::string Runtime::plan_text() const {
   std::string text;
   google::protobuf::TextFormat::PrintToString(state_->plan, &text);
   return text;
+}
+
+std::string Runtime::explain() const {
+  return describe_plan(state_->plan);
 }
 
 Runtime init(int& argc, char**& argv, const InitOptions& options) {

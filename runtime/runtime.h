@@ -14,8 +14,10 @@
 //  3. Resolve: dp and the omitted batch value from the world size; the strategy matrix
 //     (strategy_matrix.h) refuses what this build does not run, naming the keys; seed
 //     LibTorch's default generator with train.seed; open logging.metrics_file on rank 0.
-//  4. Topology: each rank discovers its node with hwloc; the cluster is gathered.
-//  5. Mesh: (tp, pp, dp) placed on the cluster; one communicator per group.
+//  4. Topology: each rank discovers its node with hwloc (or takes an emulated one,
+//     [topology] emulate_nodes); the cluster is gathered.
+//  5. Plan and mesh: the plan (runtime/plan.h) places (tp, pp, dp) on the cluster,
+//     tensor-parallel groups inside nodes; one communicator per group.
 //  6. Rank 0 prints the resolved config, the cluster, the mesh, the plan and the BLAS.
 // Every failure throws a parallax::Error on every rank: where only some ranks fail
 // (a file, a node), the ranks agree first, so none is left waiting in a collective.
@@ -89,6 +91,9 @@ class Runtime {
   const std::vector<std::string>& args() const;
   /// The resolved plan, as Protobuf text.
   std::string plan_text() const;
+  /// The plan for people: the strategy, then every rank's coordinates, node, cores,
+  /// device and groups (what `train_gpt --explain` prints).
+  std::string explain() const;
   /// Random streams for tensor-parallel dropout: LibTorch's default generator, seeded
   /// with train.seed on every rank, for replicated activations, and the stream
   /// tensor_parallel::kSplitStream, seeded train.seed + 2718 + the tensor-parallel rank,

@@ -82,11 +82,6 @@ std::vector<Refusal> strategy_refusals(const Config& c) {
                         "this engine trains on CPU tensors, which NCCL cannot carry",
                         "comm.backend = \"auto\" or \"mpi\""});
   }
-  if (c.parallel.pp > 1 && c.zero.stage > 0) {
-    refusals.push_back({{key(c, "zero.stage", stage), key(c, "parallel.pp", pp)},
-                        "ZeRO (and so offload) inside pipeline stages is not available in this build yet",
-                        "zero.stage = 0 (data parallelism across pipelines), or parallel.pp = 1 with ZeRO"});
-  }
   if (c.parallel.tp > 1 && c.tensor_parallel.sequence_parallel && c.tensor_parallel.plan.empty()) {
     refusals.push_back({{key(c, "tensor_parallel.sequence_parallel", "true"), key(c, "parallel.tp", tp)},
                         "the hand-written tensor_parallel/ layers are not sequence-parallel; only a "

@@ -2,8 +2,12 @@
 // chooses. Usage:
 //   mpirun -np 4 ./train_gpt --config configs/dp.toml [--set train.steps=50]...
 //   mpirun -np 4 ./train_gpt --config configs/pp.toml [--print-schedule]
+//   mpirun -np 8 ./train_gpt --config configs/3d.toml --explain
 // With parallel.pp > 1 the model is given as layer specs to a PipelineEngine;
-// --print-schedule prints the schedule's timeline on rank 0 and exits.
+// --print-schedule prints the schedule's timeline on rank 0 and exits. --explain prints
+// the plan (every rank's coordinates, node, cores, device and groups), runs one step and
+// prints each rank's model-state bytes beside ZeRO's formulas and the bytes each of its
+// groups moved, then exits.
 #include <chrono>
 #include <cstdio>
 
@@ -34,6 +38,17 @@ void print_summary(parallax::Runtime& rt, double seconds, double first_loss, dou
   rt.logger().summary(line);
 }
 
+// --explain: init has printed the plan (rt.explain()); one optimizer step (`step()`)
+// measured, then exit.
+template <typename EngineType, typename Step>
+int explain(parallax::Runtime& rt, EngineType& engine, Step step) {
+  parallax::GroupTraffic traffic(rt.mesh());
+  step();
+  rt.logger().summary(
+      traffic.report(rt, engine.model_state_bytes(), engine.gradient_bytes() / 4, engine.gradient_padding_bytes() / 4));
+  return 0;
+}
+
 // The same model as layer specs, over pipeline stages.
 int train_pipeline(parallax::Runtime& rt) {
   const parallax::Config& config = rt.config();
@@ -58,6 +73,12 @@ int train_pipeline(parallax::Runtime& rt) {
     return 0;
   }
   engine.set_tokens_per_sample(options.block_size);
+  if (has_flag(rt, "--explain")) {
+    return explain(rt, engine, [&] {
+      std::int64_t micro = 0;
+      engine.train_batch([&] { return micro_batch(0, micro++); });
+    });
+  }
   double first_loss = 0.0;
   double total_ms = 0.0;
   const auto start = std::chrono::steady_clock::now();
@@ -83,10 +104,7 @@ int train(parallax::Runtime& rt) {
   const auto& train = config.train;
   const int dp_rank = rt.mesh().coord().dp;
   const int dp = rt.mesh().degrees().dp;
-  double first_loss = 0.0;
-  double total_ms = 0.0;
-  const auto start = std::chrono::steady_clock::now();
-  for (std::int64_t step = 0; step < train.steps; ++step) {
+  auto optimizer_step = [&](std::int64_t step) {
     for (std::int64_t micro = 0; micro < train.grad_accum; ++micro) {
       auto [inputs, targets] =
           data.batch(gpt::first_sample(step, micro, dp_rank, dp, train.micro_batch_size, train.grad_accum),
@@ -96,6 +114,13 @@ int train(parallax::Runtime& rt) {
       engine.backward(loss);
       engine.step();
     }
+  };
+  if (has_flag(rt, "--explain")) return explain(rt, engine, [&] { optimizer_step(0); });
+  double first_loss = 0.0;
+  double total_ms = 0.0;
+  const auto start = std::chrono::steady_clock::now();
+  for (std::int64_t step = 0; step < train.steps; ++step) {
+    optimizer_step(step);
     if (step == 0) first_loss = engine.last_loss();
     total_ms += engine.last_metrics().step_ms;
   }

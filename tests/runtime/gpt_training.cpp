@@ -101,15 +101,24 @@ double relative_difference(double a, double b) {
   return std::abs(a - b) / std::max(std::abs(b), 1e-12);
 }
 
+double expect_losses_match(const std::vector<double>& got,
+                           const std::vector<double>& want,
+                           double tolerance,
+                           const char* who) {
+  EXPECT_EQ(got.size(), want.size());
+  double worst = 0.0;
+  for (std::size_t i = 0; i < want.size() && i < got.size(); ++i) {
+    const double diff = relative_difference(got[i], want[i]);
+    worst = std::max(worst, diff);
+    EXPECT_LE(diff, tolerance) << "step " << i + 1 << ": " << who << " " << got[i] << " vs reference " << want[i];
+  }
+  return worst;
+}
+
 void expect_equivalent(const Trajectory& got, const Trajectory& want, double loss_tolerance, double param_tolerance) {
   ASSERT_EQ(got.losses.size(), want.losses.size());
-  double worst_loss = 0.0, worst_param = 0.0;
-  for (std::size_t i = 0; i < want.losses.size(); ++i) {
-    const double diff = relative_difference(got.losses[i], want.losses[i]);
-    worst_loss = std::max(worst_loss, diff);
-    EXPECT_LE(diff, loss_tolerance) << "step " << i + 1 << ": distributed " << got.losses[i] << " vs reference "
-                                    << want.losses[i];
-  }
+  const double worst_loss = expect_losses_match(got.losses, want.losses, loss_tolerance, "distributed");
+  double worst_param = 0.0;
   ASSERT_EQ(got.params.size(), want.params.size());
   for (std::size_t i = 0; i < want.params.size(); ++i) {
     const double diff = (got.params[i] - want.params[i]).abs().max().item<double>();

@@ -50,6 +50,13 @@ torch::Tensor planned_part(const std::string& name, const torch::Tensor& dense, 
 
 double relative_difference(double a, double b);
 
+/// Expects each step's loss within `tolerance` (relative) of the reference's, naming the
+/// step and `who` ("pipeline", "distributed") on failure; returns the worst difference.
+double expect_losses_match(const std::vector<double>& got,
+                           const std::vector<double>& want,
+                           double tolerance,
+                           const char* who);
+
 /// Per-step loss within `loss_tolerance` (relative) and final parameters within
 /// `param_tolerance` (absolute); prints the worst of each as "[ figures  ]".
 void expect_equivalent(const Trajectory& got, const Trajectory& want, double loss_tolerance, double param_tolerance);

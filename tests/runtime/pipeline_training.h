@@ -5,6 +5,7 @@
 
 #include <torch/types.h>
 
+#include <array>
 #include <map>
 #include <string>
 #include <vector>
@@ -25,6 +26,17 @@ struct PipelineRun {
   std::vector<torch::Tensor> tied;  // this stage's copies of tied weights, after training
   int tp_rank = 0;
   int tp = 1;
+  int zero_stage = 0;              ///< of the engine's ZeRO state (0 without)
+  std::int64_t reduced_bytes = 0;  ///< gradient payload + padding one reduction of every bucket moves
+  int world_rank = 0;
+  // Placement, from the mesh the run was placed on:
+  bool tp_group_in_one_node = true;           ///< every member of this rank's tp group is on its node
+  int pp_group_nodes = 1;                     ///< distinct nodes this rank's pp group spans
+  int dp_group_nodes = 1;                     ///< distinct nodes this rank's dp group spans
+  std::array<std::int64_t, 3> group_bytes{};  ///< bytes this rank's tp, pp, dp groups moved in training
+  std::string explain;                        ///< Runtime::explain()
+  parallax::ModelStateBytes held;             ///< this rank's, after training
+  parallax::ModelStateBytes formula;          ///< parallax::model_state_formula for this rank
 };
 
 /// The PipelineEngine on every rank of the world, kSteps optimizer steps.

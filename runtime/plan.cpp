@@ -1,0 +1,172 @@
+#include "parallax/runtime/plan.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+
+#include "parallax/core/config_loader.h"
+#include "parallax/core/error.h"
+#include "parallax/core/mesh.h"
+#include "parallax/runtime/strategy_matrix.h"
+
+namespace parallax {
+namespace {
+
+struct CoreShare {
+  int first = 0;
+  int count = 1;
+};
+
+// The `local`-th of `local_size` equal, contiguous shares of a node's cores (one core,
+// shared round robin, when there are more ranks than cores).
+CoreShare core_share(const NodeTopology& node, int local, int local_size) {
+  const int cores = std::max(1, node.cores);
+  if (local_size > cores) return {local % cores, 1};
+  const int share = cores / local_size;
+  return {local * share, share};
+}
+
+int numa_of(const NodeTopology& node, int core) {
+  if (node.numa_nodes <= 1 || node.cores <= 0) return 0;
+  return core * node.numa_nodes / node.cores;
+}
+
+// The GPU nearest a rank's cores: among the node's GPUs on the NUMA node its cores start
+// in, the one matching its order among the ranks there; else (no GPU there) local mod GPUs.
+std::string nearest_gpu(const Cluster& cluster, int rank) {
+  const RankLocation& where = cluster.location(rank);
+  const NodeTopology& node = cluster.nodes()[static_cast<std::size_t>(where.node)];
+  if (node.gpus.empty()) return "";
+  const auto& ranks = cluster.ranks_on(where.node);
+  const int local_size = static_cast<int>(ranks.size());
+  const int numa = numa_of(node, core_share(node, where.local, local_size).first);
+  int before = 0;  // ranks of this node with a lower local index whose cores start in the same NUMA node
+  for (int other = 0; other < where.local; ++other) {
+    if (numa_of(node, core_share(node, other, local_size).first) == numa) ++before;
+  }
+  std::vector<const DeviceInfo*> near;
+  for (const DeviceInfo& gpu : node.gpus) {
+    if (gpu.numa_node == numa) near.push_back(&gpu);
+  }
+  if (!near.empty()) return near[static_cast<std::size_t>(before) % near.size()]->name;
+  return node.gpus[static_cast<std::size_t>(where.local) % node.gpus.size()].name;
+}
+
+std::string format_range(const CoreShare& share) {
+  if (share.count == 1) return std::to_string(share.first);
+  return std::to_string(share.first) + "-" + std::to_string(share.first + share.count - 1);
+}
+
+}  // namespace
+
+proto::Plan make_plan(const Config& config, const Cluster& cluster, bool emulated) {
+  check_strategy(config);
+  const ParallelOptions& p = config.parallel;
+  const MeshLayout layout = MeshLayout::place(cluster, MeshDegrees{p.tp, p.pp, p.dp});
+
+  proto::Plan plan;
+  plan.mutable_degrees()->set_tp(p.tp);
+  plan.mutable_degrees()->set_pp(p.pp);
+  plan.mutable_degrees()->set_dp(p.dp);
+  plan.set_zero_stage(config.zero.stage);
+  plan.set_optimizer_offload(to_string(config.offload.optimizer));
+  plan.set_param_offload(to_string(config.offload.param));
+  plan.set_micro_batch_size(config.train.micro_batch_size);
+  plan.set_grad_accum(config.train.grad_accum);
+  plan.set_global_batch_size(config.train.global_batch_size);
+  plan.set_bucket_bytes(config.zero.bucket_bytes());
+  plan.set_dtype(to_string(config.precision.dtype));
+  plan.set_comm_backend("mpi");
+  if (p.pp > 1) {
+    plan.set_schedule(to_string(config.pipeline.schedule));
+    plan.set_virtual_stages(config.pipeline.virtual_stages);
+    plan.set_recompute(to_string(config.pipeline.recompute));
+    std::string partition = to_string(config.pipeline.partition);
+    if (config.pipeline.partition == PipelinePartition::kExplicit) {
+      partition.clear();
+      for (std::int64_t b : config.pipeline.boundaries)
+        partition += (partition.empty() ? "[" : ", ") + std::to_string(b);
+      partition += "]";
+    }
+    plan.set_partition(partition);
+  }
+  if (p.tp > 1) {
+    plan.set_sequence_parallel(config.tensor_parallel.sequence_parallel);
+    for (const TpPlanRule& rule : config.tensor_parallel.plan) {
+      plan.add_tensor_parallel_rules(rule.pattern + " = " + to_string(rule.style) +
+                                     (rule.gather_output ? " (gathered)" : ""));
+    }
+  }
+  if (config.zero.stage == 3) {
+    for (const std::string& type : config.zero.wrap) plan.add_zero_wrap(type);
+  }
+  plan.set_nodes(cluster.num_nodes());
+  plan.set_emulated(emulated);
+  plan.set_placement(layout.rank_arithmetic() ? "tensor-parallel groups by rank arithmetic (node-contiguous ranks)"
+                                              : "tensor-parallel groups cut from each node's own ranks");
+  for (int rank = 0; rank < cluster.world_size(); ++rank) {
+    const RankLocation& where = cluster.location(rank);
+    const NodeTopology& node = cluster.nodes()[static_cast<std::size_t>(where.node)];
+    const CoreShare share = core_share(node, where.local, static_cast<int>(cluster.ranks_on(where.node).size()));
+    const MeshCoord& coord = layout.coord(rank);
+    proto::RankPlacement* placed = plan.add_ranks();
+    placed->set_rank(rank);
+    placed->set_tp(coord.tp);
+    placed->set_pp(coord.pp);
+    placed->set_dp(coord.dp);
+    placed->set_node(where.node);
+    placed->set_host(node.hostname);
+    placed->set_local_rank(where.local);
+    placed->set_cores(format_range(share));
+    placed->set_numa(numa_of(node, share.first));
+    placed->set_device(nearest_gpu(cluster, rank));
+    placed->set_tp_group(layout.group_name(MeshAxis::kTp, rank));
+    placed->set_pp_group(layout.group_name(MeshAxis::kPp, rank));
+    placed->set_dp_group(layout.group_name(MeshAxis::kDp, rank));
+  }
+  return plan;
+}
+
+std::string describe_plan(const proto::Plan& plan) {
+  std::ostringstream out;
+  const proto::Degrees& d = plan.degrees();
+  out << "plan: tp " << d.tp() << " x pp " << d.pp() << " x dp " << d.dp() << " on " << plan.ranks_size() << " ranks, "
+      << plan.nodes() << (plan.emulated() ? " emulated" : "") << " node(s); " << plan.placement() << "\n";
+  out << "  zero.stage " << plan.zero_stage() << ", offload optimizer " << plan.optimizer_offload() << " / param "
+      << plan.param_offload() << ", " << plan.dtype() << ", micro-batch " << plan.micro_batch_size() << " x "
+      << plan.grad_accum() << " micro-steps x dp " << d.dp() << " = " << plan.global_batch_size() << " samples\n";
+  if (!plan.schedule().empty()) {
+    out << "  pipeline: " << plan.schedule() << ", " << plan.virtual_stages() << " chunk(s) per stage, partition "
+        << plan.partition() << ", recompute " << plan.recompute() << "\n";
+  }
+  if (plan.tensor_parallel_rules_size() > 0) {
+    out << "  tensor parallel" << (plan.sequence_parallel() ? " (sequence parallel)" : "") << ":";
+    for (const std::string& rule : plan.tensor_parallel_rules()) out << " [" << rule << "]";
+    out << "\n";
+  }
+  char line[256];
+  std::snprintf(line, sizeof(line), "  %-5s %-3s %-3s %-3s %-16s %-5s %-7s %-4s %-7s %-16s %-16s %s\n", "rank", "tp",
+                "pp", "dp", "node", "local", "cores", "numa", "device", "tp group", "pp group", "dp group");
+  out << line;
+  for (const proto::RankPlacement& r : plan.ranks()) {
+    std::snprintf(line, sizeof(line), "  %-5d %-3d %-3d %-3d %-16s %-5d %-7s %-4d %-7s %-16s %-16s %s\n", r.rank(),
+                  r.tp(), r.pp(), r.dp(), r.host().c_str(), r.local_rank(), r.cores().c_str(), r.numa(),
+                  r.device().empty() ? "-" : r.device().c_str(), r.tp_group().c_str(), r.pp_group().c_str(),
+                  r.dp_group().c_str());
+    out << line;
+  }
+  return out.str();
+}
+
+NodeTopology emulated_node(const TopologyOptions& topology, int rank, int world_size) {
+  const std::int64_t nodes = topology.emulate_nodes;
+  PARALLAX_CHECK(nodes > 0 && world_size % nodes == 0, ConfigError, "topology.emulate_nodes = ", nodes, ": the ",
+                 world_size, " ranks must be a multiple of the emulated nodes (each node hosts the same number)");
+  const std::int64_t per_node = world_size / nodes;
+  const std::int64_t index = topology.emulate_rank_order == LauncherOrder::kBlock ? rank / per_node : rank % nodes;
+  NodeTopology node = NodeTopology::from_synthetic(topology.emulate_node);
+  node.hostname = "node" + std::to_string(index);
+  return node;
+}
+
+}  // namespace parallax

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# train_gpt --explain on an emulated 2-node cluster (the README's command): exits 0 after printing the plan
+# (every rank's coordinates, node, cores, device, groups) and, after one step, every
+# rank's model-state bytes equal to ZeRO's formula and the bytes its groups moved.
+# Usage: explain_test.sh <mpiexec> <train_gpt> <configs-dir>
+set -u
+mpiexec=$1 train=$2 configs=$3
+output=$(timeout 300 "$mpiexec" --oversubscribe --bind-to none -np 8 "$train" --config "$configs/3d.toml" \
+           --set zero.stage=1 --set topology.emulate_nodes=2 --set topology.emulate_rank_order='"round_robin"' \
+           --explain 2>&1)
+rc=$?
+fail() { echo "FAIL: $1"; echo "$output" | tail -40; exit 1; }
+[ "$rc" -eq 0 ] || fail "exit status $rc"
+grep -q "^# plan: tp 2 x pp 2 x dp 2 on 8 ranks, 2 emulated node(s); tensor-parallel groups cut from each node's own ranks" \
+  <<<"$output" || fail "no plan line"
+# Round robin: node0 holds ranks 0, 2, 4, 6, cut into tensor-parallel pairs {0,2} {4,6}.
+grep -qE "^  0 +0 +0 +0 +node0 +0 +0-3 +0 +gpu0 +tp\[pp=0,dp=0\]" <<<"$output" || fail "rank 0's row"
+grep -qE "^  2 +1 +0 +0 +node0 +1 +4-7 +0 +gpu1 +tp\[pp=0,dp=0\]" <<<"$output" || fail "rank 2's row"
+grep -qE "^  7 +1 +1 +1 +node1 +3 +12-15 +1 +gpu3 +tp\[pp=1,dp=1\]" <<<"$output" || fail "rank 7's row"
+rows=$(grep -cE "^  [0-7] +([0-9]+) \(\1\) +([0-9]+) \(\2\) +([0-9]+) \(\3\) +[1-9][0-9]* +[1-9][0-9]* +[1-9][0-9]*$" <<<"$output")
+[ "$rows" -eq 8 ] || fail "expected 8 model-state rows equal to the formula with traffic in every group, got $rows"
+echo "ok: the plan and one step's model state and traffic per group"
