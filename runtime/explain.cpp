@@ -33,7 +33,7 @@ ModelStateBytes model_state_formula(
   ModelStateBytes bytes;
   if (stage == 0) {
     bytes.params = e * psi;
-    bytes.grads = 4 * psi;
+    bytes.grads = (e < 4 ? 4 + e : 4) * psi;  // bf16/fp16: a staging gradient beside the fp32 bucket
     bytes.optimizer = per_element * psi;
     return bytes;
   }
