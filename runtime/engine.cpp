@@ -252,6 +252,7 @@ Engine::Engine(Runtime& runtime,
   // How the model is split beyond the data-parallel group, for the norm and the
   // partial (sequence-parallel) gradients.
   ModelSplit model_split;
+  model_split.partial_backwards = coupling != nullptr;  // a pipeline backward covers one chunk
   if (s.split) model_split.norm_groups.push_back(&runtime.mesh().tp());
   if (coupling != nullptr) model_split.norm_groups.push_back(&runtime.mesh().pp());
   if (!model_split.norm_groups.empty()) {

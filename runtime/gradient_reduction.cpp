@@ -90,6 +90,7 @@ class ReplicatedReduction final : public GradientReduction {
   void edit_gradients(const std::vector<std::size_t>& indices,
                       const std::function<void(std::vector<torch::Tensor>&)>& edit) override {
     std::vector<torch::Tensor> grads;
+    grads.reserve(indices.size());
     for (std::size_t i : indices) grads.push_back(optimized().at(i).grad());  // views: edited in place
     edit(grads);
   }
@@ -168,10 +169,10 @@ class ShardedReduction final : public GradientReduction {
  public:
   ShardedReduction(Runtime& runtime,
                    torch::nn::Module& model,
-                   std::vector<torch::Tensor> params,
+                   const std::vector<torch::Tensor>& params,
                    const OptimizerOptions& optimizer,
                    const ModelSplit& split)
-      : dp_(&runtime.mesh().dp()) {
+      : dp_(&runtime.mesh().dp()), reduce_untouched_(!split.partial_backwards) {
     const Config& config = runtime.config();
     for (const auto& p : params) {
       numels_.push_back(p.numel());
@@ -200,7 +201,7 @@ class ShardedReduction final : public GradientReduction {
       backward();
       return;
     }
-    sharded_->begin_backward(kind == BackwardKind::kLastWeights);
+    sharded_->begin_backward(kind == BackwardKind::kLastWeights, reduce_untouched_);
     {
       auto gathering = sharded_->use_scope();
       backward();
@@ -269,6 +270,7 @@ class ShardedReduction final : public GradientReduction {
 
  private:
   Communicator* dp_;
+  bool reduce_untouched_;
   std::vector<std::int64_t> numels_;
   std::vector<std::vector<std::int64_t>> shapes_;
   std::unique_ptr<zero::ShardedModel> sharded_;
@@ -285,7 +287,7 @@ std::unique_ptr<GradientReduction> make_gradient_reduction(Runtime& runtime,
   if (runtime.config().zero.stage == 0) {
     return std::make_unique<ReplicatedReduction>(runtime, std::move(params), dtype, optimizer, std::move(split));
   }
-  return std::make_unique<ShardedReduction>(runtime, model, std::move(params), optimizer, split);
+  return std::make_unique<ShardedReduction>(runtime, model, params, optimizer, split);
 }
 
 }  // namespace parallax

@@ -59,6 +59,9 @@ struct ModelSplit {
   /// sums over it (sequence parallelism); null and empty otherwise.
   Communicator* tp = nullptr;
   std::vector<std::size_t> partial;
+  /// A backward may reach only some parameters (a pipeline chunk's): ZeRO 2–3 then
+  /// reduce only the groups it reached. Every rank of dp runs the same backwards.
+  bool partial_backwards = false;
 };
 
 class GradientReduction {

@@ -192,6 +192,7 @@ std::shared_ptr<PipelineEngine::Built> PipelineEngine::build(Runtime& runtime,
   }
   // A plan's rules name the whole model's modules: "chunk0.3.qkv" is layer 3's "qkv".
   std::vector<std::string> prefixes;
+  prefixes.reserve(specs.size());
   for (const pipeline::LayerSpec& spec : specs) prefixes.push_back(spec.path_in_model());
   built->coupling.plan_path = [prefixes](const std::string& path) { return path_in_model(path, prefixes); };
   // Step 3: tied copies take their first holder's value; the norm counts the first only.

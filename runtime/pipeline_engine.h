@@ -36,7 +36,8 @@
 // ZeRO inside the stages (zero.stage > 0, with [offload]): the stage's parameters are
 // sharded over its data-parallel group; every backward instruction runs through the
 // GradientReduction (gradient_reduction.h), so stage 1 reduce-scatters once, during the
-// last backward that writes weight gradients, and stages 2–3 after every such backward;
+// last backward that writes weight gradients, and stages 2–3 after every such backward
+// (only the buckets that backward reached: with interleaving, its chunk's);
 // stage 3 gathers a unit on use in each micro-batch's forward and backward. A tied
 // weight's copies are summed whole (each rank's part of the reduced gradient assembled
 // over dp, summed over the holders, each rank keeping its part).

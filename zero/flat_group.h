@@ -66,6 +66,8 @@ class FlatGroup {
   // ---- gradients ----
   /// Starts a micro-step's gradient reports.
   void begin_micro_step() { reported_ = 0; }
+  /// Whether a gradient was added in this micro-step.
+  bool has_gradients() const { return reported_ > 0; }
   /// Adds parameter `i`'s gradient of this backward; returns true when every
   /// parameter of the group has reported in this micro-step.
   bool add_gradient(std::size_t i, const torch::Tensor& grad);

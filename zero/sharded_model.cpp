@@ -94,15 +94,22 @@ struct ShardedModel::State {
 
   std::mutex mutex;  ///< hooks and parameter uses may come from autograd threads
   bool reduce_this_micro_step = false;
+  bool reduce_untouched = true;  ///< this backward reduces groups no gradient reached
   bool in_backward = false;
   std::vector<bool> complete;  ///< per group, this micro-step
   std::vector<WorkPtr> reductions;
   std::size_t next_to_reduce = 0;
   std::size_t next_to_reap = 0;
 
-  void launch_reductions_locked(bool all) {
+  /// Launches reductions in group order: the complete groups up to the first that is
+  /// not (all = false), or every group left (all = true; those no gradient reached only
+  /// when `untouched`). Every rank launches the same ones: the same backward reaches the
+  /// same groups on every rank.
+  void launch_reductions_locked(bool all, bool untouched = true) {
     while (next_to_reduce < groups.size() && (all || complete[next_to_reduce])) {
-      reductions[next_to_reduce] = groups[next_to_reduce]->reduce(*dp);
+      if (untouched || groups[next_to_reduce]->has_gradients()) {
+        reductions[next_to_reduce] = groups[next_to_reduce]->reduce(*dp);
+      }
       ++next_to_reduce;
     }
   }
@@ -112,6 +119,10 @@ struct ShardedModel::State {
   /// end of backward: at most the buckets in flight hold full gradients.
   void reap_finished_reductions_locked() {
     for (std::size_t g = next_to_reap; g < next_to_reduce; ++g) {
+      if (!reductions[g]) {  // not launched: no gradient reached it
+        next_to_reap = g + 1;
+        continue;
+      }
       if (!reductions[g]->is_completed()) return;
       finish_reduction(g);
     }
@@ -349,13 +360,14 @@ void ShardedModel::on_parameter_use(std::size_t unit) {
   }
 }
 
-void ShardedModel::begin_backward(bool last_micro_step) {
+void ShardedModel::begin_backward(bool last_micro_step, bool reduce_untouched) {
   State& s = *state_;
   std::lock_guard<std::mutex> lock(s.mutex);
   PARALLAX_ASSERT(!s.in_backward, "begin_backward twice without end_backward");
   if (s.schedule) s.apply_locked(s.schedule->end_forward());
   s.in_backward = true;
   s.reduce_this_micro_step = options_.stage >= 2 || last_micro_step;
+  s.reduce_untouched = reduce_untouched || options_.stage == 1;
   s.next_to_reduce = 0;
   s.next_to_reap = 0;
   std::fill(s.complete.begin(), s.complete.end(), false);
@@ -369,11 +381,13 @@ void ShardedModel::end_backward() {
     PARALLAX_ASSERT(s.in_backward, "end_backward without begin_backward");
     s.in_backward = false;
     // Groups with a parameter this micro-step did not use never reported complete.
-    if (s.reduce_this_micro_step) s.launch_reductions_locked(/*all=*/true);
+    if (s.reduce_this_micro_step) s.launch_reductions_locked(/*all=*/true, s.reduce_untouched);
   }
   if (s.reduce_this_micro_step) {
     auto span = s.tracer->span("zero reduce_scatter wait", "comm");
-    for (std::size_t g = s.next_to_reap; g < s.groups.size(); ++g) s.finish_reduction(g);
+    for (std::size_t g = s.next_to_reap; g < s.groups.size(); ++g) {
+      if (s.reductions[g]) s.finish_reduction(g);
+    }
   }
   std::lock_guard<std::mutex> lock(s.mutex);
   if (s.schedule) s.apply_locked(s.schedule->end_backward());

@@ -116,7 +116,12 @@ class ShardedModel final : private ParameterUseListener {
   /// Stage 3: parameter uses are watched while the scope lives; otherwise inert.
   ParameterUseScope use_scope() const { return ParameterUseScope(options_.stage == 3); }
 
-  void begin_backward(bool last_micro_step);
+  /// Step 3 of the protocol. With `reduce_untouched` false (a pipeline chunk's backward,
+  /// which writes only that chunk's gradients), stages 2–3 reduce only the groups this
+  /// backward reached; the others' shards keep what earlier backwards reduced. Stage 1
+  /// reduces every group on the last micro-step either way (its full buffers accumulate).
+  /// Every rank of the group must pass the same values.
+  void begin_backward(bool last_micro_step, bool reduce_untouched = true);
   /// Blocks until this micro-step's reductions are done; throws CommError.
   void end_backward();
   /// Model parallelism around the data-parallel group (a model split over tensor and/or
