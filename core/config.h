@@ -128,6 +128,12 @@ struct ZeroOptions {
   /// (true), or keep them gathered until their backward (false: less communication,
   /// more memory). Default: true.
   bool reshard_after_forward = true;
+  /// Stage 3: release each unit when its backward is done (true), or keep it gathered
+  /// until the optimizer step (false). With reshard_after_forward = false too, a unit is
+  /// gathered once per optimizer step instead of once or twice per micro-batch (what a
+  /// pipeline's many micro-batches want), holding the stage's whole parameters during
+  /// the step. Default: true.
+  bool reshard_after_backward = true;
   /// Stage 3: module type names (Module::name(), e.g. "BlockImpl"; the "Impl" suffix
   /// may be omitted) whose instances become units: gathered and released together.
   /// Parameters of no unit belong to the root unit. Default: none.

@@ -119,6 +119,7 @@ void zero_fields(FieldVisitor& v, Config& c) {
   v.integer("persistence_threshold", c.zero.persistence_threshold, kCountOrZero);
   v.number("max_live_mb", c.zero.max_live_mb, kMegabytesOrZero);
   v.boolean("reshard_after_forward", c.zero.reshard_after_forward);
+  v.boolean("reshard_after_backward", c.zero.reshard_after_backward);
   v.text_list("wrap", c.zero.wrap);
   v.integer("wrap_min_params", c.zero.wrap_min_params, kCountOrZero);
 }

@@ -9,11 +9,13 @@ namespace parallax::zero {
 GatherSchedule::GatherSchedule(std::vector<std::int64_t> unit_bytes,
                                std::int64_t prefetch_bytes,
                                std::int64_t max_live_bytes,
-                               bool reshard_after_forward)
+                               bool reshard_after_forward,
+                               bool reshard_after_backward)
     : bytes_(std::move(unit_bytes)),
       prefetch_bytes_(prefetch_bytes),
       max_live_bytes_(max_live_bytes),
       reshard_after_forward_(reshard_after_forward),
+      reshard_after_backward_(reshard_after_backward),
       gathered_(bytes_.size(), false),
       touched_(bytes_.size(), false),
       done_(bytes_.size(), false),
@@ -51,17 +53,27 @@ GatherSchedule::Actions GatherSchedule::backward_done(std::size_t unit) {
   PARALLAX_ASSERT(unit < bytes_.size(), "unit ", unit, " of ", bytes_.size());
   Actions actions;
   done_[unit] = true;
-  if (gathered_[unit]) release(unit, actions);
+  if (gathered_[unit] && reshard_after_backward_) release(unit, actions);
   return actions;
 }
 
 GatherSchedule::Actions GatherSchedule::end_backward() {
   Actions actions;
-  for (std::size_t u = 0; u < bytes_.size(); ++u) {
-    if (gathered_[u]) release(u, actions);
+  if (reshard_after_backward_) {
+    for (std::size_t u = 0; u < bytes_.size(); ++u) {
+      if (gathered_[u]) release(u, actions);
+    }
   }
   finish_pass(Phase::kBackward);
   std::fill(done_.begin(), done_.end(), false);
+  return actions;
+}
+
+GatherSchedule::Actions GatherSchedule::end_step() {
+  Actions actions;
+  for (std::size_t u = 0; u < bytes_.size(); ++u) {
+    if (gathered_[u]) release(u, actions);
+  }
   return actions;
 }
 

@@ -20,6 +20,9 @@
 //     backward_done(u) once every gradient of u is ready releases u.
 //  d. end_backward(): releases what is left (units whose gradients never came) and
 //     records the backward order.
+// Without `reshard_after_backward`, (c) and (d) release nothing: units stay gathered
+// until end_step(), which releases every one (the optimizer step changes the shards).
+//  e. end_step(): releases every unit still gathered.
 #pragma once
 
 #include <cstddef>
@@ -42,12 +45,14 @@ class GatherSchedule {
   GatherSchedule(std::vector<std::int64_t> unit_bytes,
                  std::int64_t prefetch_bytes,
                  std::int64_t max_live_bytes,
-                 bool reshard_after_forward);
+                 bool reshard_after_forward,
+                 bool reshard_after_backward = true);
 
   Actions touch(std::size_t unit, Phase phase);
   Actions end_forward();
   Actions backward_done(std::size_t unit);
   Actions end_backward();
+  Actions end_step();
 
   bool gathered(std::size_t unit) const { return gathered_.at(unit); }
   /// Bytes gathered now, and the most ever gathered at once (bytes).
@@ -69,6 +74,7 @@ class GatherSchedule {
   std::int64_t prefetch_bytes_;
   std::int64_t max_live_bytes_;
   bool reshard_after_forward_;
+  bool reshard_after_backward_;
 
   std::vector<bool> gathered_;
   std::vector<bool> touched_;  ///< used in the current pass

@@ -266,7 +266,7 @@ ShardedModel::ShardedModel(torch::nn::Module& model,
     std::vector<std::int64_t> unit_bytes;
     for (std::size_t g : s.unit_groups) unit_bytes.push_back(s.groups[g]->full_bytes());
     s.schedule = std::make_unique<GatherSchedule>(unit_bytes, options_.prefetch_bytes(), options_.max_live_bytes(),
-                                                  options_.reshard_after_forward);
+                                                  options_.reshard_after_forward, options_.reshard_after_backward);
     s.gathers.resize(s.unit_groups.size());
     for (std::size_t u = 0; u < s.unit_groups.size(); ++u) {
       ParameterRegistry::instance().add(s.groups[s.unit_groups[u]]->storage(), this, u);
@@ -428,6 +428,12 @@ StepOutcome ShardedModel::step(double gradient_scale, double clip_norm, bool ski
   State& s = *state_;
   torch::NoGradGuard no_grad;
   StepOutcome outcome;
+  if (s.schedule) {
+    // Units kept gathered through the step (reshard_after_backward = false) would be
+    // stale once the shards change.
+    std::lock_guard<std::mutex> lock(s.mutex);
+    s.apply_locked(s.schedule->end_step());
+  }
   if (!s.partial_fragments.empty()) {
     std::vector<torch::Tensor> parts;
     for (const auto& [g, fragment] : s.partial_fragments) {

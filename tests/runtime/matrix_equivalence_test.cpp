@@ -65,27 +65,32 @@ std::string zero(int stage) {
   return "zero.stage=" + std::to_string(stage);
 }
 const std::string kWrapBlocks = "zero.wrap=[\"BlockImpl\"]";
+const std::string kHeld = "zero.reshard_after_forward=false";
+const std::string kHeldBackward = "zero.reshard_after_backward=false";
 
 INSTANTIATE_TEST_SUITE_P(
     ZeroInsidePipelines,
     MatrixEquivalence,
-    ::testing::Values(Cell{"pp2_zero1", "pp.toml", {zero(1)}},
-                      Cell{"pp2_zero2", "pp.toml", {zero(2)}},
-                      Cell{"pp2_zero3", "pp.toml", {zero(3), kWrapBlocks}},
-                      Cell{"pp2_zero1_interleaved", "pp.toml", {zero(1), kInterleaved, kTwoChunks}},
-                      Cell{"pp2_zero2_interleaved_tied", "pp.toml", {zero(2), kInterleaved, kTwoChunks, kTied}},
-                      Cell{"pp2_zero3_interleaved", "pp.toml", {zero(3), kWrapBlocks, kInterleaved, kTwoChunks}},
-                      Cell{"pp2_zero1_gpipe_tied", "pp.toml", {zero(1), kGpipe, kTied}},
-                      Cell{"pp2_zero2_zb_h1", "pp.toml", {zero(2), kZbH1}},
-                      Cell{"pp2_zero3_zb_h1_tied", "pp.toml", {zero(3), kWrapBlocks, kZbH1, kTied}},
-                      Cell{"pp2_zero3_recompute", "pp.toml", {zero(3), kWrapBlocks, kRecompute}},
-                      Cell{"pp2_zero2_offload_cpu", "pp.toml", {zero(2), "offload.optimizer=\"cpu\""}},
-                      Cell{"pp2_zero3_offload_param_cpu",
-                           "pp.toml",
-                           {zero(3), kWrapBlocks, "offload.optimizer=\"cpu\"", "offload.param=\"cpu\""}},
-                      Cell{"pp2_zero3_offload_nvme",
-                           "pp.toml",
-                           {zero(3), kWrapBlocks, "offload.optimizer=\"nvme\"", "offload.param=\"nvme\"", "nvme"}}),
+    ::testing::Values(
+        Cell{"pp2_zero1", "pp.toml", {zero(1)}},
+        Cell{"pp2_zero2", "pp.toml", {zero(2)}},
+        Cell{"pp2_zero3", "pp.toml", {zero(3), kWrapBlocks}},
+        Cell{"pp2_zero1_interleaved", "pp.toml", {zero(1), kInterleaved, kTwoChunks}},
+        Cell{"pp2_zero2_interleaved_tied", "pp.toml", {zero(2), kInterleaved, kTwoChunks, kTied}},
+        Cell{"pp2_zero3_interleaved", "pp.toml", {zero(3), kWrapBlocks, kInterleaved, kTwoChunks}},
+        Cell{"pp2_zero1_gpipe_tied", "pp.toml", {zero(1), kGpipe, kTied}},
+        Cell{"pp2_zero2_zb_h1", "pp.toml", {zero(2), kZbH1}},
+        Cell{"pp2_zero3_zb_h1_tied", "pp.toml", {zero(3), kWrapBlocks, kZbH1, kTied}},
+        Cell{"pp2_zero3_recompute", "pp.toml", {zero(3), kWrapBlocks, kRecompute}},
+        Cell{"pp2_zero3_held_for_the_step", "pp.toml", {zero(3), kWrapBlocks, kHeld, kHeldBackward}},
+        Cell{"pp2_zero3_held_zb_h1_tied", "pp.toml", {zero(3), kWrapBlocks, kHeld, kHeldBackward, kZbH1, kTied}},
+        Cell{"pp2_zero2_offload_cpu", "pp.toml", {zero(2), "offload.optimizer=\"cpu\""}},
+        Cell{"pp2_zero3_offload_param_cpu",
+             "pp.toml",
+             {zero(3), kWrapBlocks, "offload.optimizer=\"cpu\"", "offload.param=\"cpu\""}},
+        Cell{"pp2_zero3_offload_nvme",
+             "pp.toml",
+             {zero(3), kWrapBlocks, "offload.optimizer=\"nvme\"", "offload.param=\"nvme\"", "nvme"}}),
     [](const ::testing::TestParamInfo<Cell>& info) { return info.param.name; });
 
 // bf16 against the fp32 reference: parameters and activations in bf16, fp32 masters and
@@ -138,6 +143,22 @@ TEST(PipelineZeroTraffic, StageOneReducesOncePerStepStageTwoOncePerMicroBatch) {
       EXPECT_EQ(reduce_scatter.bytes, (stage == 1 ? 1 : 4) * run.reduced_bytes) << "zero.stage " << stage;
       EXPECT_EQ(all_gather.bytes, run.reduced_bytes) << "zero.stage " << stage;
     }
+  }
+  // Stage 3 gathers each unit before its forward and again before its backward, per
+  // micro-batch; held for the step, once per step: exactly the stage's parameters.
+  for (const bool held : {false, true}) {
+    std::vector<std::string> overrides{"model.n_layer=4", zero(3), kWrapBlocks};
+    if (held) overrides.insert(overrides.end(), {kHeld, kHeldBackward});
+    const equivalence::PipelineRun run = equivalence::train_pipeline(equivalence::make_config(4, overrides, "pp.toml"));
+    const std::int64_t gathered =
+        run.metrics.back().comm[static_cast<std::size_t>(run.world_rank)][parallax::CommOp::kAllGather].bytes;
+    if (held) EXPECT_EQ(gathered, run.reduced_bytes);
+    if (!held) EXPECT_GE(gathered, 4 * run.reduced_bytes);
+    std::printf(
+        "[ figures  ] zero.stage 3 in a pipeline (4 micro-batches), %s: all-gather %lld bytes per step = "
+        "%.2f x the stage's parameters\n",
+        held ? "held for the step" : "resharded after forward and backward", static_cast<long long>(gathered),
+        static_cast<double>(gathered) / static_cast<double>(run.reduced_bytes));
   }
   const auto config = equivalence::make_config(4, {"model.n_layer=4", zero(2), kInterleaved, kTwoChunks}, "pp.toml");
   const equivalence::PipelineRun run = equivalence::train_pipeline(config);

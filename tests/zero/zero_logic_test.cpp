@@ -88,6 +88,29 @@ TEST(GatherSchedule, ReleasesAfterUseWithinTheLiveBudgetAndGathersAgainInBackwar
   EXPECT_EQ(schedule.peak_live_bytes(), 150);  // never above the budget when units fit in it
 }
 
+// reshard_after_forward = reshard_after_backward = false: a pipeline's micro-batches
+// (forward, backward, forward, ...) gather each unit once; end_step releases them all.
+TEST(GatherSchedule, HeldUntilTheStepEachUnitIsGatheredOncePerStep) {
+  GatherSchedule schedule({100, 50}, /*prefetch=*/0, /*max_live=*/0, /*reshard_after_forward=*/false,
+                          /*reshard_after_backward=*/false);
+  std::size_t gathers = 0;
+  for (int micro = 0; micro < 4; ++micro) {
+    gathers += schedule.touch(0, Phase::kForward).gather.size();
+    gathers += schedule.touch(1, Phase::kForward).gather.size();
+    EXPECT_EQ(schedule.end_forward().release, Units{});
+    gathers += schedule.touch(1, Phase::kBackward).gather.size();
+    EXPECT_EQ(schedule.backward_done(1).release, Units{});
+    gathers += schedule.touch(0, Phase::kBackward).gather.size();
+    EXPECT_EQ(schedule.backward_done(0).release, Units{});
+    EXPECT_EQ(schedule.end_backward().release, Units{});
+  }
+  EXPECT_EQ(gathers, 2u);
+  EXPECT_EQ(schedule.live_bytes(), 150);
+  EXPECT_EQ(schedule.end_step().release, (Units{0, 1}));
+  EXPECT_EQ(schedule.live_bytes(), 0);
+  EXPECT_EQ(schedule.touch(0, Phase::kForward).gather, Units{0});  // the next step gathers afresh
+}
+
 TEST(GatherSchedule, WithNoBudgetOnlyTheUnitInUseIsGathered) {
   GatherSchedule schedule({100, 300, 200}, 0, /*max_live=*/0, /*reshard=*/true);
   for (std::size_t u : {0u, 1u, 2u, 0u}) {
