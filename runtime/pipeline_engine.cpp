@@ -1,5 +1,7 @@
 #include "parallax/runtime/pipeline_engine.h"
 
+#include <torch/nn/functional/loss.h>
+
 #include <algorithm>
 #include <map>
 
@@ -142,6 +144,27 @@ std::string path_in_model(const std::string& path, const std::vector<std::string
   return prefix.empty() ? rest : prefix + "." + rest;
 }
 
+// A LossFunction receives whole logits: `loss`, unless the plan leaves them split, which
+// is refused on every rank (they all hold the config) before anything is built.
+pipeline::LossFunction whole_logits_loss(const Config& config, pipeline::LossFunction loss) {
+  if (config.parallel.tp == 1) return loss;
+  for (const TpPlanRule& rule : config.tensor_parallel.plan) {
+    PARALLAX_CHECK(rule.style != TpStyle::kVocabOutput || rule.gather_output, ConfigError, "[tensor_parallel.plan] \"",
+                   rule.pattern, "\" = \"vocab_output\"", rule.position,
+                   ": the pipeline's loss function receives whole logits, but this rule leaves them split over "
+                   "the vocabulary; pass parallax::CrossEntropyLoss{} as the loss (vocabulary-parallel), or give "
+                   "the rule gather_output = true");
+  }
+  return loss;
+}
+
+// The dense loss CrossEntropyLoss stands for, while layers are whole (profiling).
+torch::Tensor dense_cross_entropy(const pipeline::Activation& output, const pipeline::Activation& targets) {
+  const torch::Tensor& logits = output.at(0);
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32),
+                                              targets.at(0).reshape({-1}));
+}
+
 }  // namespace
 
 struct PipelineEngine::Built {
@@ -164,7 +187,20 @@ PipelineEngine::PipelineEngine(Runtime& runtime,
                                pipeline::LossFunction loss,
                                const OptimizerSpec& spec,
                                const PipelineEngineOptions& options)
-    : PipelineEngine(runtime, build(runtime, specs, std::move(loss), options), spec) {}
+    : PipelineEngine(
+          runtime, build(runtime, specs, whole_logits_loss(runtime.config(), std::move(loss)), options), spec) {}
+
+PipelineEngine::PipelineEngine(Runtime& runtime,
+                               std::vector<pipeline::LayerSpec> specs,
+                               CrossEntropyLoss /*loss*/,
+                               const OptimizerSpec& spec,
+                               const PipelineEngineOptions& options)
+    : PipelineEngine(runtime, build(runtime, specs, dense_cross_entropy, options), spec) {
+  // Profiling (in build) timed the dense layers; the stage's loss may see split logits.
+  built_->loss = [this](const pipeline::Activation& output, const pipeline::Activation& targets) {
+    return cross_entropy(output.at(0), targets.at(0));
+  };
+}
 
 // Steps 1–3 of the construction protocol (the Engine, step 4, needs their module).
 std::shared_ptr<PipelineEngine::Built> PipelineEngine::build(Runtime& runtime,

@@ -31,7 +31,9 @@
 // match on some stage. Each tensor-parallel rank exchanges activations with the same
 // tensor-parallel rank of the neighbouring stages (with sequence parallelism, its part of
 // the sequence); the last stage's loss function gets whole logits (a vocab_output rule
-// gathers them). The clipping norm sums over the tensor-parallel and pipeline groups.
+// gathers them) unless the engine computes the loss itself (CrossEntropyLoss, which is
+// vocabulary-parallel on split logits). The clipping norm sums over the tensor-parallel
+// and pipeline groups.
 //
 // ZeRO inside the stages (zero.stage > 0, with [offload]): the stage's parameters are
 // sharded over its data-parallel group; every backward instruction runs through the
@@ -65,6 +67,13 @@ struct PipelineEngineOptions {
   std::optional<pipeline::MicroBatch> profile_batch;
 };
 
+/// The last stage's loss for a language model, passed where a LossFunction goes: the
+/// mean cross-entropy (fp32) of the last layer's output[0] (logits [..., V]) against
+/// targets[0] (int64), computed vocabulary-parallel when a vocab_output rule leaves the
+/// logits split over the tensor-parallel group (Engine::cross_entropy), so they are
+/// never gathered.
+struct CrossEntropyLoss {};
+
 /// Where each layer runs: part boundaries, and the stage and chunk of each part.
 struct PipelineLayout {
   std::vector<std::int64_t> boundaries;  ///< [0, ..., layers], pp × virtual_stages parts
@@ -78,9 +87,17 @@ class PipelineEngine : public Engine {
   /// the model cannot run (more stages or parts than layers, explicit boundaries that do
   /// not end at the layer count, profile without a sample), UsageError for a spec
   /// without factory or a tied path a layer lacks, CommError if a transfer fails.
+  /// A LossFunction gets whole logits: a [tensor_parallel.plan] whose vocab_output rule
+  /// leaves them split is a ConfigError (on every rank) that names the rule.
   PipelineEngine(Runtime& runtime,
                  std::vector<pipeline::LayerSpec> specs,
                  pipeline::LossFunction loss,
+                 const OptimizerSpec& spec,
+                 const PipelineEngineOptions& options = {});
+  /// With the built-in language-model loss, split logits are fine.
+  PipelineEngine(Runtime& runtime,
+                 std::vector<pipeline::LayerSpec> specs,
+                 CrossEntropyLoss loss,
                  const OptimizerSpec& spec,
                  const PipelineEngineOptions& options = {});
   PipelineEngine(PipelineEngine&&) noexcept;

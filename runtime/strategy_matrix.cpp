@@ -19,14 +19,6 @@ std::string quoted(const char* text) {
   return std::string("\"") + text + "\"";
 }
 
-// A plan rule that leaves the logits split over the vocabulary, or null.
-const TpPlanRule* split_logits_rule(const TensorParallelOptions& options) {
-  for (const TpPlanRule& rule : options.plan) {
-    if (rule.style == TpStyle::kVocabOutput && !rule.gather_output) return &rule;
-  }
-  return nullptr;
-}
-
 // Empty when the cell runs; otherwise its first reason (the loader's, or the matrix's
 // with its nearest cell) without the keys' values and where they were set, which the
 // table's row shows.
@@ -87,15 +79,6 @@ std::vector<Refusal> strategy_refusals(const Config& c) {
                         "the hand-written tensor_parallel/ layers are not sequence-parallel; only a "
                         "[tensor_parallel.plan] splits the sequence",
                         "a [tensor_parallel.plan] (see configs/tp.toml), or sequence_parallel = false"});
-  }
-  if (c.parallel.tp > 1 && c.parallel.pp > 1) {
-    if (const TpPlanRule* rule = split_logits_rule(c.tensor_parallel)) {
-      refusals.push_back({{"[tensor_parallel.plan] \"" + rule->pattern + "\" = \"vocab_output\"" + rule->position,
-                           key(c, "parallel.pp", pp)},
-                          "a pipeline's loss function receives whole logits, but this rule leaves them split "
-                          "over the vocabulary",
-                          "{ style = \"vocab_output\", gather_output = true } for that rule (see configs/3d.toml)"});
-    }
   }
   return refusals;
 }

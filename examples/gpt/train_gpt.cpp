@@ -66,7 +66,8 @@ int train_pipeline(parallax::Runtime& rt) {
   };
   parallax::PipelineEngineOptions engine_options;
   engine_options.profile_batch = micro_batch(0, 0);
-  parallax::PipelineEngine engine(rt, gpt::layer_specs(options), gpt::pipeline_loss,
+  // The built-in loss is vocabulary-parallel when a plan leaves the logits split.
+  parallax::PipelineEngine engine(rt, gpt::layer_specs(options), parallax::CrossEntropyLoss{},
                                   parallax::OptimizerSpec::from(config), engine_options);
   if (has_flag(rt, "--print-schedule")) {
     rt.logger().summary(engine.timeline());

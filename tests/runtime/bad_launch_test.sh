@@ -80,12 +80,12 @@ expect_failure "more stages than layers" \
 
 # The strategy matrix refuses on every rank, before the resolved config is printed or a
 # model is built.
-expect_failure "split logits under a pipeline are refused" \
-  '\[rank 0\] ConfigError: this strategy is refused: \[tensor_parallel.plan\] "head" = "vocab_output" at --set.*parallel.pp = 2 at .*3d.toml:11:6: a pipeline.s loss function receives whole logits' \
-  '\[rank 3\] ConfigError: this strategy is refused' -- \
-  -np 4 "$train" --config "$configs/3d.toml" --set 'tensor_parallel.plan.head="vocab_output"'
-if output=$(timeout 120 "${launch[@]}" -np 4 "$train" --config "$configs/3d.toml" \
-              --set 'tensor_parallel.plan.head="vocab_output"' 2>&1) ||
+expect_failure "sequence parallelism without a plan is refused" \
+  '\[rank 0\] ConfigError: this strategy is refused: tensor_parallel.sequence_parallel = true at --set.*, parallel.tp = 2 at --set.*: the hand-written tensor_parallel/ layers are not sequence-parallel' \
+  '\[rank 1\] ConfigError: this strategy is refused' -- \
+  -np 2 "$train" --config "$configs/dp.toml" --set parallel.tp=2 --set tensor_parallel.sequence_parallel=true
+if output=$(timeout 120 "${launch[@]}" -np 2 "$train" --config "$configs/dp.toml" --set parallel.tp=2 \
+              --set tensor_parallel.sequence_parallel=true 2>&1) ||
    grep -q "# resolved configuration" <<<"$output"; then
   echo "FAIL refusal comes first: the run printed its config or succeeded"; failures=$((failures + 1))
 else

@@ -15,8 +15,10 @@
 #include <string>
 #include <vector>
 
+#include "gpt.h"
 #include "gpt_training.h"
 #include "parallax/core/mpi_communicator.h"
+#include "parallax/runtime/parallax.h"
 #include "pipeline_training.h"
 
 namespace {
@@ -56,6 +58,9 @@ TEST_P(MatrixEquivalence, MatchesTheSingleProcessReference) {
 
 const std::string kSequenceParallel = "tensor_parallel.sequence_parallel=true";
 const std::string kTied = "model.tie_embeddings=true";
+// configs/tp.toml's head rule: the logits stay split; the engine's CrossEntropyLoss is
+// vocabulary-parallel.
+const std::string kSplitLogits = "tensor_parallel.plan.head=\"vocab_output\"";
 const std::string kGpipe = "pipeline.schedule=\"gpipe\"";
 const std::string kZbH1 = "pipeline.schedule=\"zb-h1\"";
 const std::string kInterleaved = "pipeline.schedule=\"interleaved\"";
@@ -108,19 +113,22 @@ INSTANTIATE_TEST_SUITE_P(
 INSTANTIATE_TEST_SUITE_P(
     TensorParallelPipelines,
     MatrixEquivalence,
-    ::testing::Values(Cell{"tp2_pp2", "3d.toml", {}},
-                      Cell{"tp2_pp2_sp_tied", "3d.toml", {kSequenceParallel, kTied}},
-                      Cell{"tp2_pp2_sp", "3d.toml", {kSequenceParallel}},
-                      Cell{"tp2_pp2_tied", "3d.toml", {kTied}},
-                      Cell{"tp2_pp2_gpipe", "3d.toml", {kGpipe}},
-                      Cell{"tp2_pp2_interleaved", "3d.toml", {kInterleaved, kTwoChunks, kSequenceParallel}},
-                      Cell{"tp2_pp2_zb_h1_sp_tied", "3d.toml", {kZbH1, kSequenceParallel, kTied}},
-                      Cell{"tp2_pp2_recompute", "3d.toml", {kRecompute, kSequenceParallel}},
-                      Cell{"tp2_pp2_zero1", "3d.toml", {zero(1), kTied}},
-                      Cell{"tp2_pp2_zero2_sp", "3d.toml", {zero(2), kSequenceParallel}},
-                      Cell{"tp2_pp2_zero3", "3d.toml", {zero(3), kWrapBlocks, kTied}},
-                      Cell{"tp2_pp2_zero3_sp_zb_h1", "3d.toml", {zero(3), kWrapBlocks, kSequenceParallel, kZbH1}},
-                      Cell{"tp2_pp2_zero2_offload_cpu", "3d.toml", {zero(2), "offload.optimizer=\"cpu\""}}),
+    ::testing::Values(
+        Cell{"tp2_pp2", "3d.toml", {}},
+        Cell{"tp2_pp2_sp_tied", "3d.toml", {kSequenceParallel, kTied}},
+        Cell{"tp2_pp2_sp", "3d.toml", {kSequenceParallel}},
+        Cell{"tp2_pp2_tied", "3d.toml", {kTied}},
+        Cell{"tp2_pp2_gpipe", "3d.toml", {kGpipe}},
+        Cell{"tp2_pp2_interleaved", "3d.toml", {kInterleaved, kTwoChunks, kSequenceParallel}},
+        Cell{"tp2_pp2_zb_h1_sp_tied", "3d.toml", {kZbH1, kSequenceParallel, kTied}},
+        Cell{"tp2_pp2_recompute", "3d.toml", {kRecompute, kSequenceParallel}},
+        Cell{"tp2_pp2_split_logits", "3d.toml", {kSplitLogits}},
+        Cell{"tp2_pp2_split_logits_sp_tied_zb_h1", "3d.toml", {kSplitLogits, kSequenceParallel, kTied, kZbH1}},
+        Cell{"tp2_pp2_zero1", "3d.toml", {zero(1), kTied}},
+        Cell{"tp2_pp2_zero2_sp", "3d.toml", {zero(2), kSequenceParallel}},
+        Cell{"tp2_pp2_zero3", "3d.toml", {zero(3), kWrapBlocks, kTied}},
+        Cell{"tp2_pp2_zero3_sp_zb_h1", "3d.toml", {zero(3), kWrapBlocks, kSequenceParallel, kZbH1}},
+        Cell{"tp2_pp2_zero2_offload_cpu", "3d.toml", {zero(2), "offload.optimizer=\"cpu\""}}),
     [](const ::testing::TestParamInfo<Cell>& info) { return info.param.name; });
 
 // Exact traffic of ZeRO inside a pipeline (pp 2 × dp 2, 4 micro-batches, fp32): stage 1
@@ -170,6 +178,24 @@ TEST(PipelineZeroTraffic, StageOneReducesOncePerStepStageTwoOncePerMicroBatch) {
       "[ figures  ] zero.stage 2, interleaved (2 chunks, 4 micro-batches): reduce-scatter %lld bytes per "
       "step = %.2f x the stage's gradient per micro-batch\n",
       static_cast<long long>(bytes), static_cast<double>(bytes) / static_cast<double>(4 * run.reduced_bytes));
+}
+
+// A trainer's own LossFunction gets whole logits: a plan that leaves them split is a
+// ConfigError on every rank, naming the rule, before any layer is built.
+TEST(PipelineLoss, OwnLossFunctionWithSplitLogitsIsRefused) {
+  if (parallax::create_mpi_world_communicator()->size() % 4 != 0) GTEST_SKIP() << "tp 2 x pp 2";
+  const auto config = equivalence::make_config(4, {"model.n_layer=4", kSplitLogits}, "3d.toml");
+  parallax::Runtime rt(config, {{"model", "data"}, /*print_summary=*/false});
+  const auto options = gpt::GPTOptions::from_table(rt.config().app_table("model"));
+  try {
+    parallax::PipelineEngine engine(rt, gpt::layer_specs(options), gpt::pipeline_loss,
+                                    parallax::OptimizerSpec::from(rt.config()));
+    ADD_FAILURE() << "split logits reached a LossFunction";
+  } catch (const parallax::ConfigError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("[tensor_parallel.plan] \"head\" = \"vocab_output\""), std::string::npos) << what;
+    EXPECT_NE(what.find("parallax::CrossEntropyLoss"), std::string::npos) << what;
+  }
 }
 
 }  // namespace

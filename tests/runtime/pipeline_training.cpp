@@ -43,8 +43,8 @@ PipelineRun train_pipeline(parallax::Config config) {
   };
   parallax::PipelineEngineOptions engine_options;
   engine_options.profile_batch = micro_batch(0, 0);
-  parallax::PipelineEngine engine(rt, gpt::layer_specs(options), gpt::pipeline_loss, parallax::OptimizerSpec::from(c),
-                                  engine_options);
+  parallax::PipelineEngine engine(rt, gpt::layer_specs(options), parallax::CrossEntropyLoss{},
+                                  parallax::OptimizerSpec::from(c), engine_options);
   PipelineRun run;
   const parallax::GroupTraffic traffic(rt.mesh());
   run.tp_rank = rt.mesh().coord().tp;

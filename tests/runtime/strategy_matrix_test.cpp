@@ -50,21 +50,12 @@ TEST(StrategyMatrix, ZeroInsidePipelineStagesRuns) {
   }
 }
 
-TEST(StrategyMatrix, SplitLogitsUnderAPipelineNameTheRule) {
-  std::string path;
-  const auto config =
-      resolved("[parallel]\ntp = 2\npp = 2\n[tensor_parallel.plan]\n\"*\" = \"column\"\n\"head\" = \"vocab_output\"\n",
-               8, &path);
-  const std::string error = refusal_of(config);
-  EXPECT_CONTAINS(error, "[tensor_parallel.plan] \"head\" = \"vocab_output\" at " + path + ":8:");
-  EXPECT_CONTAINS(error, "receives whole logits");
-  EXPECT_CONTAINS(error, "gather_output = true");
-  // Gathered, the same cell runs.
-  const auto gathered = resolved(
-      "[parallel]\ntp = 2\npp = 2\n[tensor_parallel.plan]\n\"*\" = \"column\"\n"
-      "\"head\" = { style = \"vocab_output\", gather_output = true }\n",
-      8);
-  EXPECT_TRUE(parallax::strategy_refusals(gathered).empty());
+// Split logits under a pipeline are the engine's question (it depends on the loss the
+// trainer passes: matrix_equivalence_test), not the matrix's.
+TEST(StrategyMatrix, SplitLogitsUnderAPipelineRun) {
+  const auto config = resolved(
+      "[parallel]\ntp = 2\npp = 2\n[tensor_parallel.plan]\n\"*\" = \"column\"\n\"head\" = \"vocab_output\"\n", 8);
+  EXPECT_TRUE(parallax::strategy_refusals(config).empty());
 }
 
 TEST(StrategyMatrix, EveryRefusalIsListed) {
