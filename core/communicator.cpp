@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <exception>
+
 #include "parallax/core/error.h"
 
 namespace parallax {
@@ -118,6 +120,20 @@ std::vector<int> ranks_differing_from_root(Communicator& comm, std::uint64_t val
     if (values[r] != values[0]) differing.push_back(r);
   }
   return differing;
+}
+
+void run_everywhere(Communicator& comm, const char* what, const std::function<void()>& action) {
+  std::exception_ptr error;
+  try {
+    action();
+  } catch (const Error&) {
+    error = std::current_exception();
+  }
+  at::Tensor failed = at::full({1}, error ? 1 : 0, at::kLong);
+  comm.all_reduce(failed, {ReduceOp::kSum})->wait();
+  if (error) std::rethrow_exception(error);
+  const auto others = failed.item<std::int64_t>();
+  PARALLAX_CHECK(others == 0, UsageError, what, " failed on ", others, " other rank(s); see their messages");
 }
 
 void sum_in_place(Communicator& comm, const std::vector<at::Tensor>& tensors) {

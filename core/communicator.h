@@ -28,6 +28,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -175,6 +176,13 @@ std::int64_t payload_bytes(const at::Tensor& tensor);
 /// on every rank, the ranks whose value differs from rank 0's (empty when all agree).
 /// Blocks; throws CommError on a failed or timed-out exchange.
 std::vector<int> ranks_differing_from_root(Communicator& comm, std::uint64_t value);
+
+/// Collective over `comm`: runs `action` on every rank, then agrees on the outcome. A
+/// rank whose action threw a parallax::Error rethrows it; the others throw UsageError
+/// ("<what> failed on N other rank(s); see their messages"). So a failure on some ranks
+/// (a file, a node's hwloc, one pipeline stage's layers) never leaves the others waiting
+/// in a later collective. Blocks; throws CommError on a failed exchange.
+void run_everywhere(Communicator& comm, const char* what, const std::function<void()>& action);
 
 /// Collective over `comm`: sums `tensors` (same dtype and device; any shapes) over the
 /// group in place, as one flat all-reduce. Blocks; throws CommError on failure.

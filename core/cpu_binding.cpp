@@ -2,6 +2,7 @@
 
 #include <hwloc.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -25,6 +26,14 @@ Bitmap new_bitmap() {
 }
 
 }  // namespace
+
+CoreShare core_share(int local_rank, int local_size, int cores) {
+  const int n = std::max(1, cores);
+  if (local_size > n) return {local_rank % n, 1};
+  const long begin = static_cast<long>(local_rank) * n / local_size;
+  const long end = (local_rank + 1L) * n / local_size;
+  return {static_cast<int>(begin), static_cast<int>(end - begin)};
+}
 
 std::vector<int> rank_cpu_share(int local_rank, int local_size, const std::string& near) {
   PARALLAX_CHECK(local_size >= 1 && local_rank >= 0 && local_rank < local_size, UsageError, "local rank ", local_rank,
@@ -60,11 +69,8 @@ std::vector<int> rank_cpu_share(int local_rank, int local_size, const std::strin
   }
   PARALLAX_CHECK(!first_pu_of_core.empty(), TopologyError, "this process may run on no PU (",
                  detail::cpuset_string(allowed.get()), ")");
-  const auto n = static_cast<long>(first_pu_of_core.size());
-  if (local_size > n) return {first_pu_of_core[static_cast<std::size_t>(local_rank % n)]};
-  const long begin = local_rank * n / local_size;
-  const long end = (local_rank + 1L) * n / local_size;
-  return {first_pu_of_core.begin() + begin, first_pu_of_core.begin() + end};
+  const CoreShare share = core_share(local_rank, local_size, static_cast<int>(first_pu_of_core.size()));
+  return {first_pu_of_core.begin() + share.first, first_pu_of_core.begin() + share.first + share.count};
 }
 
 void bind_calling_thread(int os_index) {

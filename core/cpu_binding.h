@@ -16,6 +16,15 @@
 
 namespace parallax {
 
+/// Cores [first, first + count) of the `local_rank`-th of `local_size` equal, contiguous
+/// shares of `cores` cores (indexes in core order; a remainder goes one core each to
+/// the later shares); with more ranks than cores, core local_rank mod cores alone. Pure.
+struct CoreShare {
+  int first = 0;
+  int count = 1;
+};
+CoreShare core_share(int local_rank, int local_size, int cores);
+
 /// The PUs (OS indexes), one per core, of the `local_rank`-th of `local_size` equal
 /// shares of the cores this process may run on; when `near` (an hwloc list such as a
 /// GPU's cpuset, "0-15") overlaps them, of those cores only. With more ranks than

@@ -5,7 +5,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <exception>
 #include <unordered_set>
 
 #include "parallax/core/config_loader.h"
@@ -114,28 +113,23 @@ std::unique_ptr<tensor_parallel::ParallelizedModel> split_pipeline_stage(
     Communicator& pp,
     const std::function<std::string(const std::string&)>& plan_path) {
   std::unique_ptr<tensor_parallel::ParallelizedModel> split;
-  std::exception_ptr error;
   try {
-    split = std::make_unique<tensor_parallel::ParallelizedModel>(stage, options, tp,
-                                                                 tensor_parallel::ParallelizeOptions{plan_path, true});
-  } catch (const ConfigError&) {
-    error = std::current_exception();
+    run_everywhere(pp, "[tensor_parallel.plan]", [&] {
+      split = std::make_unique<tensor_parallel::ParallelizedModel>(
+          stage, options, tp, tensor_parallel::ParallelizeOptions{plan_path, true});
+    });
+  } catch (const UsageError& e) {
+    throw ConfigError(e.detail());  // another stage's plan failed
   }
-  // [failed stages, then per rule: stages it matched on]
-  torch::Tensor counts = torch::zeros({static_cast<std::int64_t>(options.plan.size()) + 1}, torch::kLong);
-  counts[0] = error ? 1 : 0;
-  if (split) {
-    const std::vector<bool> matched = split->rules_matched();
-    for (std::size_t i = 0; i < matched.size(); ++i) counts[static_cast<std::int64_t>(i) + 1] = matched[i] ? 1 : 0;
-  }
+  // Per rule: the stages it matched on.
+  const std::vector<bool> matched = split->rules_matched();
+  torch::Tensor counts = torch::zeros({static_cast<std::int64_t>(matched.size())}, torch::kLong);
+  for (std::size_t i = 0; i < matched.size(); ++i) counts[static_cast<std::int64_t>(i)] = matched[i] ? 1 : 0;
   pp.all_reduce(counts, {ReduceOp::kSum})->wait();
-  if (error) std::rethrow_exception(error);
   const auto* count = counts.data_ptr<std::int64_t>();
-  PARALLAX_CHECK(count[0] == 0, ConfigError, "[tensor_parallel.plan] failed on ", count[0],
-                 " other pipeline stage(s); see their messages");
   for (std::size_t i = 0; i < options.plan.size(); ++i) {
     const TpPlanRule& rule = options.plan[i];
-    PARALLAX_CHECK(count[i + 1] > 0, ConfigError, "[tensor_parallel.plan] \"", rule.pattern, "\"", rule.position,
+    PARALLAX_CHECK(count[i] > 0, ConfigError, "[tensor_parallel.plan] \"", rule.pattern, "\"", rule.position,
                    " matches no Linear or Embedding on any of the ", pp.size(), " pipeline stages");
   }
   return split;
@@ -301,7 +295,7 @@ void Engine::backward(const torch::Tensor& loss) {
   auto span = tracer().span("backward", "compute");
   s.loss_sum += loss.detach().to(torch::kFloat64);
   const double scale = (s.scaler ? s.scaler->scale() : 1.0) / static_cast<double>(s.grad_accum);
-  s.reduction->run_backward(last ? BackwardKind::kLastWeights : BackwardKind::kWeights,
+  s.reduction->run_backward(last ? pipeline::WeightGradients::kLast : pipeline::WeightGradients::kSome,
                             [&] { (loss * scale).backward(); });
 }
 
@@ -413,6 +407,10 @@ torch::Tensor Engine::cross_entropy(const torch::Tensor& logits, const torch::Te
   if (vocabulary > 0) {
     return tensor_parallel::vocab_parallel_cross_entropy(logits, targets, vocabulary, state_->runtime->mesh().tp());
   }
+  return dense_cross_entropy(logits, targets);
+}
+
+torch::Tensor dense_cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets) {
   return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32),
                                               targets.reshape({-1}));
 }

@@ -182,6 +182,10 @@ class Engine {
   std::unique_ptr<State> state_;
 };
 
+/// Mean cross-entropy, in fp32, of whole logits [..., V] against targets [...] (int64):
+/// Engine::cross_entropy without a split vocabulary.
+torch::Tensor dense_cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets);
+
 /// Engine that also knows the module's type, so forward() calls the model's own
 /// forward with inputs cast to the compute dtype.
 template <typename ModuleImpl>

@@ -74,8 +74,8 @@ class ReplicatedReduction final : public GradientReduction {
 
   zero::ParameterUseScope use_scope() const override { return zero::ParameterUseScope(false); }
 
-  void run_backward(BackwardKind kind, const std::function<void()>& backward) override {
-    if (kind == BackwardKind::kLastWeights) buckets_->arm();
+  void run_backward(pipeline::WeightGradients writes, const std::function<void()>& backward) override {
+    if (writes == pipeline::WeightGradients::kLast) buckets_->arm();
     backward();
   }
 
@@ -172,12 +172,8 @@ class ShardedReduction final : public GradientReduction {
                    const std::vector<torch::Tensor>& params,
                    const OptimizerOptions& optimizer,
                    const ModelSplit& split)
-      : dp_(&runtime.mesh().dp()), reduce_untouched_(!split.partial_backwards) {
+      : dp_(&runtime.mesh().dp()), reduce_untouched_(!split.partial_backwards), params_(params) {
     const Config& config = runtime.config();
-    for (const auto& p : params) {
-      numels_.push_back(p.numel());
-      shapes_.push_back(p.sizes().vec());
-    }
     sharded_ = std::make_unique<zero::ShardedModel>(
         model, params, config.zero, config.offload, optimizer, *dp_, runtime.tracer(),
         [&optimizer](std::vector<torch::Tensor> shards) { return make_optimizer(optimizer, std::move(shards)); });
@@ -195,13 +191,13 @@ class ShardedReduction final : public GradientReduction {
 
   zero::ParameterUseScope use_scope() const override { return sharded_->use_scope(); }
 
-  void run_backward(BackwardKind kind, const std::function<void()>& backward) override {
-    if (kind == BackwardKind::kInputOnly) {
+  void run_backward(pipeline::WeightGradients writes, const std::function<void()>& backward) override {
+    if (writes == pipeline::WeightGradients::kNone) {
       auto gathering = sharded_->use_scope();
       backward();
       return;
     }
-    sharded_->begin_backward(kind == BackwardKind::kLastWeights, reduce_untouched_);
+    sharded_->begin_backward(writes == pipeline::WeightGradients::kLast, reduce_untouched_);
     {
       auto gathering = sharded_->use_scope();
       backward();
@@ -217,24 +213,24 @@ class ShardedReduction final : public GradientReduction {
                       const std::function<void(std::vector<torch::Tensor>&)>& edit) override {
     torch::NoGradGuard no_grad;
     std::int64_t total = 0;
-    for (std::size_t i : indices) total += numels_.at(i);
+    for (std::size_t i : indices) total += params_.at(i).numel();
     torch::Tensor flat = torch::zeros({total}, torch::kFloat32);
     std::vector<torch::Tensor> whole;
     std::vector<std::optional<zero::GradientPart>> parts;
     std::int64_t base = 0;
     for (std::size_t i : indices) {
-      whole.push_back(flat.narrow(0, base, numels_[i]).view(shapes_[i]));
+      whole.push_back(flat.narrow(0, base, params_[i].numel()).view(params_[i].sizes()));
       parts.push_back(sharded_->gradient_part(i));
       if (parts.back())
         flat.narrow(0, base + parts.back()->param_offset, parts.back()->values.numel()).copy_(parts.back()->values);
-      base += numels_[i];
+      base += params_[i].numel();
     }
     dp_->all_reduce(flat)->wait();
     edit(whole);
     base = 0;
     for (std::size_t k = 0; k < indices.size(); ++k) {
       if (parts[k]) parts[k]->values.copy_(flat.narrow(0, base + parts[k]->param_offset, parts[k]->values.numel()));
-      base += numels_[indices[k]];
+      base += params_[indices[k]].numel();
     }
   }
 
@@ -261,7 +257,7 @@ class ShardedReduction final : public GradientReduction {
   }
   std::int64_t gradient_bytes() const override {
     std::int64_t elements = 0;
-    for (std::int64_t n : numels_) elements += n;
+    for (const auto& p : params_) elements += p.numel();
     return elements * 4;  // reduced in fp32
   }
   std::int64_t gradient_padding_bytes() const override { return sharded_->padding_elements() * 4; }
@@ -271,8 +267,7 @@ class ShardedReduction final : public GradientReduction {
  private:
   Communicator* dp_;
   bool reduce_untouched_;
-  std::vector<std::int64_t> numels_;
-  std::vector<std::vector<std::int64_t>> shapes_;
+  std::vector<torch::Tensor> params_;  ///< the model's (shapes stay while stage 3 releases their data)
   std::unique_ptr<zero::ShardedModel> sharded_;
 };
 

@@ -7,10 +7,10 @@
 //
 // Protocol, per optimizer step (every rank of the data-parallel group runs the same):
 //  1. Forward runs inside use_scope() (ZeRO-3 gathers parameters on use).
-//  2. Each backward runs through run_backward(kind, backward): kWeights for one that
-//     writes weight gradients, kLastWeights for the window's last such backward (the
-//     reductions that wait for the window launch during it), kInputOnly for one that
-//     writes only an input's gradient (zb-h1's first pass).
+//  2. Each backward runs through run_backward(writes, backward), told what it writes
+//     (pipeline::WeightGradients): kSome for weight gradients, kLast for the window's
+//     last such backward (the reductions that wait for the window launch during it),
+//     kNone for only an input's gradient (zb-h1's first pass).
 //  3. finish(): every reduction is done; partial (sequence-parallel) gradients are
 //     summed over the tensor-parallel group.
 //  4. Optionally edit_gradients() (the pipeline's tied-weight sum).
@@ -28,6 +28,7 @@
 
 #include "parallax/core/communicator.h"
 #include "parallax/core/metrics.h"
+#include "parallax/pipeline/executor.h"
 #include "parallax/runtime/optimizer.h"
 #include "parallax/zero/parameter_interception.h"
 #include "parallax/zero/sharded_model.h"
@@ -39,13 +40,6 @@ class Module;
 namespace parallax {
 
 class Runtime;
-
-/// What a backward writes.
-enum class BackwardKind {
-  kInputOnly,    ///< only an input's gradient (zb-h1's first pass)
-  kWeights,      ///< weight gradients
-  kLastWeights,  ///< weight gradients, for the last time in the window
-};
 
 /// The model's split over ranks beyond the data-parallel group.
 struct ModelSplit {
@@ -73,7 +67,7 @@ class GradientReduction {
   /// Runs `backward` (which calls autograd), reducing over the data-parallel group as the
   /// strategy does. Blocks until this backward's reductions are done where the strategy
   /// waits per backward (ZeRO); throws CommError.
-  virtual void run_backward(BackwardKind kind, const std::function<void()>& backward) = 0;
+  virtual void run_backward(pipeline::WeightGradients writes, const std::function<void()>& backward) = 0;
   /// Step 3 of the protocol. Blocks; throws CommError.
   virtual void finish() = 0;
   /// Calls `edit` with the reduced, not yet averaged fp32 gradients of params[i] for i in

@@ -1,7 +1,5 @@
 #include "parallax/runtime/pipeline_engine.h"
 
-#include <torch/nn/functional/loss.h>
-
 #include <algorithm>
 #include <map>
 
@@ -97,6 +95,7 @@ struct TiedWeight {
   int owner = 0;
   std::vector<int> stages;
   std::vector<torch::Tensor> local;
+  std::vector<std::size_t> indices;  ///< of `local` among the engine's trained parameters
 };
 
 // The tied keys of the whole model, with their holders' stages, and this stage's copies.
@@ -158,13 +157,6 @@ pipeline::LossFunction whole_logits_loss(const Config& config, pipeline::LossFun
   return loss;
 }
 
-// The dense loss CrossEntropyLoss stands for, while layers are whole (profiling).
-torch::Tensor dense_cross_entropy(const pipeline::Activation& output, const pipeline::Activation& targets) {
-  const torch::Tensor& logits = output.at(0);
-  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32),
-                                              targets.at(0).reshape({-1}));
-}
-
 }  // namespace
 
 struct PipelineEngine::Built {
@@ -195,7 +187,15 @@ PipelineEngine::PipelineEngine(Runtime& runtime,
                                CrossEntropyLoss /*loss*/,
                                const OptimizerSpec& spec,
                                const PipelineEngineOptions& options)
-    : PipelineEngine(runtime, build(runtime, specs, dense_cross_entropy, options), spec) {
+    : PipelineEngine(runtime,
+                     build(
+                         runtime,
+                         specs,
+                         [](const pipeline::Activation& output, const pipeline::Activation& targets) {
+                           return dense_cross_entropy(output.at(0), targets.at(0));
+                         },
+                         options),
+                     spec) {
   // Profiling (in build) timed the dense layers; the stage's loss may see split logits.
   built_->loss = [this](const pipeline::Activation& output, const pipeline::Activation& targets) {
     return cross_entropy(output.at(0), targets.at(0));
@@ -256,6 +256,9 @@ PipelineEngine::PipelineEngine(Runtime& runtime, std::shared_ptr<Built> built, c
     : Engine(runtime, built->module, spec, built->coupling), built_(std::move(built)) {
   Built& b = *built_;
   b.transport = std::make_unique<pipeline::Transport>(runtime.mesh().pp());
+  for (TiedWeight& tie : b.ties) {
+    for (const torch::Tensor& copy : tie.local) tie.indices.push_back(parameter_index(copy));
+  }
   b.executor = std::make_unique<pipeline::StageExecutor>(
       b.shape, b.stage, b.chunks, runtime.config().pipeline.recompute, *b.transport, runtime.tracer());
 }
@@ -276,9 +279,7 @@ double PipelineEngine::train_batch(const std::function<pipeline::MicroBatch()>& 
   }
   pipeline::ExecutorHooks hooks;
   hooks.around_backward = [this](pipeline::WeightGradients writes, const std::function<void()>& backward) {
-    static constexpr BackwardKind kKinds[] = {BackwardKind::kInputOnly, BackwardKind::kWeights,
-                                              BackwardKind::kLastWeights};
-    gradient_reduction().run_backward(kKinds[static_cast<int>(writes)], backward);
+    gradient_reduction().run_backward(writes, backward);
   };
   hooks.reduce_gradients = [this] { gradient_reduction().finish(); };
   hooks.reduce_tied_gradients = [this] { reduce_tied_gradients(); };
@@ -307,9 +308,7 @@ void PipelineEngine::reduce_tied_gradients() {
   torch::NoGradGuard no_grad;
   for (TiedWeight& tie : b.ties) {
     if (tie.local.empty()) continue;
-    std::vector<std::size_t> indices;
-    for (const torch::Tensor& copy : tie.local) indices.push_back(parameter_index(copy));
-    gradient_reduction().edit_gradients(indices, [&](std::vector<torch::Tensor>& grads) {
+    gradient_reduction().edit_gradients(tie.indices, [&](std::vector<torch::Tensor>& grads) {
       torch::Tensor sum = grads.front().clone();
       for (std::size_t i = 1; i < grads.size(); ++i) sum.add_(grads[i]);
       if (tie.stages.size() > 1) {

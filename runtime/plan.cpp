@@ -5,26 +5,13 @@
 #include <sstream>
 
 #include "parallax/core/config_loader.h"
+#include "parallax/core/cpu_binding.h"
 #include "parallax/core/error.h"
 #include "parallax/core/mesh.h"
 #include "parallax/runtime/strategy_matrix.h"
 
 namespace parallax {
 namespace {
-
-struct CoreShare {
-  int first = 0;
-  int count = 1;
-};
-
-// The `local`-th of `local_size` equal, contiguous shares of a node's cores (one core,
-// shared round robin, when there are more ranks than cores).
-CoreShare core_share(const NodeTopology& node, int local, int local_size) {
-  const int cores = std::max(1, node.cores);
-  if (local_size > cores) return {local % cores, 1};
-  const int share = cores / local_size;
-  return {local * share, share};
-}
 
 int numa_of(const NodeTopology& node, int core) {
   if (node.numa_nodes <= 1 || node.cores <= 0) return 0;
@@ -39,10 +26,10 @@ std::string nearest_gpu(const Cluster& cluster, int rank) {
   if (node.gpus.empty()) return "";
   const auto& ranks = cluster.ranks_on(where.node);
   const int local_size = static_cast<int>(ranks.size());
-  const int numa = numa_of(node, core_share(node, where.local, local_size).first);
+  const int numa = numa_of(node, core_share(where.local, local_size, node.cores).first);
   int before = 0;  // ranks of this node with a lower local index whose cores start in the same NUMA node
   for (int other = 0; other < where.local; ++other) {
-    if (numa_of(node, core_share(node, other, local_size).first) == numa) ++before;
+    if (numa_of(node, core_share(other, local_size, node.cores).first) == numa) ++before;
   }
   std::vector<const DeviceInfo*> near;
   for (const DeviceInfo& gpu : node.gpus) {
@@ -107,7 +94,8 @@ proto::Plan make_plan(const Config& config, const Cluster& cluster, bool emulate
   for (int rank = 0; rank < cluster.world_size(); ++rank) {
     const RankLocation& where = cluster.location(rank);
     const NodeTopology& node = cluster.nodes()[static_cast<std::size_t>(where.node)];
-    const CoreShare share = core_share(node, where.local, static_cast<int>(cluster.ranks_on(where.node).size()));
+    // Its equal share of the node's cores, as rank_cpu_share binds them on a live node.
+    const CoreShare share = core_share(where.local, static_cast<int>(cluster.ranks_on(where.node).size()), node.cores);
     const MeshCoord& coord = layout.coord(rank);
     proto::RankPlacement* placed = plan.add_ranks();
     placed->set_rank(rank);

@@ -17,7 +17,6 @@
 #include "parallax/core/world.h"
 #include "parallax/runtime/blas_info.h"
 #include "parallax/runtime/plan.h"
-#include "parallax/runtime/strategy_matrix.h"
 #include "parallax/tensor_parallel/rng_tracker.h"
 
 #include <google/protobuf/text_format.h>
@@ -91,30 +90,11 @@ namespace {
 
 void check_same_config(World& world, const Config& config);
 
-// Runs `action` on every rank, then agrees on the outcome: a rank whose action threw
-// rethrows its own error, the others throw one that counts the failed ranks. So a
-// failure on some ranks (a file, a directory, a node's hwloc) never leaves the others
-// waiting in a later collective. `what` names the action in that message.
-template <typename Action>
-void run_everywhere(World& world, const char* what, Action&& action) {
-  std::exception_ptr error;
-  try {
-    action();
-  } catch (const Error&) {
-    error = std::current_exception();
-  }
-  at::Tensor failed = at::full({1}, error ? 1 : 0, at::kLong);
-  world.communicator().all_reduce(failed, {ReduceOp::kSum})->wait();
-  if (error) std::rethrow_exception(error);
-  const auto others = failed.item<std::int64_t>();
-  PARALLAX_CHECK(others == 0, UsageError, what, " failed on ", others, " other rank(s); see their messages");
-}
-
 // Step 2 of init: load on every rank, agree, then compare what was loaded.
 Config load_config_everywhere(World& world, const ConfigSources& sources, const InitOptions& options) {
   Config config;
   try {
-    run_everywhere(world, "loading the configuration",
+    run_everywhere(world.communicator(), "loading the configuration",
                    [&] { config = load_config(sources, LoadOptions{options.app_tables}); });
   } catch (const UsageError& e) {
     throw ConfigError(e.detail());
@@ -155,9 +135,6 @@ Runtime::Runtime(Config config, const InitOptions& options) : state_(std::make_u
 void Runtime::start(const InitOptions& options) {
   State& s = *state_;
   s.config.resolve(s.world->size());
-  // Every rank holds the same config, so every rank refuses the same way, before
-  // anything is printed or built.
-  check_strategy(s.config);
   // The library's own randomness (and the application's default generator) starts from
   // train.seed on every rank.
   at::manual_seed(static_cast<std::uint64_t>(s.config.train.seed));
@@ -169,7 +146,7 @@ void Runtime::start(const InitOptions& options) {
   s.world->set_shutdown_timeout(timeout + std::chrono::seconds(30));
   s.logger = Logger(s.config.logging.level);
   s.tracer = std::make_unique<Tracer>(!s.config.logging.trace_file.empty());
-  run_everywhere(*s.world, "opening logging.metrics_file", [&] {
+  run_everywhere(s.world->communicator(), "opening logging.metrics_file", [&] {
     if (!s.config.logging.metrics_file.empty() && s.world->rank() == 0) {
       s.metrics = std::make_unique<MetricsWriter>(s.config.logging.metrics_file);
     }
@@ -178,12 +155,14 @@ void Runtime::start(const InitOptions& options) {
   // Each rank's node: discovered, or one of [topology]'s emulated nodes.
   const bool emulated = s.config.topology.emulate_nodes > 0;
   NodeTopology local_node;
-  run_everywhere(*s.world, "topology discovery", [&] {
+  run_everywhere(s.world->communicator(), "topology discovery", [&] {
     local_node =
         emulated ? emulated_node(s.config.topology, s.world->rank(), s.world->size()) : NodeTopology::discover();
   });
   Cluster cluster = Cluster::gather(s.world->communicator(), local_node);
-  // The plan (and so the placement) is decided before any communicator is split.
+  // The plan (and so the placement) is decided before any communicator is split. Every
+  // rank holds the same config and cluster, so every rank refuses a strategy the same
+  // way, before anything is printed or built.
   s.plan = make_plan(s.config, cluster, emulated);
   const ParallelOptions& p = s.config.parallel;
   s.mesh = std::make_unique<Mesh>(s.world->communicator(), std::move(cluster), MeshDegrees{p.tp, p.pp, p.dp});

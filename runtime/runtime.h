@@ -11,13 +11,13 @@
 //  2. Config: --config FILE... and --set k=v from argv, strictly validated. Ranks agree
 //     on success (one failing rank fails all, each with a clear message), then compare
 //     config hashes; a mismatch names the ranks that differ.
-//  3. Resolve: dp and the omitted batch value from the world size; the strategy matrix
-//     (strategy_matrix.h) refuses what this build does not run, naming the keys; seed
-//     LibTorch's default generator with train.seed; open logging.metrics_file on rank 0.
+//  3. Resolve: dp and the omitted batch value from the world size; seed LibTorch's
+//     default generator with train.seed; open logging.metrics_file on rank 0.
 //  4. Topology: each rank discovers its node with hwloc (or takes an emulated one,
 //     [topology] emulate_nodes); the cluster is gathered.
-//  5. Plan and mesh: the plan (runtime/plan.h) places (tp, pp, dp) on the cluster,
-//     tensor-parallel groups inside nodes; one communicator per group.
+//  5. Plan and mesh: the plan (runtime/plan.h) refuses what this build does not run
+//     (the strategy matrix, strategy_matrix.h, naming the keys) and places (tp, pp, dp)
+//     on the cluster, tensor-parallel groups inside nodes; one communicator per group.
 //  6. Rank 0 prints the resolved config, the cluster, the mesh, the plan and the BLAS.
 // Every failure throws a parallax::Error on every rank: where only some ranks fail
 // (a file, a node), the ranks agree first, so none is left waiting in a collective.

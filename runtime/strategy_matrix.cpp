@@ -61,8 +61,6 @@ std::string Refusal::message() const {
 std::vector<Refusal> strategy_refusals(const Config& c) {
   std::vector<Refusal> refusals;
   const std::string tp = std::to_string(c.parallel.tp);
-  const std::string pp = std::to_string(c.parallel.pp);
-  const std::string stage = std::to_string(c.zero.stage);
 
   if (c.parallel.mode == ParallelMode::kAuto) {
     refusals.push_back({{key(c, "parallel.mode", quoted("auto"))},

@@ -1,9 +1,9 @@
 // The strategy matrix: which products of tensor, pipeline and data parallelism, ZeRO
 // stage, offload and the communication backend this build runs, and why the others do
-// not. The one place that decides: parallax::init calls check_strategy() on every rank
-// right after the config is resolved, before anything is printed or any model is
-// built, and the README's matrix table is printed by strategy_matrix_markdown(), which
-// runs the real loader and this check on every cell.
+// not. The one place that decides: parallax::init's plan (plan.h) calls
+// check_strategy() on every rank before anything is printed or any model is built,
+// and the README's matrix table is printed by strategy_matrix_markdown(), which runs
+// the real loader and this check on every cell.
 //
 //   const std::vector<parallax::Refusal> refusals = parallax::strategy_refusals(config);
 //   for (const auto& r : refusals) std::cout << r.message() << "\n";

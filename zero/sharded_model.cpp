@@ -68,14 +68,15 @@ struct ShardedModel::State {
   std::vector<std::unique_ptr<FlatGroup>> groups;  ///< reduction (and launch) order
   std::vector<std::size_t> group_of_param;
   std::vector<std::size_t> index_in_group;
-  /// Tensor parallelism (set_model_parallel): per group, 1/copies of each shard element
-  /// for the norm; the shard fragments whose gradients are partial over tp.
+  /// Model parallelism (set_model_parallel): the groups beyond dp the norm's squares are
+  /// summed over, the shard fragments whose norm weight is not 1, and those whose
+  /// gradients are partial over tp.
   Communicator* tp = nullptr;
-  std::vector<Communicator*> norm_groups;  ///< beyond dp: the norm's squares are summed over each
+  std::vector<Communicator*> norm_groups;
   struct WeightedFragment {
     std::size_t group;
     Fragment fragment;
-    double weight;  ///< 1 / copies
+    double weight;  ///< ModelParallel::norm_weights of its parameter
   };
   std::vector<WeightedFragment> shared_fragments;                   ///< norm weight != 1
   std::vector<std::pair<std::size_t, Fragment>> partial_fragments;  ///< (group, fragment)
@@ -119,10 +120,6 @@ struct ShardedModel::State {
   /// end of backward: at most the buckets in flight hold full gradients.
   void reap_finished_reductions_locked() {
     for (std::size_t g = next_to_reap; g < next_to_reduce; ++g) {
-      if (!reductions[g]) {  // not launched: no gradient reached it
-        next_to_reap = g + 1;
-        continue;
-      }
       if (!reductions[g]->is_completed()) return;
       finish_reduction(g);
     }

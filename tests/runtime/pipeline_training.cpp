@@ -88,7 +88,6 @@ PipelineRun train_pipeline(parallax::Config config) {
   };
   run.tp_group_in_one_node = nodes_of(parallax::MeshAxis::kTp) == std::set<int>{node};
   run.pp_group_nodes = static_cast<int>(nodes_of(parallax::MeshAxis::kPp).size());
-  run.dp_group_nodes = static_cast<int>(nodes_of(parallax::MeshAxis::kDp).size());
   run.explain = rt.explain();
 
   run.layout = engine.layout();
@@ -99,9 +98,12 @@ PipelineRun train_pipeline(parallax::Config config) {
 void expect_pipeline_matches_reference(const parallax::Config& config,
                                        const std::string& label,
                                        double loss_tolerance,
-                                       double param_tolerance) {
+                                       double param_tolerance,
+                                       PipelineRun* run) {
   const Trajectory want = train_reference(config);
-  const PipelineRun got = train_pipeline(config);
+  PipelineRun local;
+  PipelineRun& got = run != nullptr ? *run : local;
+  got = train_pipeline(config);
   const auto options = gpt::GPTOptions::from_table(config.app_table("model"));
   gpt::GPT names_of(options, static_cast<std::uint64_t>(config.train.seed));
   std::map<std::string, torch::Tensor> reference;

@@ -32,7 +32,6 @@ struct PipelineRun {
   // Placement, from the mesh the run was placed on:
   bool tp_group_in_one_node = true;           ///< every member of this rank's tp group is on its node
   int pp_group_nodes = 1;                     ///< distinct nodes this rank's pp group spans
-  int dp_group_nodes = 1;                     ///< distinct nodes this rank's dp group spans
   std::array<std::int64_t, 3> group_bytes{};  ///< bytes this rank's tp, pp, dp groups moved in training
   std::string explain;                        ///< Runtime::explain()
   parallax::ModelStateBytes held;             ///< this rank's, after training
@@ -44,10 +43,12 @@ PipelineRun train_pipeline(parallax::Config config);
 
 /// Per-step loss within `loss_tolerance` (relative) on every rank, and this rank's final
 /// parameters (its part of them under configs/tp.toml's plan) within `param_tolerance`
-/// of the reference's; prints the worst of each as "[ figures  ]" after `label`.
+/// of the reference's; prints the worst of each as "[ figures  ]" after `label`. The
+/// pipeline's run goes to `run` when given.
 void expect_pipeline_matches_reference(const parallax::Config& config,
                                        const std::string& label,
                                        double loss_tolerance = 1e-5,
-                                       double param_tolerance = 1e-5);
+                                       double param_tolerance = 1e-5,
+                                       PipelineRun* run = nullptr);
 
 }  // namespace equivalence
