@@ -91,6 +91,14 @@ struct PrecisionOptions {
 
 enum class ParallelMode { kManual, kAuto };
 
+/// Which mesh axis varies fastest over world ranks, innermost first ([parallel] order).
+/// Tensor parallelism is always innermost (it must stay inside a node); the outermost
+/// axis is the one that crosses nodes first.
+enum class AxisOrder {
+  kTpDpPp,  ///< "tp-dp-pp": pipeline stages outermost (Megatron's order)
+  kTpPpDp,  ///< "tp-pp-dp": data-parallel replicas outermost (a whole pipeline per node)
+};
+
 /// [parallel]: degrees; tp × pp × dp = world size.
 struct ParallelOptions {
   /// manual | auto. Default: manual.
@@ -101,6 +109,9 @@ struct ParallelOptions {
   int pp = 1;
   /// Data-parallel degree; -1 = world size / (tp × pp). Default: -1.
   int dp = -1;
+  /// Mesh axes innermost first: "tp-dp-pp" puts pipeline stages across nodes first,
+  /// "tp-pp-dp" data-parallel replicas. Default: "tp-dp-pp".
+  AxisOrder order = AxisOrder::kTpDpPp;
 };
 
 /// [zero]: how model state is sharded over the data-parallel group.

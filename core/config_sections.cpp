@@ -21,6 +21,7 @@ constexpr EnumName<SchedulerType> kSchedulerNames[] = {
     {SchedulerType::kConstant, "constant"}, {SchedulerType::kLinear, "linear"}, {SchedulerType::kCosine, "cosine"}};
 constexpr EnumName<Dtype> kDtypeNames[] = {{Dtype::kFp32, "fp32"}, {Dtype::kBf16, "bf16"}, {Dtype::kFp16, "fp16"}};
 constexpr EnumName<ParallelMode> kModeNames[] = {{ParallelMode::kManual, "manual"}, {ParallelMode::kAuto, "auto"}};
+constexpr EnumName<AxisOrder> kAxisOrderNames[] = {{AxisOrder::kTpDpPp, "tp-dp-pp"}, {AxisOrder::kTpPpDp, "tp-pp-dp"}};
 constexpr EnumName<OffloadTarget> kOffloadNames[] = {
     {OffloadTarget::kNone, "none"}, {OffloadTarget::kCpu, "cpu"}, {OffloadTarget::kNvme, "nvme"}};
 constexpr EnumName<LauncherOrder> kLauncherOrderNames[] = {{LauncherOrder::kBlock, "block"},
@@ -109,6 +110,7 @@ void parallel_fields(FieldVisitor& v, Config& c) {
   v.integer("tp", c.parallel.tp, kCount);
   v.integer("pp", c.parallel.pp, kCount);
   v.integer("dp", c.parallel.dp, kDataDegree);
+  v.choice("order", c.parallel.order, kAxisOrderNames);
 }
 
 void zero_fields(FieldVisitor& v, Config& c) {
@@ -333,6 +335,9 @@ const char* to_string(SchedulerType type) {
 }
 const char* to_string(Dtype dtype) {
   return detail::name_of(detail::kDtypeNames, dtype);
+}
+const char* to_string(AxisOrder order) {
+  return detail::name_of(detail::kAxisOrderNames, order);
 }
 const char* to_string(ParallelMode mode) {
   return detail::name_of(detail::kModeNames, mode);

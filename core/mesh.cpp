@@ -4,22 +4,30 @@
 #include <iomanip>
 #include <sstream>
 
+#include "parallax/core/config_loader.h"
 #include "parallax/core/error.h"
 
 namespace parallax {
 namespace {
 
-// tp + T·(dp + D·pp): the rank that plain rank arithmetic puts at a coordinate.
-int linear_index(const MeshDegrees& d, const MeshCoord& c) {
+// The rank that plain rank arithmetic puts at a coordinate: tp + T·(dp + D·pp), or
+// tp + T·(pp + P·dp) with data parallelism outermost.
+int linear_index(const MeshDegrees& d, AxisOrder order, const MeshCoord& c) {
+  if (order == AxisOrder::kTpPpDp) return c.tp + d.tp * (c.pp + d.pp * c.dp);
   return c.tp + d.tp * (c.dp + d.dp * c.pp);
 }
 
-MeshCoord coord_of_index(const MeshDegrees& d, int index) {
+MeshCoord coord_of_index(const MeshDegrees& d, AxisOrder order, int index) {
   MeshCoord c;
   c.tp = index % d.tp;
   const int group = index / d.tp;  // TP group number
-  c.dp = group % d.dp;
-  c.pp = group / d.dp;
+  if (order == AxisOrder::kTpPpDp) {
+    c.pp = group % d.pp;
+    c.dp = group / d.pp;
+  } else {
+    c.dp = group % d.dp;
+    c.pp = group / d.dp;
+  }
   return c;
 }
 
@@ -63,10 +71,18 @@ MeshCoord with(MeshAxis axis, MeshCoord c, int value) {
   return c;
 }
 
-// True when every TP group of consecutive ranks lies within one node.
-bool arithmetic_keeps_tp_in_nodes(const Cluster& cluster, int tp) {
+// True when each node's ranks are consecutive (the launcher placed them by slot) and
+// every TP group of consecutive ranks lies within one node: then rank arithmetic keeps
+// the inner axes' groups on as few nodes as the per-node cut would.
+bool arithmetic_fits_nodes(const Cluster& cluster, int tp) {
+  std::vector<bool> seen(static_cast<std::size_t>(cluster.num_nodes()), false);
   for (int rank = 0; rank < cluster.world_size(); ++rank) {
-    if (rank % tp != 0 && cluster.node_of(rank) != cluster.node_of(rank - 1)) return false;
+    const int node = cluster.node_of(rank);
+    const bool same_as_previous = rank > 0 && node == cluster.node_of(rank - 1);
+    if (!same_as_previous && seen[static_cast<std::size_t>(node)])
+      return false;                                         // the node's ranks are not consecutive
+    if (rank % tp != 0 && !same_as_previous) return false;  // a TP group would cross nodes
+    seen[static_cast<std::size_t>(node)] = true;
   }
   return true;
 }
@@ -102,22 +118,26 @@ void check_degrees(const MeshDegrees& d, int world_size) {
 
 // --- MeshLayout ---------------------------------------------------------------------------
 
-MeshLayout::MeshLayout(MeshDegrees degrees, std::vector<MeshCoord> coords, bool rank_arithmetic)
-    : degrees_(degrees), coords_(std::move(coords)), rank_at_(coords_.size(), -1), rank_arithmetic_(rank_arithmetic) {
+MeshLayout::MeshLayout(MeshDegrees degrees, AxisOrder order, std::vector<MeshCoord> coords, bool rank_arithmetic)
+    : degrees_(degrees),
+      order_(order),
+      coords_(std::move(coords)),
+      rank_at_(coords_.size(), -1),
+      rank_arithmetic_(rank_arithmetic) {
   for (int rank = 0; rank < world_size(); ++rank) {
-    int& slot = rank_at_[linear_index(degrees_, coords_[rank])];
+    int& slot = rank_at_[linear_index(degrees_, order_, coords_[rank])];
     PARALLAX_ASSERT(slot == -1, "two ranks placed at one coordinate");
     slot = rank;
   }
 }
 
-MeshLayout MeshLayout::place(const Cluster& cluster, const MeshDegrees& degrees) {
+MeshLayout MeshLayout::place(const Cluster& cluster, const MeshDegrees& degrees, AxisOrder order) {
   const int world = cluster.world_size();
   check_degrees(degrees, world);
   std::vector<MeshCoord> coords(world);
-  if (arithmetic_keeps_tp_in_nodes(cluster, degrees.tp)) {
-    for (int rank = 0; rank < world; ++rank) coords[rank] = coord_of_index(degrees, rank);
-    return MeshLayout(degrees, std::move(coords), /*rank_arithmetic=*/true);
+  if (arithmetic_fits_nodes(cluster, degrees.tp)) {
+    for (int rank = 0; rank < world; ++rank) coords[rank] = coord_of_index(degrees, order, rank);
+    return MeshLayout(degrees, order, std::move(coords), /*rank_arithmetic=*/true);
   }
   // Cut each node's ranks into TP groups; number the groups node by node.
   int group = 0;
@@ -133,11 +153,11 @@ MeshLayout MeshLayout::place(const Cluster& cluster, const MeshDegrees& degrees)
                    " must divide the ranks of every node, but node '", host, "' hosts ranks ", format_rank_set(ranks),
                    " (", count, ", not a multiple of ", degrees.tp, ")");
     for (int i = 0; i < count; ++i) {
-      coords[ranks[i]] = coord_of_index(degrees, group * degrees.tp + i % degrees.tp);
+      coords[ranks[i]] = coord_of_index(degrees, order, group * degrees.tp + i % degrees.tp);
       if (i % degrees.tp == degrees.tp - 1) ++group;
     }
   }
-  return MeshLayout(degrees, std::move(coords), /*rank_arithmetic=*/false);
+  return MeshLayout(degrees, order, std::move(coords), /*rank_arithmetic=*/false);
 }
 
 const MeshCoord& MeshLayout::coord(int rank) const {
@@ -150,7 +170,7 @@ int MeshLayout::rank_at(const MeshCoord& c) const {
   PARALLAX_CHECK(c.tp >= 0 && c.tp < degrees_.tp && c.pp >= 0 && c.pp < degrees_.pp && c.dp >= 0 && c.dp < degrees_.dp,
                  UsageError, "coordinate (tp = ", c.tp, ", pp = ", c.pp, ", dp = ", c.dp,
                  ") is outside the mesh tp = ", degrees_.tp, ", pp = ", degrees_.pp, ", dp = ", degrees_.dp);
-  return rank_at_[linear_index(degrees_, c)];
+  return rank_at_[linear_index(degrees_, order_, c)];
 }
 
 int MeshLayout::color(MeshAxis axis, int rank) const {
@@ -204,10 +224,10 @@ std::string MeshLayout::describe(const Cluster& cluster) const {
   std::size_t host_width = 4;
   for (const auto& node : cluster.nodes()) host_width = std::max(host_width, node.hostname.size());
   std::ostringstream out;
-  out << "mesh: tp = " << degrees_.tp << ", pp = " << degrees_.pp << ", dp = " << degrees_.dp << " over "
-      << world_size() << " ranks on " << cluster.num_nodes() << (cluster.num_nodes() == 1 ? " node" : " nodes")
-      << "; TP groups " << (rank_arithmetic_ ? "by rank arithmetic" : "cut per node (ranks not node-contiguous)")
-      << '\n';
+  out << "mesh: tp = " << degrees_.tp << ", pp = " << degrees_.pp << ", dp = " << degrees_.dp << " (order "
+      << to_string(order_) << ") over " << world_size() << " ranks on " << cluster.num_nodes()
+      << (cluster.num_nodes() == 1 ? " node" : " nodes") << "; TP groups "
+      << (rank_arithmetic_ ? "by rank arithmetic" : "cut per node (ranks not node-contiguous)") << '\n';
   out << "  rank  " << std::left << std::setw(static_cast<int>(host_width)) << "host" << std::right
       << "  local  tp  pp  dp\n";
   for (int rank = 0; rank < world_size(); ++rank) {
@@ -238,16 +258,19 @@ std::unique_ptr<Communicator> split_along(Communicator& world, const MeshLayout&
   return comm;
 }
 
-MeshLayout checked_layout(const Communicator& world, const Cluster& cluster, const MeshDegrees& degrees) {
+MeshLayout checked_layout(const Communicator& world,
+                          const Cluster& cluster,
+                          const MeshDegrees& degrees,
+                          AxisOrder order) {
   PARALLAX_CHECK(cluster.world_size() == world.size(), UsageError, "the cluster describes ", cluster.world_size(),
                  " ranks but the communicator '", world.name(), "' has ", world.size());
-  return MeshLayout::place(cluster, degrees);
+  return MeshLayout::place(cluster, degrees, order);
 }
 
 }  // namespace
 
-Mesh::Mesh(Communicator& world, Cluster cluster, const MeshDegrees& degrees)
-    : world_(&world), cluster_(std::move(cluster)), layout_(checked_layout(world, cluster_, degrees)) {
+Mesh::Mesh(Communicator& world, Cluster cluster, const MeshDegrees& degrees, AxisOrder order)
+    : world_(&world), cluster_(std::move(cluster)), layout_(checked_layout(world, cluster_, degrees, order)) {
   // Same order on every rank: each split is a collective over the world.
   tp_ = split_along(world, layout_, MeshAxis::kTp);
   dp_ = split_along(world, layout_, MeshAxis::kDp);

@@ -4,6 +4,10 @@
 // TP is innermost, then DP, then PP outermost (Megatron's and DeepSpeed's order): in the
 // plain layout world rank r = tp + T·(dp + D·pp). Tensor-parallel groups talk the most,
 // so each lies within one node; pipeline stages talk the least, so PP spans nodes first.
+// AxisOrder::kTpPpDp ([parallel] order = "tp-pp-dp") swaps the outer two,
+// r = tp + T·(pp + P·dp): each replica's whole pipeline on as few nodes as possible, and
+// data parallelism across nodes (for gradients small enough, or point-to-point links
+// slow enough, that activations should not leave a node).
 //
 // Placement uses the Cluster, not rank arithmetic alone. A launcher that deals ranks
 // round-robin over nodes (mpirun --map-by node) would put a TP group of consecutive ranks
@@ -30,6 +34,7 @@
 #include <vector>
 
 #include "parallax/core/communicator.h"
+#include "parallax/core/config.h"
 #include "parallax/core/topology.h"
 
 namespace parallax {
@@ -67,15 +72,18 @@ class MeshLayout {
  public:
   /// Places every rank of `cluster`:
   ///   1. check_degrees(degrees, cluster.world_size()) — ConfigError otherwise.
-  ///   2. Rank arithmetic (r = tp + T·(dp + D·pp)) when every TP group of consecutive
-  ///      ranks then lies within one node (always so for tp = 1).
+  ///   2. Rank arithmetic (r = tp + T·(dp + D·pp), or tp + T·(pp + P·dp) for
+  ///      kTpPpDp) when each node's ranks are consecutive and every TP group of
+  ///      consecutive ranks then lies within one node.
   ///   3. Otherwise per node: each node's ranks, in local order, are cut into TP groups
-  ///      of tp; TP group g (counting node by node) gets dp = g mod D, pp = g / D.
+  ///      of tp; TP group g (counting node by node) gets the inner of (dp, pp) = g mod its
+  ///      degree, the outer = g / that degree.
   /// Throws TopologyError when step 3 is impossible: a node hosts fewer than tp ranks,
   /// or a number that tp does not divide; the message names the node and its ranks.
-  static MeshLayout place(const Cluster& cluster, const MeshDegrees& degrees);
+  static MeshLayout place(const Cluster& cluster, const MeshDegrees& degrees, AxisOrder order = AxisOrder::kTpDpPp);
 
   const MeshDegrees& degrees() const { return degrees_; }
+  AxisOrder order() const { return order_; }
   int world_size() const { return static_cast<int>(coords_.size()); }
   /// True when step 2 (rank arithmetic) was used, false when TP groups were cut per node.
   bool rank_arithmetic() const { return rank_arithmetic_; }
@@ -104,11 +112,12 @@ class MeshLayout {
   std::string describe(const Cluster& cluster) const;
 
  private:
-  MeshLayout(MeshDegrees degrees, std::vector<MeshCoord> coords, bool rank_arithmetic);
+  MeshLayout(MeshDegrees degrees, AxisOrder order, std::vector<MeshCoord> coords, bool rank_arithmetic);
 
   MeshDegrees degrees_;
+  AxisOrder order_;
   std::vector<MeshCoord> coords_;  // by world rank
-  std::vector<int> rank_at_;       // by linear index tp + T·(dp + D·pp)
+  std::vector<int> rank_at_;       // by linear index (the plain layout's rank)
   bool rank_arithmetic_ = true;
 };
 
@@ -121,7 +130,7 @@ class Mesh {
   /// `world` must outlive the Mesh. Throws UsageError when cluster.world_size() differs
   /// from world.size(), ConfigError / TopologyError as MeshLayout::place (on every rank
   /// alike, before any communication), CommError if a split fails.
-  Mesh(Communicator& world, Cluster cluster, const MeshDegrees& degrees);
+  Mesh(Communicator& world, Cluster cluster, const MeshDegrees& degrees, AxisOrder order = AxisOrder::kTpDpPp);
   Mesh(const Mesh&) = delete;
   Mesh& operator=(const Mesh&) = delete;
 

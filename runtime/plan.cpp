@@ -49,12 +49,13 @@ std::string format_range(const CoreShare& share) {
 proto::Plan make_plan(const Config& config, const Cluster& cluster, bool emulated) {
   check_strategy(config);
   const ParallelOptions& p = config.parallel;
-  const MeshLayout layout = MeshLayout::place(cluster, MeshDegrees{p.tp, p.pp, p.dp});
+  const MeshLayout layout = MeshLayout::place(cluster, MeshDegrees{p.tp, p.pp, p.dp}, p.order);
 
   proto::Plan plan;
   plan.mutable_degrees()->set_tp(p.tp);
   plan.mutable_degrees()->set_pp(p.pp);
   plan.mutable_degrees()->set_dp(p.dp);
+  plan.set_axis_order(to_string(p.order));
   plan.set_zero_stage(config.zero.stage);
   plan.set_optimizer_offload(to_string(config.offload.optimizer));
   plan.set_param_offload(to_string(config.offload.param));
@@ -118,8 +119,9 @@ proto::Plan make_plan(const Config& config, const Cluster& cluster, bool emulate
 std::string describe_plan(const proto::Plan& plan) {
   std::ostringstream out;
   const proto::Degrees& d = plan.degrees();
-  out << "plan: tp " << d.tp() << " x pp " << d.pp() << " x dp " << d.dp() << " on " << plan.ranks_size() << " ranks, "
-      << plan.nodes() << (plan.emulated() ? " emulated" : "") << " node(s); " << plan.placement() << "\n";
+  out << "plan: tp " << d.tp() << " x pp " << d.pp() << " x dp " << d.dp() << " (" << plan.axis_order() << ") on "
+      << plan.ranks_size() << " ranks, " << plan.nodes() << (plan.emulated() ? " emulated" : "") << " node(s); "
+      << plan.placement() << "\n";
   out << "  zero.stage " << plan.zero_stage() << ", offload optimizer " << plan.optimizer_offload() << " / param "
       << plan.param_offload() << ", " << plan.dtype() << ", micro-batch " << plan.micro_batch_size() << " x "
       << plan.grad_accum() << " micro-steps x dp " << d.dp() << " = " << plan.global_batch_size() << " samples\n";

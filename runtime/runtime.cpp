@@ -165,7 +165,7 @@ void Runtime::start(const InitOptions& options) {
   // way, before anything is printed or built.
   s.plan = make_plan(s.config, cluster, emulated);
   const ParallelOptions& p = s.config.parallel;
-  s.mesh = std::make_unique<Mesh>(s.world->communicator(), std::move(cluster), MeshDegrees{p.tp, p.pp, p.dp});
+  s.mesh = std::make_unique<Mesh>(s.world->communicator(), std::move(cluster), MeshDegrees{p.tp, p.pp, p.dp}, p.order);
   // Dropout on split activations draws per tensor-parallel rank (Megatron's seed offset).
   s.rng.add(tensor_parallel::kSplitStream,
             static_cast<std::uint64_t>(s.config.train.seed) + 2718 + static_cast<std::uint64_t>(s.mesh->coord().tp));

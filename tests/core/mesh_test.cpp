@@ -83,6 +83,7 @@ void expect_valid(const Cluster& cluster, const MeshLayout& layout) {
 struct Case {
   int tp, pp, dp;
   RankOrder order;
+  AxisOrder axes;
 };
 
 class MeshLayoutOnTwoNodes : public ::testing::TestWithParam<Case> {};
@@ -90,14 +91,26 @@ class MeshLayoutOnTwoNodes : public ::testing::TestWithParam<Case> {};
 TEST_P(MeshLayoutOnTwoNodes, IsValid) {
   const Case& c = GetParam();
   Cluster cluster = Cluster::synthetic(2, 4, c.order);
-  MeshLayout layout = MeshLayout::place(cluster, {c.tp, c.pp, c.dp});
+  MeshLayout layout = MeshLayout::place(cluster, {c.tp, c.pp, c.dp}, c.axes);
   expect_valid(cluster, layout);
   if (c.order == RankOrder::kContiguous) {
-    // Node-contiguous ranks: plain rank arithmetic, r = tp + T·(dp + D·pp).
+    // Node-contiguous ranks: plain rank arithmetic, r = tp + T·(dp + D·pp) or, data
+    // parallelism outermost, tp + T·(pp + P·dp).
     EXPECT_TRUE(layout.rank_arithmetic());
     for (int rank = 0; rank < 8; ++rank) {
       const MeshCoord& co = layout.coord(rank);
-      EXPECT_EQ(co.tp + c.tp * (co.dp + c.dp * co.pp), rank);
+      EXPECT_EQ(
+          c.axes == AxisOrder::kTpDpPp ? co.tp + c.tp * (co.dp + c.dp * co.pp) : co.tp + c.tp * (co.pp + c.pp * co.dp),
+          rank);
+    }
+  }
+  // The outermost axis crosses nodes first: with 4 ranks per node and tp × inner ≤ 4,
+  // every group of the inner axis lies inside one node.
+  const MeshAxis inner = c.axes == AxisOrder::kTpDpPp ? MeshAxis::kDp : MeshAxis::kPp;
+  const int inner_degree = c.axes == AxisOrder::kTpDpPp ? c.dp : c.pp;
+  if (c.tp * inner_degree <= 4) {
+    for (const auto& group : layout.groups(inner)) {
+      for (int rank : group) EXPECT_EQ(cluster.node_of(rank), cluster.node_of(group[0])) << to_string(inner);
     }
   }
 }
@@ -106,8 +119,10 @@ std::vector<Case> all_cases() {
   std::vector<Case> cases;
   const int degrees[][3] = {{1, 1, 8}, {2, 1, 4}, {4, 1, 2}, {1, 2, 4}, {2, 2, 2},
                             {4, 2, 1}, {1, 8, 1}, {2, 4, 1}, {1, 4, 2}, {4, 1, 2}};
-  for (RankOrder order : {RankOrder::kContiguous, RankOrder::kRoundRobin}) {
-    for (const auto& d : degrees) cases.push_back({d[0], d[1], d[2], order});
+  for (AxisOrder axes : {AxisOrder::kTpDpPp, AxisOrder::kTpPpDp}) {
+    for (RankOrder order : {RankOrder::kContiguous, RankOrder::kRoundRobin}) {
+      for (const auto& d : degrees) cases.push_back({d[0], d[1], d[2], order, axes});
+    }
   }
   return cases;
 }
@@ -116,7 +131,8 @@ INSTANTIATE_TEST_SUITE_P(
     Degrees, MeshLayoutOnTwoNodes, ::testing::ValuesIn(all_cases()), [](const ::testing::TestParamInfo<Case>& info) {
       const Case& c = info.param;
       return "tp" + std::to_string(c.tp) + "_pp" + std::to_string(c.pp) + "_dp" + std::to_string(c.dp) +
-             (c.order == RankOrder::kContiguous ? "_contiguous" : "_rr") + "_" + std::to_string(info.index);
+             (c.order == RankOrder::kContiguous ? "_contiguous" : "_rr") +
+             (c.axes == AxisOrder::kTpDpPp ? "_pp_outer" : "_dp_outer") + "_" + std::to_string(info.index);
     });
 
 TEST(MeshLayout, RoundRobinCutsTpGroupsPerNode) {
@@ -137,6 +153,22 @@ TEST(MeshLayout, RoundRobinCutsTpGroupsPerNode) {
   MeshLayout wide = MeshLayout::place(cluster, {4, 1, 2});
   EXPECT_EQ(wide.groups(MeshAxis::kTp), (Groups{{0, 2, 4, 6}, {1, 3, 5, 7}}));
   EXPECT_EQ(wide.groups(MeshAxis::kDp), (Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+}
+
+// [parallel] order = "tp-pp-dp": each replica's pipeline inside a node, data parallelism
+// across nodes, for both launcher orders.
+TEST(MeshLayout, DataParallelOutermostKeepsPipelinesInNodes) {
+  using Groups = std::vector<std::vector<int>>;
+  MeshLayout block = MeshLayout::place(Cluster::synthetic(2, 4), {2, 2, 2}, AxisOrder::kTpPpDp);
+  EXPECT_EQ(block.groups(MeshAxis::kTp), (Groups{{0, 1}, {4, 5}, {2, 3}, {6, 7}}));
+  EXPECT_EQ(block.groups(MeshAxis::kPp), (Groups{{0, 2}, {4, 6}, {1, 3}, {5, 7}}));
+  EXPECT_EQ(block.groups(MeshAxis::kDp), (Groups{{0, 4}, {2, 6}, {1, 5}, {3, 7}}));
+  // Round robin: node0 hosts {0,2,4,6}, node1 {1,3,5,7}.
+  MeshLayout dealt = MeshLayout::place(Cluster::synthetic(2, 4, RankOrder::kRoundRobin), {2, 2, 2}, AxisOrder::kTpPpDp);
+  EXPECT_EQ(dealt.groups(MeshAxis::kTp), (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
+  EXPECT_EQ(dealt.groups(MeshAxis::kPp), (Groups{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+  EXPECT_EQ(dealt.groups(MeshAxis::kDp), (Groups{{0, 1}, {4, 5}, {2, 3}, {6, 7}}));
+  EXPECT_NE(block.describe(Cluster::synthetic(2, 4)).find("(order tp-pp-dp)"), std::string::npos);
 }
 
 TEST(MeshLayout, ContiguousUsesRankArithmetic) {
@@ -211,7 +243,8 @@ TEST(MeshLayout, AccessorsCheckRanges) {
 TEST(MeshLayout, DescribeIsATable) {
   Cluster cluster = Cluster::synthetic(2, 4, RankOrder::kRoundRobin);
   const std::string text = MeshLayout::place(cluster, {2, 2, 2}).describe(cluster);
-  EXPECT_NE(text.find("mesh: tp = 2, pp = 2, dp = 2 over 8 ranks on 2 nodes"), std::string::npos) << text;
+  EXPECT_NE(text.find("mesh: tp = 2, pp = 2, dp = 2 (order tp-dp-pp) over 8 ranks on 2 nodes"), std::string::npos)
+      << text;
   EXPECT_NE(text.find("cut per node"), std::string::npos) << text;
   EXPECT_NE(text.find("rank  host   local  tp  pp  dp"), std::string::npos) << text;
   EXPECT_NE(text.find("     5  node1      2   0   1   1"), std::string::npos) << text;

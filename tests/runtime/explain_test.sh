@@ -11,7 +11,7 @@ output=$(timeout 300 "$mpiexec" --oversubscribe --bind-to none -np 8 "$train" --
 rc=$?
 fail() { echo "FAIL: $1"; echo "$output" | tail -40; exit 1; }
 [ "$rc" -eq 0 ] || fail "exit status $rc"
-grep -q "^# plan: tp 2 x pp 2 x dp 2 on 8 ranks, 2 emulated node(s); tensor-parallel groups cut from each node's own ranks" \
+grep -q "^# plan: tp 2 x pp 2 x dp 2 (tp-dp-pp) on 8 ranks, 2 emulated node(s); tensor-parallel groups cut from each node's own ranks" \
   <<<"$output" || fail "no plan line"
 # Round robin: node0 holds ranks 0, 2, 4, 6, cut into tensor-parallel pairs {0,2} {4,6}.
 grep -qE "^  0 +0 +0 +0 +node0 +0 +0-3 +0 +gpu0 +tp\[pp=0,dp=0\]" <<<"$output" || fail "rank 0's row"

@@ -88,6 +88,7 @@ PipelineRun train_pipeline(parallax::Config config) {
   };
   run.tp_group_in_one_node = nodes_of(parallax::MeshAxis::kTp) == std::set<int>{node};
   run.pp_group_nodes = static_cast<int>(nodes_of(parallax::MeshAxis::kPp).size());
+  run.dp_group_nodes = static_cast<int>(nodes_of(parallax::MeshAxis::kDp).size());
   run.explain = rt.explain();
 
   run.layout = engine.layout();

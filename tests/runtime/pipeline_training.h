@@ -32,6 +32,7 @@ struct PipelineRun {
   // Placement, from the mesh the run was placed on:
   bool tp_group_in_one_node = true;           ///< every member of this rank's tp group is on its node
   int pp_group_nodes = 1;                     ///< distinct nodes this rank's pp group spans
+  int dp_group_nodes = 1;                     ///< distinct nodes this rank's dp group spans
   std::array<std::int64_t, 3> group_bytes{};  ///< bytes this rank's tp, pp, dp groups moved in training
   std::string explain;                        ///< Runtime::explain()
   parallax::ModelStateBytes held;             ///< this rank's, after training

@@ -3,10 +3,12 @@
 // nodes whose ranks the launcher dealt in blocks or round robin, and matches the
 // single-process reference; every tensor-parallel group lies inside one node (from the
 // mesh the plan placed, and its communicator carried the TP traffic); pipeline stages
-// cross nodes first; each rank's device is the GPU on the NUMA node of its cores. A
+// cross nodes first, or data-parallel replicas with [parallel] order = "tp-pp-dp"; each
+// rank's device is the GPU on the NUMA node of its cores. A
 // cluster that cannot keep tp inside a node is refused with the arithmetic.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <ostream>
@@ -26,10 +28,11 @@ namespace {
 
 struct Shape {
   int nodes;
-  std::string order;  ///< "block" | "round_robin"
+  std::string order;              ///< "block" | "round_robin"
+  std::string axes = "tp-dp-pp";  ///< parallel.order
 };
 void PrintTo(const Shape& shape, std::ostream* out) {
-  *out << shape.nodes << " nodes, " << shape.order;
+  *out << shape.nodes << " nodes, " << shape.order << ", " << shape.axes;
 }
 
 std::vector<std::string> emulation(const Shape& shape, int world) {
@@ -47,22 +50,35 @@ TEST_P(EmulatedPlacement, TensorParallelStaysInsideNodesAndTrainingMatches) {
   if (world % 4 != 0 || world / shape.nodes < 2) GTEST_SKIP() << "tp 2 needs 2 ranks per node";
   std::vector<std::string> overrides = emulation(shape, world);
   overrides.push_back("model.n_layer=4");
+  overrides.push_back("parallel.order=\"" + shape.axes + "\"");
   const parallax::Config config = equivalence::make_config(4, overrides, "3d.toml");
   equivalence::PipelineRun run;
-  equivalence::expect_pipeline_matches_reference(config, std::to_string(shape.nodes) + " nodes " + shape.order, 1e-5,
-                                                 1e-5, &run);
+  equivalence::expect_pipeline_matches_reference(
+      config, std::to_string(shape.nodes) + " nodes " + shape.order + " " + shape.axes, 1e-5, 1e-5, &run);
   EXPECT_TRUE(run.tp_group_in_one_node) << run.explain;
   EXPECT_GT(run.group_bytes[0], 0) << "the tensor-parallel group carried no traffic";
-  // Pipeline stages cross nodes before data-parallel replicas do.
-  EXPECT_EQ(run.pp_group_nodes, 2) << run.explain;
+  // The outermost axis crosses nodes before the other does: on 2 nodes of 4 ranks
+  // (tp 2 × 2 of the inner axis) the inner axis's groups stay inside a node.
+  // (The pipeline always has 2 stages; dp = world / 4 replicas.)
+  const bool pp_outer = shape.axes == "tp-dp-pp";
+  if (pp_outer || world / 4 > 1) EXPECT_EQ(pp_outer ? run.pp_group_nodes : run.dp_group_nodes, 2) << run.explain;
+  if (world / shape.nodes == 4) EXPECT_EQ(pp_outer ? run.dp_group_nodes : run.pp_group_nodes, 1) << run.explain;
   if (run.world_rank == 0) std::printf("%s", run.explain.c_str());
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Clusters,
-    EmulatedPlacement,
-    ::testing::Values(Shape{2, "block"}, Shape{2, "round_robin"}, Shape{4, "block"}, Shape{4, "round_robin"}),
-    [](const auto& info) { return std::to_string(info.param.nodes) + "_nodes_" + info.param.order; });
+INSTANTIATE_TEST_SUITE_P(Clusters,
+                         EmulatedPlacement,
+                         ::testing::Values(Shape{2, "block"},
+                                           Shape{2, "round_robin"},
+                                           Shape{4, "block"},
+                                           Shape{4, "round_robin"},
+                                           Shape{2, "block", "tp-pp-dp"},
+                                           Shape{2, "round_robin", "tp-pp-dp"}),
+                         [](const auto& info) {
+                           std::string axes = info.param.axes;
+                           std::replace(axes.begin(), axes.end(), '-', '_');
+                           return std::to_string(info.param.nodes) + "_nodes_" + info.param.order + "_" + axes;
+                         });
 
 // The plan, without MPI: each rank's device is a GPU on the NUMA node its cores start in,
 // no two ranks of a node share one, and groups carry the mesh's names.
