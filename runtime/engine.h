@@ -40,9 +40,10 @@
 // vocabulary: compute the loss with cross_entropy(), which works with or without a plan.
 //
 // Pipeline parallelism (`parallel.pp` > 1) takes the model as layer specs: see
-// PipelineEngine (pipeline_engine.h), an Engine over one stage's layers whose
-// train_batch() replaces forward/backward/step; tensor parallelism then splits each
-// stage's layers by the same plan.
+// PipelineEngine (pipeline_engine.h), whose train_batch() replaces
+// forward/backward/step. Both engines own a StepApplier (step_applier.h), which
+// prepares the model (tensor-parallel split, broadcast, cast) and applies each step;
+// this one adds the trainer-driven micro-step window.
 //
 // Gradients live in the buckets: do not call zero_grad() on the model or replace a
 // parameter's .grad (step() detects it and throws UsageError). Under ZeRO a parameter's
@@ -62,15 +63,9 @@
 #include "parallax/core/metrics.h"
 #include "parallax/runtime/optimizer.h"
 #include "parallax/runtime/runtime.h"
-#include "parallax/tensor_parallel/parallelize.h"
-#include "parallax/zero/parameter_interception.h"
+#include "parallax/runtime/step_applier.h"
 
 namespace parallax {
-namespace zero {
-class ShardedModel;
-}
-class StepTelemetry;
-class GradientReduction;
 
 class Engine {
  public:
@@ -135,56 +130,20 @@ class Engine {
   double loss_scale() const;
   std::int64_t skipped_steps() const;
 
- protected:
-  /// How a pipeline stage's engine couples to the other stages (runtime/pipeline_engine.h).
-  struct PipelineCoupling {
-    /// Parameters whose gradient norm another holder counts: every copy of a tied weight
-    /// but its first holder's.
-    std::vector<torch::Tensor> norm_excluded;
-    /// The whole model's path of a module at `path` in the stage's module, for the
-    /// [tensor_parallel.plan]'s rules.
-    std::function<std::string(const std::string& path)> plan_path;
-  };
-  /// As the public constructor, for one pipeline stage's module: accepts parallel.pp > 1,
-  /// sums the clipping norm over the pipeline group, and applies a tensor-parallel plan
-  /// to the stage's layers (each rule must match on some stage).
-  Engine(Runtime& runtime,
-         std::shared_ptr<torch::nn::Module> model,
-         const OptimizerSpec& spec,
-         const PipelineCoupling& coupling);
-  /// For an engine that runs its own micro-batches (the pipeline): the gradient
-  /// reduction to run its backwards through and finish at the boundary, then
-  /// apply_step() clips, updates and records the step with `local_loss`, the mean loss
-  /// of this rank's window. Collective as step() is.
-  GradientReduction& gradient_reduction();
-  void apply_step(double local_loss);
-  StepTelemetry& step_telemetry();
-  /// Index of `param` among the trained parameters (GradientReduction's order). Throws
-  /// UsageError for a tensor that is not one.
-  std::size_t parameter_index(const torch::Tensor& param) const;
-  /// Casts floating-point inputs to the compute dtype.
-  torch::Tensor prepare_input(const torch::Tensor& input) const;
-  /// Opens the step's timing window at its first forward.
-  void begin_micro_step();
-  /// Held around the model's forward: at ZeRO stage 3 it gathers parameters on use.
-  zero::ParameterUseScope parameter_use_scope() const;
-  /// Held around the model's forward: planned tensor-parallel modules communicate.
-  tensor_parallel::ParallelizedModel::Scope tensor_parallel_scope() const;
-  Tracer& tracer();
+  /// Held around the model's forward (forward() does): opens the step's timing window,
+  /// gathers ZeRO-3 parameters on use and lets planned tensor-parallel modules
+  /// communicate. For a trainer that calls its model itself.
+  ForwardScope forward_scope();
+  /// Floating-point inputs cast to the compute dtype (the first call under tensor
+  /// parallelism checks that the group got the same input).
+  torch::Tensor prepare_input(const torch::Tensor& input);
 
  private:
-  Engine(Runtime& runtime,
-         std::shared_ptr<torch::nn::Module> model,
-         const OptimizerSpec& spec,
-         const PipelineCoupling* coupling);
-
-  struct State;
-  std::unique_ptr<State> state_;
+  std::unique_ptr<StepApplier> applier_;
+  std::int64_t grad_accum_ = 1;
+  std::int64_t micro_step_ = 0;  ///< backward calls in the current window
+  torch::Tensor loss_sum_;       ///< sum of micro-step losses in the window (float64)
 };
-
-/// Mean cross-entropy, in fp32, of whole logits [..., V] against targets [...] (int64):
-/// Engine::cross_entropy without a split vocabulary.
-torch::Tensor dense_cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets);
 
 /// Engine that also knows the module's type, so forward() calls the model's own
 /// forward with inputs cast to the compute dtype.
@@ -196,10 +155,7 @@ class ModuleEngine : public Engine {
 
   template <typename... Args>
   auto forward(Args&&... args) {
-    begin_micro_step();
-    auto span = tracer().span("forward", "compute");
-    auto gathering = parameter_use_scope();
-    auto splitting = tensor_parallel_scope();
+    ForwardScope scope = forward_scope();
     return model_->forward(cast(std::forward<Args>(args))...);
   }
 
@@ -208,7 +164,7 @@ class ModuleEngine : public Engine {
 
  private:
   template <typename T>
-  decltype(auto) cast(T&& value) const {
+  decltype(auto) cast(T&& value) {
     if constexpr (std::is_same_v<std::decay_t<T>, torch::Tensor>) {
       return prepare_input(value);
     } else {

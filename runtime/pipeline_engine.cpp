@@ -167,7 +167,8 @@ struct PipelineEngine::Built {
   pipeline::LossFunction loss;
   std::shared_ptr<torch::nn::Module> module;  // children "chunk0", "chunk1", ...
   std::vector<pipeline::LayerSequence> chunks;
-  PipelineCoupling coupling;
+  StageCoupling coupling;
+  std::unique_ptr<StepApplier> applier;
 
   std::vector<TiedWeight> ties;
   std::unique_ptr<pipeline::Transport> transport;
@@ -197,12 +198,13 @@ PipelineEngine::PipelineEngine(Runtime& runtime,
                          options),
                      spec) {
   // Profiling (in build) timed the dense layers; the stage's loss may see split logits.
-  built_->loss = [this](const pipeline::Activation& output, const pipeline::Activation& targets) {
-    return cross_entropy(output.at(0), targets.at(0));
+  StepApplier* applier = built_->applier.get();
+  built_->loss = [applier](const pipeline::Activation& output, const pipeline::Activation& targets) {
+    return applier->cross_entropy(output.at(0), targets.at(0));
   };
 }
 
-// Steps 1–3 of the construction protocol (the Engine, step 4, needs their module).
+// Steps 1–3 of the construction protocol (the StepApplier, step 4, needs their module).
 std::shared_ptr<PipelineEngine::Built> PipelineEngine::build(Runtime& runtime,
                                                              const std::vector<pipeline::LayerSpec>& specs,
                                                              pipeline::LossFunction loss,
@@ -253,11 +255,12 @@ std::shared_ptr<PipelineEngine::Built> PipelineEngine::build(Runtime& runtime,
 }
 
 PipelineEngine::PipelineEngine(Runtime& runtime, std::shared_ptr<Built> built, const OptimizerSpec& spec)
-    : Engine(runtime, built->module, spec, built->coupling), built_(std::move(built)) {
+    : built_(std::move(built)) {
   Built& b = *built_;
+  b.applier = std::make_unique<StepApplier>(runtime, b.module, spec, &b.coupling);
   b.transport = std::make_unique<pipeline::Transport>(runtime.mesh().pp());
   for (TiedWeight& tie : b.ties) {
-    for (const torch::Tensor& copy : tie.local) tie.indices.push_back(parameter_index(copy));
+    for (const torch::Tensor& copy : tie.local) tie.indices.push_back(b.applier->parameter_index(copy));
   }
   b.executor = std::make_unique<pipeline::StageExecutor>(
       b.shape, b.stage, b.chunks, runtime.config().pipeline.recompute, *b.transport, runtime.tracer());
@@ -269,35 +272,36 @@ PipelineEngine::~PipelineEngine() = default;
 double PipelineEngine::train_batch(const std::function<pipeline::MicroBatch()>& next) {
   Built& b = *built_;
   Runtime& runtime = *b.runtime;
-  begin_micro_step();
+  StepApplier& applier = *b.applier;
+  applier.begin_window();
   std::vector<pipeline::MicroBatch> batch(static_cast<std::size_t>(b.shape.micro_batches));
   if (b.stage == 0 || b.stage == b.shape.stages - 1) {
     for (pipeline::MicroBatch& micro : batch) {
       micro = next();
-      for (torch::Tensor& t : micro.inputs) t = prepare_input(t);
+      for (torch::Tensor& t : micro.inputs) t = applier.prepare_input(t);
     }
   }
   pipeline::ExecutorHooks hooks;
-  hooks.around_backward = [this](pipeline::WeightGradients writes, const std::function<void()>& backward) {
-    gradient_reduction().run_backward(writes, backward);
+  hooks.around_backward = [&applier](pipeline::WeightGradients writes, const std::function<void()>& backward) {
+    applier.reduction().run_backward(writes, backward);
   };
-  hooks.reduce_gradients = [this] { gradient_reduction().finish(); };
+  hooks.reduce_gradients = [&applier] { applier.reduction().finish(); };
   hooks.reduce_tied_gradients = [this] { reduce_tied_gradients(); };
-  hooks.optimizer_step = [this, &b, &runtime](const pipeline::BatchOutcome& outcome) {
+  hooks.optimizer_step = [&applier, &b, &runtime](const pipeline::BatchOutcome& outcome) {
     // The loss lives on the last stage: every stage of the pipeline gets it.
     torch::Tensor loss = torch::full({1}, outcome.loss_sum, torch::kFloat64);
     runtime.mesh().pp().broadcast(loss, b.shape.stages - 1)->wait();
-    step_telemetry().set_pipeline_activity(outcome.compute_ms, outcome.schedule_ms);
-    apply_step(loss.item<double>() / static_cast<double>(b.shape.micro_batches));
+    applier.telemetry().set_pipeline_activity(outcome.compute_ms, outcome.schedule_ms);
+    applier.apply_step(loss.item<double>() / static_cast<double>(b.shape.micro_batches));
   };
-  hooks.loss_scale = [this] { return loss_scale(); };
-  hooks.around_forward = [this](const std::function<void()>& forward) {
-    auto gathering = parameter_use_scope();
-    auto splitting = tensor_parallel_scope();
+  hooks.loss_scale = [&applier] { return applier.loss_scale(); };
+  hooks.around_forward = [&applier](const std::function<void()>& forward) {
+    auto gathering = applier.reduction().use_scope();
+    auto splitting = applier.split_scope();
     forward();
   };
   b.executor->run(batch, b.loss, hooks);
-  return last_loss();
+  return applier.last_metrics().loss;
 }
 
 // The protocol in the header: the first holder gathers each key's gradient sums, adds
@@ -308,7 +312,7 @@ void PipelineEngine::reduce_tied_gradients() {
   torch::NoGradGuard no_grad;
   for (TiedWeight& tie : b.ties) {
     if (tie.local.empty()) continue;
-    gradient_reduction().edit_gradients(tie.indices, [&](std::vector<torch::Tensor>& grads) {
+    b.applier->reduction().edit_gradients(tie.indices, [&](std::vector<torch::Tensor>& grads) {
       torch::Tensor sum = grads.front().clone();
       for (std::size_t i = 1; i < grads.size(); ++i) sum.add_(grads[i]);
       if (tie.stages.size() > 1) {
@@ -348,6 +352,45 @@ const std::vector<pipeline::Instruction>& PipelineEngine::instructions() const {
 }
 std::string PipelineEngine::timeline() const {
   return pipeline::format_timeline(built_->shape);
+}
+StepApplier& PipelineEngine::applier() const {
+  return *built_->applier;
+}
+std::int64_t PipelineEngine::global_step() const {
+  return applier().global_step();
+}
+double PipelineEngine::last_loss() const {
+  return applier().last_metrics().loss;
+}
+const StepMetrics& PipelineEngine::last_metrics() const {
+  return applier().last_metrics();
+}
+torch::ScalarType PipelineEngine::compute_dtype() const {
+  return applier().compute_dtype();
+}
+ModelStateBytes PipelineEngine::model_state_bytes() const {
+  return applier().model_state_bytes();
+}
+std::int64_t PipelineEngine::gradient_bytes() const {
+  return applier().reduction().gradient_bytes();
+}
+std::int64_t PipelineEngine::gradient_padding_bytes() const {
+  return applier().reduction().gradient_padding_bytes();
+}
+void PipelineEngine::set_tokens_per_sample(std::int64_t tokens) {
+  applier().telemetry().set_tokens_per_sample(tokens);
+}
+std::vector<torch::Tensor> PipelineEngine::master_parameters() const {
+  return applier().master_parameters();
+}
+const zero::ShardedModel* PipelineEngine::sharded_model() const {
+  return applier().sharded_model();
+}
+double PipelineEngine::loss_scale() const {
+  return applier().loss_scale();
+}
+std::int64_t PipelineEngine::skipped_steps() const {
+  return applier().skipped_steps();
 }
 
 }  // namespace parallax

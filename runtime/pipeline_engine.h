@@ -16,9 +16,10 @@
 //     from (train.seed, i), so it starts as it would in a single-process model).
 //  3. Tied weights: every holder's copy receives its first holder's value (send/recv
 //     over the pipeline group).
-//  4. The stage's module becomes an Engine (engine.h): broadcast over the data-parallel
-//     group, its gradient reduction (buckets or ZeRO), optimizer, precision. The clipping norm is summed over
-//     the pipeline group, each tied weight counted once.
+//  4. A StepApplier (step_applier.h) takes the stage's module, as Engine's does: the
+//     tensor-parallel split, the broadcast over the data-parallel group, its gradient
+//     reduction (buckets or ZeRO), optimizer, precision. The clipping norm is summed
+//     over the pipeline group, each tied weight counted once.
 // train_batch runs this stage's instruction list (pipeline/executor.h): micro-batch
 // forwards and backwards with point-to-point transfers, then the data-parallel gradient
 // reduction, the tied-weight gradient sum (first holder gathers, sums in stage order and
@@ -81,7 +82,7 @@ struct PipelineLayout {
   std::vector<double> layer_weights;     ///< what was balanced (parameters, ms); empty for uniform/boundaries
 };
 
-class PipelineEngine : public Engine {
+class PipelineEngine {
  public:
   /// Collective; see the construction protocol above. Throws ConfigError for a config
   /// the model cannot run (more stages or parts than layers, explicit boundaries that do
@@ -119,6 +120,20 @@ class PipelineEngine : public Engine {
   /// The schedule as an ASCII timeline under unit costs (pipeline::format_timeline).
   std::string timeline() const;
 
+  /// As Engine's (engine.h), for this stage.
+  std::int64_t global_step() const;
+  double last_loss() const;
+  const StepMetrics& last_metrics() const;
+  torch::ScalarType compute_dtype() const;
+  ModelStateBytes model_state_bytes() const;
+  std::int64_t gradient_bytes() const;
+  std::int64_t gradient_padding_bytes() const;
+  void set_tokens_per_sample(std::int64_t tokens);
+  std::vector<torch::Tensor> master_parameters() const;
+  const zero::ShardedModel* sharded_model() const;
+  double loss_scale() const;
+  std::int64_t skipped_steps() const;
+
  private:
   struct Built;
   static std::shared_ptr<Built> build(Runtime& runtime,
@@ -127,6 +142,7 @@ class PipelineEngine : public Engine {
                                       const PipelineEngineOptions& options);
   PipelineEngine(Runtime& runtime, std::shared_ptr<Built> built, const OptimizerSpec& spec);
   void reduce_tied_gradients();
+  StepApplier& applier() const;
 
   std::shared_ptr<Built> built_;
 };

@@ -1,0 +1,128 @@
+// The step applier: what both engines own (runtime/engine.h and runtime/pipeline_engine.h)
+// to turn a model into one that trains under the plan, and to apply each optimizer step.
+// Internal to runtime/.
+//
+// Construction (collective over the mesh), in the plan's fixed order:
+//  1. tensor parallelism (parallel.tp > 1): the model is made identical over the
+//     tensor-parallel group and split by the [tensor_parallel.plan] (or as written with
+//     tensor_parallel/ layers); a pipeline stage's rules match the whole model's paths;
+//  2. data parallelism: every rank checks it holds the same structure, parameters and
+//     buffers are broadcast from data-parallel rank 0 (deferred ones are materialized or,
+//     at ZeRO stage 3, sharded unit by unit), the model is cast to the compute dtype;
+//  3. the GradientReduction (replicated buckets or ZeRO, gradient_reduction.h) over the
+//     trainable parameters, told how the model is split beyond the data-parallel group
+//     (the norm's groups and weights, partial sequence-parallel gradients);
+//  4. the fp16 loss scaler and the step's telemetry.
+// Per optimizer step the engine runs its backwards through reduction(), finishes it, and
+// calls apply_step(): learning rate, loss scale, the reduction's step (global norm over
+// every parallel dimension, each element once, clip, update), telemetry.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "parallax/core/metrics.h"
+#include "parallax/core/trace.h"
+#include "parallax/runtime/optimizer.h"
+#include "parallax/tensor_parallel/parallelize.h"
+#include "parallax/zero/parameter_interception.h"
+
+namespace parallax {
+namespace zero {
+class ShardedModel;
+class LossScaler;
+}  // namespace zero
+class Runtime;
+class GradientReduction;
+class StepTelemetry;
+
+/// How a pipeline stage's module couples to the other stages.
+struct StageCoupling {
+  /// Parameters whose gradient norm another holder counts: every copy of a tied weight
+  /// but its first holder's.
+  std::vector<torch::Tensor> norm_excluded;
+  /// The whole model's path of a module at `path` in the stage's module, for the
+  /// [tensor_parallel.plan]'s rules.
+  std::function<std::string(const std::string& path)> plan_path;
+};
+
+/// Held around a model's forward: the step's trace span, ZeRO-3 gathering on use and the
+/// tensor-parallel rewrite of planned modules.
+struct ForwardScope {
+  Tracer::Span span;
+  zero::ParameterUseScope gathering;
+  tensor_parallel::ParallelizedModel::Scope splitting;
+};
+
+class StepApplier {
+ public:
+  /// Collective; the construction above. `stage` is null for a whole model (parallel.pp
+  /// must then be 1) and the pipeline coupling for one stage's module. Throws
+  /// ConfigError for a config it cannot run, UsageError for a model that differs across
+  /// ranks or has nothing to train, CommError if a broadcast fails.
+  StepApplier(Runtime& runtime,
+              std::shared_ptr<torch::nn::Module> model,
+              const OptimizerSpec& spec,
+              const StageCoupling* stage);
+  ~StepApplier();
+  StepApplier(const StepApplier&) = delete;
+  StepApplier& operator=(const StepApplier&) = delete;
+
+  /// Every backward runs through it; finish() it at the accumulation boundary.
+  GradientReduction& reduction() { return *reduction_; }
+  /// Opens the step's timing window (idempotent until apply_step closes it).
+  void begin_window();
+  /// begin_window(), then the scope a forward runs in.
+  ForwardScope forward_scope();
+  /// The tensor-parallel part of it alone (a no-op scope without a split).
+  tensor_parallel::ParallelizedModel::Scope split_scope() const;
+  /// Floating-point inputs cast to the compute dtype. Under tensor parallelism the first
+  /// call checks that every rank of the group got the same input (UsageError if not).
+  torch::Tensor prepare_input(const torch::Tensor& input);
+  /// After reduction().finish(): clips, updates and records the step, `local_loss` being
+  /// the mean loss of this rank's window. Collective; blocks.
+  void apply_step(double local_loss);
+
+  /// Index of `param` among the trained parameters (the reduction's order). Throws
+  /// UsageError for a tensor that is not one.
+  std::size_t parameter_index(const torch::Tensor& param) const;
+  /// Engine::cross_entropy: vocabulary-parallel on logits a plan left split.
+  torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets) const;
+  /// The loss multiplier before backward: the fp16 loss scale, else 1.
+  double loss_scale() const;
+  std::int64_t skipped_steps() const;
+
+  std::int64_t global_step() const { return global_step_; }
+  const StepMetrics& last_metrics() const { return last_; }
+  torch::ScalarType compute_dtype() const { return dtype_; }
+  ModelStateBytes model_state_bytes() const;
+  std::vector<torch::Tensor> master_parameters() const;
+  const zero::ShardedModel* sharded_model() const;
+  StepTelemetry& telemetry() { return *telemetry_; }
+  Tracer& tracer();
+
+ private:
+  Runtime* runtime_;
+  std::shared_ptr<torch::nn::Module> model_;
+  OptimizerSpec spec_;
+  torch::ScalarType dtype_ = torch::kFloat32;
+  std::vector<torch::Tensor> params_;                          ///< the model's trainable ones (compute dtype)
+  std::unique_ptr<tensor_parallel::ParallelizedModel> split_;  ///< parallel.tp > 1
+  std::unique_ptr<GradientReduction> reduction_;
+  std::unique_ptr<zero::LossScaler> scaler_;  ///< fp16
+  std::unique_ptr<StepTelemetry> telemetry_;
+  bool input_checked_ = false;
+  std::int64_t global_step_ = 0;
+  StepMetrics last_;
+};
+
+/// Mean cross-entropy, in fp32, of whole logits [..., V] against targets [...] (int64).
+torch::Tensor dense_cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets);
+
+}  // namespace parallax
