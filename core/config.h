@@ -284,6 +284,18 @@ struct TopologyOptions {
   LauncherOrder emulate_rank_order = LauncherOrder::kBlock;
 };
 
+/// [threads]: the CPU threads of each rank. By default Parallax decides from the cores
+/// this rank owns (runtime/thread_budget.h) and prints the result.
+struct ThreadOptions {
+  /// LibTorch's intra-op threads per rank; 0 = decided from the rank's cores. Default: 0.
+  int intra_op = 0;
+  /// The BLAS library's threads per rank (where it has its own); 0 = decided. Default: 0.
+  int blas = 0;
+  /// Bind each rank to its share of the node's cores when the ranks do not outnumber
+  /// the cores. Default: true.
+  bool bind = true;
+};
+
 /// [comm]
 struct CommOptions {
   /// auto | mpi | nccl; auto = NCCL for CUDA tensors when built, else MPI. Default: auto.
@@ -346,6 +358,7 @@ struct Config {
   TensorParallelOptions tensor_parallel;
   PipelineOptions pipeline;
   TopologyOptions topology;
+  ThreadOptions threads;
   CommOptions comm;
   LoggingOptions logging;
 

@@ -163,6 +163,12 @@ void topology_fields(FieldVisitor& v, Config& c) {
   v.choice("emulate_rank_order", c.topology.emulate_rank_order, kLauncherOrderNames);
 }
 
+void thread_fields(FieldVisitor& v, Config& c) {
+  v.integer("intra_op", c.threads.intra_op, kCountOrZero);
+  v.integer("blas", c.threads.blas, kCountOrZero);
+  v.boolean("bind", c.threads.bind);
+}
+
 void logging_fields(FieldVisitor& v, Config& c) {
   v.integer("every", c.logging.every, kCountOrZero);
   v.choice("level", c.logging.level, kLogLevelNames);
@@ -309,6 +315,7 @@ const std::vector<SectionDef>& sections() {
       {"tensor_parallel", tensor_parallel_fields, tensor_parallel_check},
       {"pipeline", pipeline_fields, pipeline_check},
       {"topology", topology_fields, nullptr},
+      {"threads", thread_fields, nullptr},
       {"comm", comm_fields, nullptr},
       {"logging", logging_fields, nullptr},
   };

@@ -82,6 +82,15 @@ void bind_calling_thread(int os_index) {
                  "binding a thread to PU ", os_index, " failed: ", std::strerror(errno));
 }
 
+void bind_process(const std::vector<int>& os_indexes) {
+  detail::HwlocTopology topology("this machine");
+  topology.load();
+  Bitmap set = new_bitmap();
+  for (int pu : os_indexes) hwloc_bitmap_set(set.get(), static_cast<unsigned>(pu));
+  PARALLAX_CHECK(hwloc_set_cpubind(topology.get(), set.get(), HWLOC_CPUBIND_PROCESS) == 0, TopologyError,
+                 "binding this process to PU(s) ", detail::cpuset_string(set.get()), " failed: ", std::strerror(errno));
+}
+
 std::string calling_thread_binding() {
   detail::HwlocTopology topology("this machine");
   topology.load();

@@ -35,6 +35,10 @@ std::vector<int> rank_cpu_share(int local_rank, int local_size, const std::strin
 /// Binds the calling thread to PU `os_index`. Throws TopologyError naming it.
 void bind_calling_thread(int os_index);
 
+/// Binds every thread of this process to the PUs `os_indexes` (threads started later
+/// inherit it). Throws TopologyError naming them.
+void bind_process(const std::vector<int>& os_indexes);
+
 /// The PUs the calling thread may run on, hwloc list format ("2", "0-15").
 std::string calling_thread_binding();
 

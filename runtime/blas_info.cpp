@@ -48,4 +48,61 @@ bool is_reference_blas(const std::string& description) {
   return description.rfind("reference", 0) == 0;
 }
 
+namespace {
+
+template <typename Fn>
+Fn blas_symbol(const char* name) {
+  return reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, name));
+}
+
+}  // namespace
+
+BlasThreading loaded_blas_threading() {
+  // openblas_get_parallel: 0 sequential, 1 pthreads, 2 OpenMP.
+  if (auto parallel = blas_symbol<int (*)()>("openblas_get_parallel")) {
+    switch (parallel()) {
+      case 0:
+        return BlasThreading::kSequential;
+      case 1:
+        return BlasThreading::kOwnThreads;
+      default:
+        return BlasThreading::kOpenMp;
+    }
+  }
+  if (blas_symbol<int (*)()>("MKL_Get_Max_Threads")) return BlasThreading::kOpenMp;
+  return BlasThreading::kUnknown;
+}
+
+const char* to_string(BlasThreading threading) {
+  switch (threading) {
+    case BlasThreading::kSequential:
+      return "sequential";
+    case BlasThreading::kOwnThreads:
+      return "its own threads";
+    case BlasThreading::kOpenMp:
+      return "the OpenMP pool";
+    case BlasThreading::kUnknown:
+      break;
+  }
+  return "unknown threading";
+}
+
+bool set_blas_threads(int threads) {
+  if (auto set = blas_symbol<void (*)(int)>("openblas_set_num_threads")) {
+    set(threads);
+    return true;
+  }
+  if (auto set = blas_symbol<void (*)(int)>("MKL_Set_Num_Threads")) {
+    set(threads);
+    return true;
+  }
+  return false;
+}
+
+int blas_threads() {
+  if (auto get = blas_symbol<int (*)()>("openblas_get_num_threads")) return get();
+  if (auto get = blas_symbol<int (*)()>("MKL_Get_Max_Threads")) return get();
+  return 0;
+}
+
 }  // namespace parallax

@@ -15,4 +15,17 @@ std::string describe_loaded_blas();
 /// True when the loaded BLAS is the unoptimized reference implementation.
 bool is_reference_blas(const std::string& description);
 
+/// How the loaded BLAS runs in parallel: in threads of its own (OpenBLAS built with
+/// pthreads, as Debian's libopenblas0-pthread), on the OpenMP pool LibTorch's intra-op
+/// threads also use (OpenBLAS built with OpenMP, MKL), sequentially, or unknown.
+enum class BlasThreading { kUnknown, kSequential, kOwnThreads, kOpenMp };
+BlasThreading loaded_blas_threading();
+const char* to_string(BlasThreading threading);
+
+/// The BLAS's thread count through its own API (openblas_set_num_threads,
+/// MKL_Set_Num_Threads); false when no BLAS with one is loaded.
+bool set_blas_threads(int threads);
+/// The BLAS's thread count (openblas_get_num_threads, MKL_Get_Max_Threads); 0 when unknown.
+int blas_threads();
+
 }  // namespace parallax

@@ -16,6 +16,7 @@
 #include "parallax/offload/offloaded_adam.h"
 #include "parallax/runtime/gradient_buckets.h"
 #include "parallax/runtime/runtime.h"
+#include "parallax/runtime/thread_budget.h"
 
 namespace parallax {
 namespace {
@@ -152,9 +153,7 @@ class ReplicatedReduction final : public GradientReduction {
 
 // The CPU Adam streams memory: keep its threads on this rank's own cores, and say where.
 void bind_offload_threads(Runtime& runtime, const zero::ShardedModel& sharded) {
-  const World& world = runtime.world();
-  const std::vector<int> pus = rank_cpu_share(world.local_rank(), world.local_size());
-  const std::vector<int> bound = offload::CpuAdam::bind_threads(pus);
+  const std::vector<int> bound = offload::CpuAdam::bind_threads(runtime.threads().pus);
   std::string where;
   for (std::size_t t = 0; t < bound.size(); ++t) where += (t ? "," : "") + std::to_string(bound[t]);
   const OffloadOptions& offload = runtime.config().offload;

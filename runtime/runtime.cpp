@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "parallax/core/config_loader.h"
+#include "parallax/core/cpu_binding.h"
 #include "parallax/core/error.h"
 #include "parallax/core/mesh.h"
 #include "parallax/core/metrics.h"
@@ -17,6 +18,7 @@
 #include "parallax/core/world.h"
 #include "parallax/runtime/blas_info.h"
 #include "parallax/runtime/plan.h"
+#include "parallax/runtime/thread_budget.h"
 #include "parallax/tensor_parallel/rng_tracker.h"
 
 #include <google/protobuf/text_format.h>
@@ -33,6 +35,7 @@ struct Runtime::State {
   std::unique_ptr<Communicator> telemetry;
   std::unique_ptr<MetricsWriter> metrics;
   std::string blas;
+  ThreadBudget threads;
   proto::Plan plan;
   tensor_parallel::RngTracker rng;
 
@@ -177,11 +180,14 @@ void Runtime::start(const InitOptions& options) {
     s.tracer->align_origin();
   }
 
-  // Ranks on one node share its cores: give each an equal share of intra-op threads,
-  // so 8 ranks on a 64-core node do not each start 64 OpenMP threads.
-  const NodeTopology& node = s.mesh->cluster().nodes()[s.mesh->cluster().node_of(s.world->rank())];
-  const int threads = std::max(1, node.cores / std::max(1, s.world->local_size()));
-  if (at::get_num_threads() > threads) at::set_num_threads(threads);
+  // One owner of this rank's threads: its share of the node's cores, the pools sized
+  // so that together they fit it (thread_budget.h).
+  const std::vector<int> usable = rank_cpu_share(0, 1);
+  const BlasThreading blas_threading = loaded_blas_threading();
+  s.threads = budget_threads(rank_cpu_share(s.world->local_rank(), s.world->local_size()),
+                             s.world->local_size() > static_cast<int>(usable.size()), blas_threading,
+                             s.config.offload.optimizer != OffloadTarget::kNone, s.config.threads);
+  apply_thread_budget(s.threads);
   s.blas = describe_loaded_blas();
 
   if (is_reference_blas(s.blas)) {
@@ -193,7 +199,8 @@ void Runtime::start(const InitOptions& options) {
     s.logger.summary("# cluster\n", s.mesh->cluster().describe());
     s.logger.summary("# mesh\n", s.mesh->describe());
     s.logger.summary("# ", describe_plan(s.plan));
-    s.logger.summary("# blas: ", s.blas, "; intra-op threads per rank: ", at::get_num_threads());
+    s.logger.summary("# blas: ", s.blas);
+    s.logger.summary("# threads (rank 0): ", describe_thread_budget(s.threads, blas_threading));
   }
 }
 
@@ -230,6 +237,9 @@ tensor_parallel::RngTracker& Runtime::rng_tracker() {
   return state_->rng;
 }
 
+const ThreadBudget& Runtime::threads() const {
+  return state_->threads;
+}
 const std::string& Runtime::blas() const {
   return state_->blas;
 }

@@ -32,6 +32,7 @@
 #include "parallax/core/trace.h"
 
 namespace parallax {
+struct ThreadBudget;
 
 class World;
 class Mesh;
@@ -102,6 +103,8 @@ class Runtime {
   /// Shared library that provides BLAS to LibTorch in this process, e.g.
   /// "libopenblas.so.0 (pthread)", or "unknown".
   const std::string& blas() const;
+  /// This rank's cores and how its thread pools were sized (runtime/thread_budget.h).
+  const ThreadBudget& threads() const;
 
  private:
   struct State;

@@ -1,12 +1,15 @@
 // The engine's contract on unusual models and misuse, on several ranks: tied weights
 // count once, frozen parameters stay frozen, bool buffers travel, a model that differs
 // across ranks or a replaced .grad is a clear error on every rank, and a metrics file
-// rank 0 cannot open stops every rank at init instead of leaving them waiting.
+// rank 0 cannot open stops every rank at init instead of leaving them waiting; each
+// rank's thread pools are sized, and the rank bound, as its thread budget says.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include "parallax/core/config_loader.h"
+#include "parallax/core/cpu_binding.h"
 #include "parallax/runtime/parallax.h"
+#include "parallax/runtime/thread_budget.h"
 
 namespace parallax {
 namespace {
@@ -100,6 +103,30 @@ TEST(EngineContract, AMetricsFileRankZeroCannotOpenStopsEveryRankAtInit) {
                 what.find("opening logging.metrics_file failed on 1 other rank") != std::string::npos)
         << what;
   }
+}
+
+// After init the pools are what the budget says, whatever they were before (here 3
+// each, more than the rank's cores), and a rank that owns its cores runs on them alone.
+TEST(EngineContract, InitSizesThePoolsAndBindsTheRankToItsCores) {
+  at::set_num_threads(3);
+  set_blas_threads(3);
+  Runtime rt(sgd_config(), kQuiet);
+  const ThreadBudget& budget = rt.threads();
+  ASSERT_FALSE(budget.pus.empty());
+  EXPECT_EQ(at::get_num_threads(), budget.intra_op);
+  if (budget.blas > 0) EXPECT_EQ(blas_threads(), budget.blas);
+  if (loaded_blas_threading() == BlasThreading::kOwnThreads) {
+    EXPECT_EQ(budget.intra_op, 1);
+    EXPECT_EQ(budget.blas, static_cast<int>(budget.pus.size()));
+  }
+  if (budget.bind) {
+    std::string expected;
+    for (int pu : budget.pus) expected += (expected.empty() ? "" : ",") + std::to_string(pu);
+    if (budget.pus.size() > 1) expected = std::to_string(budget.pus.front()) + "-" + std::to_string(budget.pus.back());
+    EXPECT_EQ(calling_thread_binding(), expected);
+  }
+  std::printf("[ threads  ] rank %d: %s\n", rt.world().rank(),
+              describe_thread_budget(budget, loaded_blas_threading()).c_str());
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // The engine's parts on one rank: the learning-rate schedule, optimizer-state
-// accounting, gradient-bucket layout and the BLAS report.
+// accounting, gradient-bucket layout, the BLAS report and the thread budget.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -9,6 +9,7 @@
 #include "parallax/runtime/blas_info.h"
 #include "parallax/runtime/gradient_buckets.h"
 #include "parallax/runtime/optimizer.h"
+#include "parallax/runtime/thread_budget.h"
 
 namespace parallax {
 namespace {
@@ -156,6 +157,52 @@ TEST(Blas, TheLoadedBlasIsNamed) {
   EXPECT_TRUE(is_reference_blas("reference BLAS (/usr/lib/x86_64-linux-gnu/blas/libblas.so.3)"));
   EXPECT_FALSE(is_reference_blas("OpenBLAS 0.3.21 (x)"));
   std::printf("[ blas     ] %s\n", blas.c_str());
+}
+
+// The pools never exceed the rank's cores together, and two busy-waiting pools are
+// never both given them: BLAS with threads of its own gets the cores, unless the CPU
+// Adam (intra-op threads) needs them. Catches a budget that follows OMP_NUM_THREADS or
+// sizes both pools to the cores.
+TEST(ThreadBudget, PoolsFitTheRanksCoresWithoutTwoSpinningPools) {
+  const std::vector<int> four{4, 5, 6, 7};
+  const ThreadOptions defaults;
+  ThreadBudget own = budget_threads(four, false, BlasThreading::kOwnThreads, false, defaults);
+  EXPECT_EQ(own.intra_op, 1);
+  EXPECT_EQ(own.blas, 4);
+  EXPECT_TRUE(own.bind);
+  ThreadBudget adam = budget_threads(four, false, BlasThreading::kOwnThreads, true, defaults);
+  EXPECT_EQ(adam.intra_op, 4);
+  EXPECT_EQ(adam.blas, 1);
+  ThreadBudget openmp = budget_threads(four, false, BlasThreading::kOpenMp, false, defaults);
+  EXPECT_EQ(openmp.intra_op, 4);
+  EXPECT_EQ(openmp.blas, 0);  // the same pool: nothing else to size
+  // More ranks than cores: one core each, shared, so not bound.
+  ThreadBudget crowded = budget_threads({1}, true, BlasThreading::kOwnThreads, false, defaults);
+  EXPECT_FALSE(crowded.bind);
+  EXPECT_EQ(crowded.intra_op + crowded.blas, 2);
+  // [threads] overrides, and says so.
+  ThreadOptions set;
+  set.intra_op = 3;
+  set.bind = false;
+  ThreadBudget chosen = budget_threads(four, false, BlasThreading::kOwnThreads, false, set);
+  EXPECT_EQ(chosen.intra_op, 3);
+  EXPECT_EQ(chosen.blas, 4);
+  EXPECT_FALSE(chosen.bind);
+  EXPECT_NE(describe_thread_budget(chosen, BlasThreading::kOwnThreads).find("as [threads] sets"), std::string::npos);
+}
+
+// Debian's libopenblas0-pthread runs BLAS on threads of its own, and its count is set
+// through its API.
+TEST(ThreadBudget, TheLoadedBlasThreadsAreSetThroughItsApi) {
+  auto a = torch::ones({64, 64});
+  (void)torch::mm(a, a);
+  const BlasThreading threading = loaded_blas_threading();
+  std::printf("[ blas     ] runs on %s, %d thread(s)\n", to_string(threading), blas_threads());
+  if (threading != BlasThreading::kOwnThreads) GTEST_SKIP() << "BLAS on " << to_string(threading);
+  const int before = blas_threads();
+  ASSERT_TRUE(set_blas_threads(1));
+  EXPECT_EQ(blas_threads(), 1);
+  set_blas_threads(before);
 }
 
 }  // namespace
