@@ -25,7 +25,7 @@ REPEAT="${REPEAT:-3}"
 STEPS="${STEPS:-12}"
 RUN_TIMEOUT_S="${RUN_TIMEOUT_S:-600}"
 MODEL=(--set model.d_model=256 --set model.n_layer=4 --set model.vocab_size=1024 --set model.block_size=64
-  --set train.micro_batch_size=8 --set train.grad_accum=1)
+  --set train.micro_batch_size=8 --set train.grad_accum=1)  # global batch: 8 per rank
 ARGS=(--config configs/gpt_base.toml --set "train.steps=$STEPS" --set logging.every=0 "${MODEL[@]}" "$@")
 BENCH="$(bench_binary bench_zero_step)"
 PYTHON_TORCH=""
@@ -53,13 +53,13 @@ median_ms() {
   fi
 }
 
-median_of() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{v[NR]=$1} END {print (NR ? v[int((NR+1)/2)] : "n/a")}'; }
+median_of() { tr ' ' '\n' | awk 'NF' | sort -g | awk '{v[NR]=$1} END {print (NR ? v[int((NR+1)/2)] : "n/a")}'; }
 
 # sched_yield calls of one single-process Parallax run under ENV..., when perf can count them.
 yields() {
   if perf stat -e syscalls:sys_enter_sched_yield -x, -o "$LOGS/perf.txt" -- true >/dev/null 2>&1; then
     env -u OMP_NUM_THREADS -u OPENBLAS_NUM_THREADS "$@" perf stat -e syscalls:sys_enter_sched_yield -x, \
-      -o "$LOGS/perf.txt" -- "$BENCH" "${ARGS[@]}" >/dev/null 2>&1 || true
+      -o "$LOGS/perf.txt" -- "$BENCH" "${ARGS[@]}" --set train.global_batch_size=8 >/dev/null 2>&1 || true
     awk -F, '/sched_yield/ {print $1}' "$LOGS/perf.txt"
   else
     echo "-"
@@ -71,10 +71,11 @@ row() {
   local ranks=$1
   shift
   local label="${*:-(no thread variables)}" ours="" theirs=""
+  local batch=(--set "train.global_batch_size=$((8 * ranks))")
   for ((i = 0; i < REPEAT; ++i)); do
-    ours+=" $(median_ms "$ranks" "$@" -- "$BENCH" "${ARGS[@]}")"
+    ours+=" $(median_ms "$ranks" "$@" -- "$BENCH" "${ARGS[@]}" "${batch[@]}")"
     theirs+=" $(median_ms "$ranks" "$@" -- "$PYTHON_TORCH" bench/peers/torch_zero.py --mode ddp \
-      --rendezvous "$LOGS/rdzv.$RANDOM" "${ARGS[@]}")"
+      --rendezvous "$LOGS/rdzv.$RANDOM" "${ARGS[@]}" "${batch[@]}")"
   done
   local a b y="-"
   a="$(median_of <<<"${ours//failed/}")"
@@ -91,5 +92,4 @@ row 1 OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2
 row 2
 row 4
 echo "(median of $REPEAT alternating runs' median step times; $(nproc) cores; Parallax sizes its own pools:"
-echo " its threads line, and PyTorch's torch.set_num_threads(1) as in the peer; logs in $LOGS)"
-grep -h -m1 "^# threads" "$LOGS"/run.*.log 2>/dev/null | head -1 || true
+echo " PyTorch runs torch.set_num_threads(1), as the peer always has; logs in $LOGS)"

@@ -292,7 +292,7 @@ struct ThreadOptions {
   /// The BLAS library's threads per rank (where it has its own); 0 = decided. Default: 0.
   int blas = 0;
   /// Bind each rank to its share of the node's cores when the ranks do not outnumber
-  /// the cores. Default: true.
+  /// the cores and the launcher did not bind it. Default: true.
   bool bind = true;
 };
 

@@ -91,6 +91,14 @@ void bind_process(const std::vector<int>& os_indexes) {
                  "binding this process to PU(s) ", detail::cpuset_string(set.get()), " failed: ", std::strerror(errno));
 }
 
+bool process_is_bound() {
+  detail::HwlocTopology topology("this machine");
+  topology.load();
+  Bitmap set = new_bitmap();
+  if (hwloc_get_cpubind(topology.get(), set.get(), HWLOC_CPUBIND_PROCESS) != 0) return false;
+  return !hwloc_bitmap_isincluded(hwloc_topology_get_allowed_cpuset(topology.get()), set.get());
+}
+
 std::string calling_thread_binding() {
   detail::HwlocTopology topology("this machine");
   topology.load();

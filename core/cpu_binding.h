@@ -39,6 +39,10 @@ void bind_calling_thread(int os_index);
 /// inherit it). Throws TopologyError naming them.
 void bind_process(const std::vector<int>& os_indexes);
 
+/// True when this process may run on fewer PUs than the machine allows (a launcher such
+/// as mpirun --bind-to core, or taskset, bound it). Throws TopologyError if hwloc fails.
+bool process_is_bound();
+
 /// The PUs the calling thread may run on, hwloc list format ("2", "0-15").
 std::string calling_thread_binding();
 

@@ -182,11 +182,13 @@ void Runtime::start(const InitOptions& options) {
 
   // One owner of this rank's threads: its share of the node's cores, the pools sized
   // so that together they fit it (thread_budget.h).
-  const std::vector<int> usable = rank_cpu_share(0, 1);
+  RankCores cores;
+  cores.pus = rank_cpu_share(s.world->local_rank(), s.world->local_size());
+  cores.shared = s.world->local_size() > static_cast<int>(rank_cpu_share(0, 1).size());
+  cores.launcher_bound = process_is_bound();
   const BlasThreading blas_threading = loaded_blas_threading();
-  s.threads = budget_threads(rank_cpu_share(s.world->local_rank(), s.world->local_size()),
-                             s.world->local_size() > static_cast<int>(usable.size()), blas_threading,
-                             s.config.offload.optimizer != OffloadTarget::kNone, s.config.threads);
+  s.threads = budget_threads(std::move(cores), blas_threading, s.config.offload.optimizer != OffloadTarget::kNone,
+                             s.config.threads);
   apply_thread_budget(s.threads);
   s.blas = describe_loaded_blas();
 

@@ -8,13 +8,20 @@
 
 namespace parallax {
 
-ThreadBudget budget_threads(
-    std::vector<int> pus, bool shared, BlasThreading blas, bool cpu_optimizer, const ThreadOptions& options) {
+ThreadBudget budget_threads(RankCores rank, BlasThreading blas, bool cpu_optimizer, const ThreadOptions& options) {
   ThreadBudget budget;
-  const int cores = std::max<int>(1, static_cast<int>(pus.size()));
-  budget.pus = std::move(pus);
-  budget.shared = shared;
-  budget.bind = options.bind && !shared;
+  const int cores = std::max<int>(1, static_cast<int>(rank.pus.size()));
+  budget.pus = std::move(rank.pus);
+  budget.bind = options.bind && !rank.shared && !rank.launcher_bound;
+  if (budget.bind) {
+    budget.binding = "bound";
+  } else if (rank.launcher_bound) {
+    budget.binding = "as the launcher bound it";
+  } else if (rank.shared) {
+    budget.binding = "shared with other ranks, not bound";
+  } else {
+    budget.binding = "not bound ([threads] bind = false)";
+  }
   switch (blas) {
     case BlasThreading::kOwnThreads:
       if (cpu_optimizer) {
@@ -53,11 +60,7 @@ std::string describe_thread_budget(const ThreadBudget& budget, BlasThreading bla
   std::ostringstream out;
   out << budget.pus.size() << " core(s) {";
   for (std::size_t i = 0; i < budget.pus.size(); ++i) out << (i ? "," : "") << budget.pus[i];
-  out << "}"
-      << (budget.bind     ? ", bound"
-          : budget.shared ? ", shared with other ranks (not bound)"
-                          : ", not bound")
-      << ": intra-op " << budget.intra_op << ", BLAS ";
+  out << "}, " << budget.binding << ": intra-op " << budget.intra_op << ", BLAS ";
   if (budget.blas > 0) {
     out << budget.blas;
   } else {

@@ -15,8 +15,9 @@
 // runs on the intra-op threads, so with it those get the cores instead (on a GPU build
 // BLAS is idle on the host anyway).
 //
-// When the ranks do not outnumber the node's cores, each rank's process is bound to its
-// share (threads started later, BLAS's and OpenMP's, inherit it). [threads] intra_op,
+// When the ranks do not outnumber the node's cores and the launcher left the process
+// unbound (mpirun --bind-to none), each rank's process is bound to its share (threads
+// started later, BLAS's and OpenMP's, inherit it); a launcher's binding is kept. [threads] intra_op,
 // blas and bind override the choices; environment variables (OMP_NUM_THREADS,
 // OPENBLAS_NUM_THREADS) no longer decide, as they could not see the other ranks.
 #pragma once
@@ -29,26 +30,31 @@
 
 namespace parallax {
 
+/// The cores a rank owns, and whether it may bind to them.
+struct RankCores {
+  std::vector<int> pus;         ///< one PU per core, OS indexes (core/cpu_binding.h's share)
+  bool shared = false;          ///< the node's ranks outnumber its cores: this core is shared
+  bool launcher_bound = false;  ///< the launcher bound the process already
+};
+
 struct ThreadBudget {
   std::vector<int> pus;  ///< this rank's cores (one PU each, OS indexes)
-  bool shared = false;   ///< the node's ranks outnumber its cores: this core is shared, not bound
   bool bind = false;     ///< bind the process to `pus`
+  std::string binding;   ///< what happened to the binding, in a few words
   int intra_op = 1;      ///< LibTorch's intra-op threads
   int blas = 0;          ///< the BLAS's threads; 0 = left as it is (no API, or the OpenMP pool's)
   std::string reason;    ///< why, in a few words
 };
 
-/// The table above, for a rank owning `pus` (`shared` as ThreadBudget::shared) with a
-/// BLAS that runs on `blas`, an offloaded CPU optimizer or not; `options` override.
-/// Pure.
-ThreadBudget budget_threads(
-    std::vector<int> pus, bool shared, BlasThreading blas, bool cpu_optimizer, const ThreadOptions& options);
+/// The table above, for a rank owning `cores` with a BLAS that runs on `blas`, an
+/// offloaded CPU optimizer or not; `options` override. Pure.
+ThreadBudget budget_threads(RankCores cores, BlasThreading blas, bool cpu_optimizer, const ThreadOptions& options);
 
 /// Binds the process (when budget.bind) and sizes the pools. Throws TopologyError when
 /// binding fails.
 void apply_thread_budget(const ThreadBudget& budget);
 
-/// "2 core(s) {0-1}, bound: intra-op 1, BLAS 2 (its own threads: ...)".
+/// "2 core(s) {0,1}, bound: intra-op 1, BLAS 2 (BLAS on its own threads; ...)".
 std::string describe_thread_budget(const ThreadBudget& budget, BlasThreading blas);
 
 }  // namespace parallax
