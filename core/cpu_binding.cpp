@@ -35,16 +35,18 @@ CoreShare core_share(int local_rank, int local_size, int cores) {
   return {static_cast<int>(begin), static_cast<int>(end - begin)};
 }
 
-std::vector<int> rank_cpu_share(int local_rank, int local_size, const std::string& near) {
+RankCpus rank_cpus(int local_rank, int local_size, const std::string& near) {
   PARALLAX_CHECK(local_size >= 1 && local_rank >= 0 && local_rank < local_size, UsageError, "local rank ", local_rank,
                  " of ", local_size, ": expected 0 <= local rank < local size");
   detail::HwlocTopology topology("this machine");
   topology.load();
   hwloc_topology_t topo = topology.get();
+  RankCpus result;
   Bitmap allowed = new_bitmap();
   if (hwloc_get_cpubind(topo, allowed.get(), HWLOC_CPUBIND_PROCESS) != 0 || hwloc_bitmap_iszero(allowed.get())) {
     hwloc_bitmap_copy(allowed.get(), hwloc_topology_get_allowed_cpuset(topo));
   }
+  result.process_bound = !hwloc_bitmap_isincluded(hwloc_topology_get_allowed_cpuset(topo), allowed.get());
   if (!near.empty()) {
     Bitmap near_set = new_bitmap();
     if (hwloc_bitmap_list_sscanf(near_set.get(), near.c_str()) == 0 &&
@@ -69,8 +71,14 @@ std::vector<int> rank_cpu_share(int local_rank, int local_size, const std::strin
   }
   PARALLAX_CHECK(!first_pu_of_core.empty(), TopologyError, "this process may run on no PU (",
                  detail::cpuset_string(allowed.get()), ")");
-  const CoreShare share = core_share(local_rank, local_size, static_cast<int>(first_pu_of_core.size()));
-  return {first_pu_of_core.begin() + share.first, first_pu_of_core.begin() + share.first + share.count};
+  result.usable_cores = static_cast<int>(first_pu_of_core.size());
+  const CoreShare share = core_share(local_rank, local_size, result.usable_cores);
+  result.pus.assign(first_pu_of_core.begin() + share.first, first_pu_of_core.begin() + share.first + share.count);
+  return result;
+}
+
+std::vector<int> rank_cpu_share(int local_rank, int local_size, const std::string& near) {
+  return rank_cpus(local_rank, local_size, near).pus;
 }
 
 void bind_calling_thread(int os_index) {
@@ -89,14 +97,6 @@ void bind_process(const std::vector<int>& os_indexes) {
   for (int pu : os_indexes) hwloc_bitmap_set(set.get(), static_cast<unsigned>(pu));
   PARALLAX_CHECK(hwloc_set_cpubind(topology.get(), set.get(), HWLOC_CPUBIND_PROCESS) == 0, TopologyError,
                  "binding this process to PU(s) ", detail::cpuset_string(set.get()), " failed: ", std::strerror(errno));
-}
-
-bool process_is_bound() {
-  detail::HwlocTopology topology("this machine");
-  topology.load();
-  Bitmap set = new_bitmap();
-  if (hwloc_get_cpubind(topology.get(), set.get(), HWLOC_CPUBIND_PROCESS) != 0) return false;
-  return !hwloc_bitmap_isincluded(hwloc_topology_get_allowed_cpuset(topology.get()), set.get());
 }
 
 std::string calling_thread_binding() {

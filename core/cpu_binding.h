@@ -32,16 +32,20 @@ CoreShare core_share(int local_rank, int local_size, int cores);
 /// fails, UsageError for local_rank outside [0, local_size).
 std::vector<int> rank_cpu_share(int local_rank, int local_size, const std::string& near = "");
 
+/// rank_cpu_share's PUs, with what it saw on the way (one hwloc discovery).
+struct RankCpus {
+  std::vector<int> pus;        ///< as rank_cpu_share
+  int usable_cores = 0;        ///< the cores this process may run on, shared by the local ranks
+  bool process_bound = false;  ///< a launcher (mpirun --bind-to core, taskset) bound it to fewer PUs than the machine's
+};
+RankCpus rank_cpus(int local_rank, int local_size, const std::string& near = "");
+
 /// Binds the calling thread to PU `os_index`. Throws TopologyError naming it.
 void bind_calling_thread(int os_index);
 
 /// Binds every thread of this process to the PUs `os_indexes` (threads started later
 /// inherit it). Throws TopologyError naming them.
 void bind_process(const std::vector<int>& os_indexes);
-
-/// True when this process may run on fewer PUs than the machine allows (a launcher such
-/// as mpirun --bind-to core, or taskset, bound it). Throws TopologyError if hwloc fails.
-bool process_is_bound();
 
 /// The PUs the calling thread may run on, hwloc list format ("2", "0-15").
 std::string calling_thread_binding();

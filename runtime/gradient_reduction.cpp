@@ -70,7 +70,7 @@ class ReplicatedReduction final : public GradientReduction {
         masters_.push_back(master);
       }
     }
-    optimizer_ = make_optimizer(optimizer, optimized());
+    optimizer_ = make_optimizer(optimizer, optimized(), AdamKernel::kFusedCpu);
   }
 
   zero::ParameterUseScope use_scope() const override { return zero::ParameterUseScope(false); }
@@ -173,9 +173,11 @@ class ShardedReduction final : public GradientReduction {
                    const ModelSplit& split)
       : dp_(&runtime.mesh().dp()), reduce_untouched_(!split.partial_backwards), params_(params) {
     const Config& config = runtime.config();
-    sharded_ = std::make_unique<zero::ShardedModel>(
-        model, params, config.zero, config.offload, optimizer, *dp_, runtime.tracer(),
-        [&optimizer](std::vector<torch::Tensor> shards) { return make_optimizer(optimizer, std::move(shards)); });
+    sharded_ = std::make_unique<zero::ShardedModel>(model, params, config.zero, config.offload, optimizer, *dp_,
+                                                    runtime.tracer(), [&optimizer](std::vector<torch::Tensor> shards) {
+                                                      return make_optimizer(optimizer, std::move(shards),
+                                                                            AdamKernel::kFusedCpu);
+                                                    });
     if (!split.norm_groups.empty()) {
       zero::ModelParallel model_parallel;
       model_parallel.tp = split.tp;

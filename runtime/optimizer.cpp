@@ -5,9 +5,12 @@
 #include <torch/optim/sgd.h>
 
 #include <cmath>
+#include <string>
+#include <type_traits>
 
 #include "parallax/core/communicator.h"
 #include "parallax/core/error.h"
+#include "parallax/offload/cpu_adam.h"
 
 namespace parallax {
 namespace {
@@ -15,6 +18,84 @@ namespace {
 std::int64_t bytes_of(const torch::Tensor& t) {
   return t.defined() ? payload_bytes(t) : 0;
 }
+
+// LibTorch's Adam or AdamW (Base; its options and per-parameter state), stepping each
+// parameter with the fused CPU kernel. LibTorch's bias correction, state layout and
+// lazy state creation are kept, so optimizer_state_bytes and set_learning_rate see a
+// plain Adam/AdamW.
+template <typename Base, typename Options, typename State>
+class FusedCpuAdam final : public Base {
+ public:
+  FusedCpuAdam(std::vector<torch::Tensor> params, const Options& options, bool decoupled)
+      : Base(std::move(params), options), decoupled_(decoupled) {}
+
+  torch::Tensor step(torch::optim::Optimizer::LossClosure closure = nullptr) override {
+    if (!eligible()) return Base::step(std::move(closure));
+    torch::NoGradGuard no_grad;
+    torch::Tensor loss;
+    if (closure) {
+      torch::AutoGradMode enable_grad(true);
+      loss = closure();
+    }
+    for (torch::optim::OptimizerParamGroup& group : this->param_groups()) {
+      const auto& o = static_cast<const Options&>(group.options());
+      const offload::CpuAdam adam(offload::CpuAdamOptions(o.lr())
+                                      .betas(std::get<0>(o.betas()), std::get<1>(o.betas()))
+                                      .eps(o.eps())
+                                      .weight_decay(o.weight_decay())
+                                      .decoupled(decoupled_));
+      for (torch::Tensor& p : group.params()) {
+        if (!p.grad().defined()) continue;
+        auto& slot = this->state_[key(p)];
+        if (!slot) {
+          auto state = std::make_unique<State>();
+          state->step(0);
+          state->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Contiguous));
+          state->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Contiguous));
+          slot = std::move(state);
+        }
+        auto& state = static_cast<State&>(*slot);
+        state.step(state.step() + 1);
+        adam.step(p.data_ptr<float>(), p.grad().data_ptr<float>(), torch::Tensor(state.exp_avg()).data_ptr<float>(),
+                  torch::Tensor(state.exp_avg_sq()).data_ptr<float>(), p.numel(), state.step());
+        ++fused_steps_;
+      }
+    }
+    return loss;
+  }
+
+  std::int64_t fused_steps() const { return fused_steps_; }
+
+ private:
+  // LibTorch 1.13 keys the state by the TensorImpl's address as text, 2.x by the address.
+  template <typename Map = decltype(std::declval<torch::optim::Optimizer&>().state())>
+  static auto key(const torch::Tensor& p) {
+    using Key = typename std::decay_t<Map>::key_type;
+    if constexpr (std::is_same_v<Key, std::string>) {
+      return c10::guts::to_string(p.unsafeGetTensorImpl());
+    } else {
+      return static_cast<Key>(p.unsafeGetTensorImpl());
+    }
+  }
+
+  bool eligible() const {
+    for (const auto& group : this->param_groups()) {
+      if (static_cast<const Options&>(group.options()).amsgrad()) return false;
+      for (const auto& p : group.params()) {
+        const torch::Tensor& g = p.grad();
+        if (!p.is_cpu() || p.scalar_type() != torch::kFloat32 || !p.is_contiguous()) return false;
+        if (g.defined() && (!g.is_cpu() || g.scalar_type() != torch::kFloat32 || !g.is_contiguous())) return false;
+      }
+    }
+    return true;
+  }
+
+  bool decoupled_;
+  std::int64_t fused_steps_ = 0;
+};
+
+using FusedAdam = FusedCpuAdam<torch::optim::Adam, torch::optim::AdamOptions, torch::optim::AdamParamState>;
+using FusedAdamW = FusedCpuAdam<torch::optim::AdamW, torch::optim::AdamWOptions, torch::optim::AdamWParamState>;
 
 }  // namespace
 
@@ -39,21 +120,34 @@ double scheduled_lr(const OptimizerSpec& spec, std::int64_t step) {
   return floor + 0.5 * (peak - floor) * (1.0 + std::cos(M_PI * progress));
 }
 
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerOptions& o, std::vector<torch::Tensor> params) {
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerOptions& o,
+                                                        std::vector<torch::Tensor> params,
+                                                        AdamKernel kernel) {
+  const bool fused = kernel == AdamKernel::kFusedCpu;
   switch (o.type) {
     case OptimizerType::kSgd:
       return std::make_unique<torch::optim::SGD>(
           std::move(params), torch::optim::SGDOptions(o.lr).momentum(o.momentum).weight_decay(o.weight_decay));
-    case OptimizerType::kAdam:
-      return std::make_unique<torch::optim::Adam>(
-          std::move(params),
-          torch::optim::AdamOptions(o.lr).betas({o.betas[0], o.betas[1]}).eps(o.eps).weight_decay(o.weight_decay));
-    case OptimizerType::kAdamW:
-      return std::make_unique<torch::optim::AdamW>(
-          std::move(params),
-          torch::optim::AdamWOptions(o.lr).betas({o.betas[0], o.betas[1]}).eps(o.eps).weight_decay(o.weight_decay));
+    case OptimizerType::kAdam: {
+      const auto options =
+          torch::optim::AdamOptions(o.lr).betas({o.betas[0], o.betas[1]}).eps(o.eps).weight_decay(o.weight_decay);
+      if (fused) return std::make_unique<FusedAdam>(std::move(params), options, /*decoupled=*/false);
+      return std::make_unique<torch::optim::Adam>(std::move(params), options);
+    }
+    case OptimizerType::kAdamW: {
+      const auto options =
+          torch::optim::AdamWOptions(o.lr).betas({o.betas[0], o.betas[1]}).eps(o.eps).weight_decay(o.weight_decay);
+      if (fused) return std::make_unique<FusedAdamW>(std::move(params), options, /*decoupled=*/true);
+      return std::make_unique<torch::optim::AdamW>(std::move(params), options);
+    }
   }
   throw InternalError("make_optimizer: unknown optimizer type");
+}
+
+std::int64_t fused_parameter_steps(const torch::optim::Optimizer& optimizer) {
+  if (const auto* adam = dynamic_cast<const FusedAdam*>(&optimizer)) return adam->fused_steps();
+  if (const auto* adamw = dynamic_cast<const FusedAdamW*>(&optimizer)) return adamw->fused_steps();
+  return 0;
 }
 
 void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {

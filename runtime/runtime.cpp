@@ -182,10 +182,8 @@ void Runtime::start(const InitOptions& options) {
 
   // One owner of this rank's threads: its share of the node's cores, the pools sized
   // so that together they fit it (thread_budget.h).
-  RankCores cores;
-  cores.pus = rank_cpu_share(s.world->local_rank(), s.world->local_size());
-  cores.shared = s.world->local_size() > static_cast<int>(rank_cpu_share(0, 1).size());
-  cores.launcher_bound = process_is_bound();
+  RankCpus cpus = rank_cpus(s.world->local_rank(), s.world->local_size());
+  RankCores cores{std::move(cpus.pus), s.world->local_size() > cpus.usable_cores, cpus.process_bound};
   const BlasThreading blas_threading = loaded_blas_threading();
   s.threads = budget_threads(std::move(cores), blas_threading, s.config.offload.optimizer != OffloadTarget::kNone,
                              s.config.threads);
