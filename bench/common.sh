@@ -37,3 +37,15 @@ bench_run() {
     echo "$name failed: exit $status (log: $log)" >>"$RESULTS"
   fi
 }
+
+# python_with_torch: the first of $PYTHON (default: /usr/bin/python3 python3) that imports
+# torch.distributed.optim (the PyTorch peers' needs), or nothing.
+python_with_torch() {
+  local candidate
+  for candidate in ${PYTHON:-/usr/bin/python3 python3}; do
+    if "$candidate" -c "import torch.distributed.optim" >/dev/null 2>&1; then
+      echo "$candidate"
+      return
+    fi
+  done
+}

@@ -28,13 +28,7 @@ MODEL=(--set model.d_model=256 --set model.n_layer=4 --set model.vocab_size=1024
   --set train.micro_batch_size=8 --set train.grad_accum=1)  # global batch: 8 per rank
 ARGS=(--config configs/gpt_base.toml --set "train.steps=$STEPS" --set logging.every=0 "${MODEL[@]}" "$@")
 BENCH="$(bench_binary bench_zero_step)"
-PYTHON_TORCH=""
-for candidate in ${PYTHON:-/usr/bin/python3 python3}; do
-  if "$candidate" -c "import torch.distributed" >/dev/null 2>&1; then
-    PYTHON_TORCH="$candidate"
-    break
-  fi
-done
+PYTHON_TORCH="$(python_with_torch)"
 [[ -n "$PYTHON_TORCH" ]] || { echo "error: no python3 here imports torch (apt-get install python3-torch)" >&2; exit 1; }
 LOGS="$(mktemp -d "${TMPDIR:-/tmp}/bench_threads.XXXXXX")"
 

@@ -38,13 +38,7 @@ ARGS=(--config "$CONFIG" --set "train.steps=$STEPS" --set logging.every=0 "$@")
 
 BENCH="$(bench_binary bench_zero_step)"
 
-PYTHON_TORCH=""
-for candidate in ${PYTHON:-/usr/bin/python3 python3}; do
-  if "$candidate" -c "import torch.distributed.optim" >/dev/null 2>&1; then
-    PYTHON_TORCH="$candidate"
-    break
-  fi
-done
+PYTHON_TORCH="$(python_with_torch)"
 
 LOGS="$(mktemp -d "${TMPDIR:-/tmp}/bench_zero.XXXXXX")"
 RESULTS="$LOGS/results"
