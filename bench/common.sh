@@ -1,5 +1,8 @@
 # Shared by the bench scripts (sourced after scripts/common.sh).
 
+# Benches measure with the kernels this CPU runs best (scripts/common.sh).
+prefer_cpu_openblas_kernels
+
 # bench_binary TARGET: the path of bench TARGET under $BUILD_DIR, configuring and
 # building it first when $BUILD_DIR does not exist; exits with the build command when
 # the directory exists without it.

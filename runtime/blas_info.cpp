@@ -99,6 +99,39 @@ bool set_blas_threads(int threads) {
   return false;
 }
 
+std::string openblas_core() {
+  if (auto name = blas_symbol<const char* (*)()>("openblas_get_corename")) return name();
+  return "";
+}
+
+std::string best_openblas_core_for_this_cpu() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512dq")) {
+    return "SkylakeX";
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
+  return "";
+}
+
+std::string openblas_core_advice(const std::string& chosen, const std::string& best) {
+  if (chosen.empty() || best.empty()) return "";
+  // OpenBLAS's x86-64 cores without AVX2 kernels (what it falls back to on a CPU it does
+  // not recognize), and those that have them.
+  static const char* const kWeak[] = {"Prescott",    "Core2",     "Penryn",     "Dunnington", "Nehalem",
+                                      "Sandybridge", "Atom",      "Barcelona",  "Opteron",    "Opteron(SSE3)",
+                                      "Bobcat",      "Bulldozer", "Piledriver", "Katmai",     "Coppermine",
+                                      "Northwood",   "Banias",    "Athlon"};
+  bool weak = false;
+  for (const char* name : kWeak) weak |= chosen == name;
+  const bool avx2_only = chosen == "Haswell" || chosen == "Zen" || chosen == "Excavator" || chosen == "Steamroller";
+  if (!weak && !(best == "SkylakeX" && avx2_only)) return "";
+  return "OpenBLAS chose its " + chosen + " kernels, but this CPU runs its " + best +
+         " kernels (OpenBLAS did not recognize the CPU model); matrix products run up to 3x slower. Set "
+         "OPENBLAS_CORETYPE=" +
+         best + " before the program starts (mpirun -x OPENBLAS_CORETYPE=" + best + "); Parallax's scripts do";
+}
+
 int blas_threads() {
   if (auto get = blas_symbol<int (*)()>("openblas_get_num_threads")) return get();
   if (auto get = blas_symbol<int (*)()>("MKL_Get_Max_Threads")) return get();

@@ -28,4 +28,17 @@ bool set_blas_threads(int threads);
 /// The BLAS's thread count (openblas_get_num_threads, MKL_Get_Max_Threads); 0 when unknown.
 int blas_threads();
 
+/// The kernels OpenBLAS chose at load (openblas_get_corename: "Haswell", "SkylakeX",
+/// "Prescott", ...); "" when no OpenBLAS is loaded.
+std::string openblas_core();
+/// The best OpenBLAS core this CPU runs: "SkylakeX" with AVX-512 (F, VL, BW, DQ),
+/// "Haswell" with AVX2 and FMA, "" otherwise.
+std::string best_openblas_core_for_this_cpu();
+/// When OpenBLAS chose weaker kernels than `best` (it does not recognize the CPU model,
+/// as in many VMs, and falls back to "Prescott", SSE3): the advice that fixes it, naming
+/// OPENBLAS_CORETYPE (read by OpenBLAS when it loads, so it must be set before the
+/// program starts, e.g. mpirun -x OPENBLAS_CORETYPE=SkylakeX). "" when nothing is lost.
+/// Pure.
+std::string openblas_core_advice(const std::string& chosen, const std::string& best);
+
 }  // namespace parallax

@@ -190,6 +190,8 @@ void Runtime::start(const InitOptions& options) {
   apply_thread_budget(s.threads);
   s.blas = describe_loaded_blas();
 
+  const std::string core_advice = openblas_core_advice(openblas_core(), best_openblas_core_for_this_cpu());
+  if (!core_advice.empty() && s.world->local_rank() == 0) s.logger.warn(core_advice);  // once per node
   if (is_reference_blas(s.blas)) {
     s.logger.warn("LibTorch is using the reference BLAS (", s.blas,
                   "), about 10x slower than OpenBLAS; install libopenblas0-pthread");

@@ -4,6 +4,7 @@
 #                             apt-get line and exits 1 (not root)
 #   configure_and_build ARGS  configures Release into ${BUILD_DIR:-build} with the cmake
 #                             ARGS before "--", then builds with the ARGS after it
+#   prefer_cpu_openblas_kernels  exports OPENBLAS_CORETYPE for this CPU's best kernels
 # and exports the environment Open MPI needs to run here (as root, in containers).
 
 PARALLAX_DEB_PACKAGES=(
@@ -47,6 +48,24 @@ configure_and_build() {
   local dir="${BUILD_DIR:-build}"
   cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release "${configure[@]}"
   cmake --build "$dir" -j "$(nproc)" "${build[@]}"
+}
+
+# prefer_cpu_openblas_kernels: exports OPENBLAS_CORETYPE (unless set) for the best
+# kernels this CPU runs. Debian's OpenBLAS 0.3.21 falls back to its SSE3 ("Prescott")
+# kernels on CPUs it does not recognize (many VMs hide the model), ~3x slower than the
+# AVX-512 or AVX2 kernels the CPU runs, and it reads the variable only when it loads.
+# The demo and the benches call it; the tests keep the kernels OpenBLAS picks (their
+# parameter bounds were measured with them). The runtime warns when a run lost them.
+prefer_cpu_openblas_kernels() {
+  [[ -z "${OPENBLAS_CORETYPE:-}" && -r /proc/cpuinfo ]] || return 0
+  local flags
+  flags=" $(grep -m1 '^flags' /proc/cpuinfo) "
+  if [[ "$flags" == *" avx512f "* && "$flags" == *" avx512vl "* && "$flags" == *" avx512bw "* &&
+        "$flags" == *" avx512dq "* ]]; then
+    export OPENBLAS_CORETYPE=SkylakeX
+  elif [[ "$flags" == *" avx2 "* && "$flags" == *" fma "* ]]; then
+    export OPENBLAS_CORETYPE=Haswell
+  fi
 }
 
 # Open MPI refuses to run as root without these, and its CMA single-copy transport

@@ -8,5 +8,6 @@ source scripts/common.sh
 
 ensure_dependencies
 configure_and_build -- --target train_gpt   # tests and benchmarks are built by scripts/test.sh
+prefer_cpu_openblas_kernels
 exec mpirun -np 4 --oversubscribe --bind-to none "${BUILD_DIR:-build}/examples/train_gpt" \
   --config configs/dp.toml "$@"

@@ -194,6 +194,21 @@ TEST_F(GradientBucketsTest, NarrowGradientsAccumulateAndReduceInTheWideDtype) {
   EXPECT_TRUE(torch::equal(weight.grad(), torch::zeros({3}, torch::kBFloat16)));  // folded and cleared
 }
 
+// A VM whose CPU model OpenBLAS does not know gets the SSE3 kernels unless told: the
+// advice names the variable and the core; a right choice gets none.
+TEST(Blas, WeakOpenBlasKernelsAreNamedWithTheFix) {
+  const std::string advice = openblas_core_advice("Prescott", "SkylakeX");
+  EXPECT_NE(advice.find("OPENBLAS_CORETYPE=SkylakeX"), std::string::npos) << advice;
+  EXPECT_NE(advice.find("Prescott"), std::string::npos) << advice;
+  EXPECT_NE(openblas_core_advice("Haswell", "SkylakeX"), "");
+  EXPECT_EQ(openblas_core_advice("SkylakeX", "SkylakeX"), "");
+  EXPECT_EQ(openblas_core_advice("Haswell", "Haswell"), "");
+  EXPECT_EQ(openblas_core_advice("Prescott", ""), "");  // a CPU without AVX2: nothing better
+  EXPECT_EQ(openblas_core_advice("", "SkylakeX"), "");  // not OpenBLAS
+  std::printf("[ blas     ] OpenBLAS core %s; this CPU's best %s\n", openblas_core().c_str(),
+              best_openblas_core_for_this_cpu().c_str());
+}
+
 TEST(Blas, TheLoadedBlasIsNamed) {
   auto a = torch::ones({64, 64});
   (void)torch::mm(a, a);
