@@ -296,8 +296,7 @@ double PipelineEngine::train_batch(const std::function<pipeline::MicroBatch()>& 
   };
   hooks.loss_scale = [&applier] { return applier.loss_scale(); };
   hooks.around_forward = [&applier](const std::function<void()>& forward) {
-    auto gathering = applier.reduction().use_scope();
-    auto splitting = applier.split_scope();
+    ModelScope scope = applier.model_scope();
     forward();
   };
   b.executor->run(batch, b.loss, hooks);

@@ -252,11 +252,12 @@ void StepApplier::begin_window() {
 
 ForwardScope StepApplier::forward_scope() {
   begin_window();
-  return ForwardScope{tracer().span("forward", "compute"), reduction_->use_scope(), split_scope()};
+  return ForwardScope{tracer().span("forward", "compute"), model_scope()};
 }
 
-tensor_parallel::ParallelizedModel::Scope StepApplier::split_scope() const {
-  return split_ ? split_->scope() : tensor_parallel::ParallelizedModel::Scope(false);
+ModelScope StepApplier::model_scope() const {
+  return ModelScope{reduction_->use_scope(),
+                    split_ ? split_->scope() : tensor_parallel::ParallelizedModel::Scope(false)};
 }
 
 torch::Tensor StepApplier::prepare_input(const torch::Tensor& input) {

@@ -52,12 +52,17 @@ struct StageCoupling {
   std::function<std::string(const std::string& path)> plan_path;
 };
 
-/// Held around a model's forward: the step's trace span, ZeRO-3 gathering on use and the
-/// tensor-parallel rewrite of planned modules.
-struct ForwardScope {
-  Tracer::Span span;
+/// Held around a model's (or a pipeline chunk's) forward: ZeRO-3 gathering on use and
+/// the tensor-parallel rewrite of planned modules.
+struct ModelScope {
   zero::ParameterUseScope gathering;
   tensor_parallel::ParallelizedModel::Scope splitting;
+};
+
+/// A whole model's forward: the step's trace span around the ModelScope.
+struct ForwardScope {
+  Tracer::Span span;
+  ModelScope model;
 };
 
 class StepApplier {
@@ -80,8 +85,8 @@ class StepApplier {
   void begin_window();
   /// begin_window(), then the scope a forward runs in.
   ForwardScope forward_scope();
-  /// The tensor-parallel part of it alone (a no-op scope without a split).
-  tensor_parallel::ParallelizedModel::Scope split_scope() const;
+  /// The scope alone, for a forward that is part of a step (a pipeline chunk's).
+  ModelScope model_scope() const;
   /// Floating-point inputs cast to the compute dtype. Under tensor parallelism the first
   /// call checks that every rank of the group got the same input (UsageError if not).
   torch::Tensor prepare_input(const torch::Tensor& input);
