@@ -266,7 +266,8 @@ struct PipelineOptions {
 
 enum class CommBackend { kAuto, kMpi, kNccl };
 
-/// How an emulated launcher deals ranks onto nodes ([topology] emulate_rank_order).
+/// How a launcher deals ranks onto nodes ([topology] emulate_rank_order; synthetic
+/// clusters, topology.h's dealt_location).
 enum class LauncherOrder { kBlock, kRoundRobin };
 
 /// [topology]: the machine the mesh is placed on. By default each rank discovers its

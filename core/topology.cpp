@@ -353,7 +353,12 @@ Cluster Cluster::gather(Communicator& world, const NodeTopology& self) {
   return from_rank_topologies(per_rank);
 }
 
-Cluster Cluster::synthetic(int nodes, int gpus_per_node, RankOrder order, const std::string& node_description) {
+RankLocation dealt_location(int rank, int nodes, int per_node, LauncherOrder order) {
+  return order == LauncherOrder::kBlock ? RankLocation{rank / per_node, rank % per_node}
+                                        : RankLocation{rank % nodes, rank / nodes};
+}
+
+Cluster Cluster::synthetic(int nodes, int gpus_per_node, LauncherOrder order, const std::string& node_description) {
   PARALLAX_CHECK(nodes >= 1 && gpus_per_node >= 1, UsageError,
                  "Cluster::synthetic needs nodes >= 1 and gpus_per_node >= 1, got nodes = ", nodes,
                  ", gpus_per_node = ", gpus_per_node);
@@ -362,8 +367,7 @@ Cluster Cluster::synthetic(int nodes, int gpus_per_node, RankOrder order, const 
   for (int i = 0; i < nodes; ++i) topologies[i].hostname = "node" + std::to_string(i);
   std::vector<RankLocation> ranks(static_cast<std::size_t>(nodes) * gpus_per_node);
   for (int rank = 0; rank < static_cast<int>(ranks.size()); ++rank) {
-    ranks[rank] = order == RankOrder::kContiguous ? RankLocation{rank / gpus_per_node, rank % gpus_per_node}
-                                                  : RankLocation{rank % nodes, rank / nodes};
+    ranks[rank] = dealt_location(rank, nodes, gpus_per_node, order);
   }
   return Cluster(std::move(topologies), std::move(ranks));
 }

@@ -16,7 +16,7 @@
 //   std::cout << cluster.describe();
 //
 //   auto dgx = parallax::NodeTopology::from_synthetic("pack:2 numa:2 core:32 pu:2 gpu:8");
-//   auto sim = parallax::Cluster::synthetic(2, 4, parallax::RankOrder::kRoundRobin);
+//   auto sim = parallax::Cluster::synthetic(2, 4, parallax::LauncherOrder::kRoundRobin);
 //
 // Everything here except Cluster::gather is pure and single-process.
 #pragma once
@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "parallax/core/communicator.h"
+#include "parallax/core/config.h"
 
 namespace parallax {
 
@@ -96,11 +97,10 @@ struct RankLocation {
   int local = 0;  ///< index among the ranks of that node, ordered by world rank
 };
 
-/// How a simulated launcher deals ranks onto nodes.
-enum class RankOrder {
-  kContiguous,  ///< ranks 0..g-1 on node 0, g..2g-1 on node 1, ... (mpirun's default, --map-by slot)
-  kRoundRobin,  ///< rank r on node r mod nodes (mpirun --map-by node)
-};
+/// Where a launcher dealing ranks by `order` (config.h's LauncherOrder: kBlock, ranks
+/// 0..k-1 on node 0 as mpirun --map-by slot; kRoundRobin, rank r on node r mod nodes as
+/// --map-by node) puts world rank `rank` on `nodes` nodes of `per_node` ranks each. Pure.
+RankLocation dealt_location(int rank, int nodes, int per_node, LauncherOrder order);
 
 /// The nodes of a job and the node of every world rank. Immutable once built;
 /// identical on every rank when built by gather().
@@ -131,7 +131,7 @@ class Cluster {
   /// nodes < 1 or gpus_per_node < 1, TopologyError for a bad description.
   static Cluster synthetic(int nodes,
                            int gpus_per_node,
-                           RankOrder order = RankOrder::kContiguous,
+                           LauncherOrder order = LauncherOrder::kBlock,
                            const std::string& node_description = "pack:2 numa:1 core:8 pu:2");
 
   const std::vector<NodeTopology>& nodes() const { return nodes_; }

@@ -152,8 +152,9 @@ NodeTopology emulated_node(const TopologyOptions& topology, int rank, int world_
   const std::int64_t nodes = topology.emulate_nodes;
   PARALLAX_CHECK(nodes > 0 && world_size % nodes == 0, ConfigError, "topology.emulate_nodes = ", nodes, ": the ",
                  world_size, " ranks must be a multiple of the emulated nodes (each node hosts the same number)");
-  const std::int64_t per_node = world_size / nodes;
-  const std::int64_t index = topology.emulate_rank_order == LauncherOrder::kBlock ? rank / per_node : rank % nodes;
+  const int index =
+      dealt_location(rank, static_cast<int>(nodes), world_size / static_cast<int>(nodes), topology.emulate_rank_order)
+          .node;
   NodeTopology node = NodeTopology::from_synthetic(topology.emulate_node);
   node.hostname = "node" + std::to_string(index);
   return node;

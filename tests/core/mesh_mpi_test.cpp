@@ -99,7 +99,7 @@ TEST(MeshMpi, RoundRobinClusterCutsTpGroupsPerNode) {
   const int n = world->size();
   const int rank = world->rank();
   // Pretend the launcher dealt the ranks over two nodes round-robin (--map-by node).
-  Cluster cluster = Cluster::synthetic(2, n / 2, RankOrder::kRoundRobin);
+  Cluster cluster = Cluster::synthetic(2, n / 2, LauncherOrder::kRoundRobin);
   if (n < 4) {
     // One rank per node: no TP group of 2 fits in a node; every rank refuses alike.
     EXPECT_THROW((Mesh(*world, cluster, MeshDegrees{2, 1, n / 2})), TopologyError);

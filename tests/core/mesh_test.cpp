@@ -82,7 +82,7 @@ void expect_valid(const Cluster& cluster, const MeshLayout& layout) {
 
 struct Case {
   int tp, pp, dp;
-  RankOrder order;
+  LauncherOrder order;
   AxisOrder axes;
 };
 
@@ -93,7 +93,7 @@ TEST_P(MeshLayoutOnTwoNodes, IsValid) {
   Cluster cluster = Cluster::synthetic(2, 4, c.order);
   MeshLayout layout = MeshLayout::place(cluster, {c.tp, c.pp, c.dp}, c.axes);
   expect_valid(cluster, layout);
-  if (c.order == RankOrder::kContiguous) {
+  if (c.order == LauncherOrder::kBlock) {
     // Node-contiguous ranks: plain rank arithmetic, r = tp + T·(dp + D·pp) or, data
     // parallelism outermost, tp + T·(pp + P·dp).
     EXPECT_TRUE(layout.rank_arithmetic());
@@ -120,7 +120,7 @@ std::vector<Case> all_cases() {
   const int degrees[][3] = {{1, 1, 8}, {2, 1, 4}, {4, 1, 2}, {1, 2, 4}, {2, 2, 2},
                             {4, 2, 1}, {1, 8, 1}, {2, 4, 1}, {1, 4, 2}, {4, 1, 2}};
   for (AxisOrder axes : {AxisOrder::kTpDpPp, AxisOrder::kTpPpDp}) {
-    for (RankOrder order : {RankOrder::kContiguous, RankOrder::kRoundRobin}) {
+    for (LauncherOrder order : {LauncherOrder::kBlock, LauncherOrder::kRoundRobin}) {
       for (const auto& d : degrees) cases.push_back({d[0], d[1], d[2], order, axes});
     }
   }
@@ -131,13 +131,13 @@ INSTANTIATE_TEST_SUITE_P(
     Degrees, MeshLayoutOnTwoNodes, ::testing::ValuesIn(all_cases()), [](const ::testing::TestParamInfo<Case>& info) {
       const Case& c = info.param;
       return "tp" + std::to_string(c.tp) + "_pp" + std::to_string(c.pp) + "_dp" + std::to_string(c.dp) +
-             (c.order == RankOrder::kContiguous ? "_contiguous" : "_rr") +
+             (c.order == LauncherOrder::kBlock ? "_contiguous" : "_rr") +
              (c.axes == AxisOrder::kTpDpPp ? "_pp_outer" : "_dp_outer") + "_" + std::to_string(info.index);
     });
 
 TEST(MeshLayout, RoundRobinCutsTpGroupsPerNode) {
   // node0 hosts {0,2,4,6}, node1 hosts {1,3,5,7} (mpirun --map-by node).
-  Cluster cluster = Cluster::synthetic(2, 4, RankOrder::kRoundRobin);
+  Cluster cluster = Cluster::synthetic(2, 4, LauncherOrder::kRoundRobin);
   MeshLayout layout = MeshLayout::place(cluster, {2, 2, 2});
   EXPECT_FALSE(layout.rank_arithmetic());
   using Groups = std::vector<std::vector<int>>;
@@ -164,7 +164,8 @@ TEST(MeshLayout, DataParallelOutermostKeepsPipelinesInNodes) {
   EXPECT_EQ(block.groups(MeshAxis::kPp), (Groups{{0, 2}, {4, 6}, {1, 3}, {5, 7}}));
   EXPECT_EQ(block.groups(MeshAxis::kDp), (Groups{{0, 4}, {2, 6}, {1, 5}, {3, 7}}));
   // Round robin: node0 hosts {0,2,4,6}, node1 {1,3,5,7}.
-  MeshLayout dealt = MeshLayout::place(Cluster::synthetic(2, 4, RankOrder::kRoundRobin), {2, 2, 2}, AxisOrder::kTpPpDp);
+  MeshLayout dealt =
+      MeshLayout::place(Cluster::synthetic(2, 4, LauncherOrder::kRoundRobin), {2, 2, 2}, AxisOrder::kTpPpDp);
   EXPECT_EQ(dealt.groups(MeshAxis::kTp), (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
   EXPECT_EQ(dealt.groups(MeshAxis::kPp), (Groups{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
   EXPECT_EQ(dealt.groups(MeshAxis::kDp), (Groups{{0, 1}, {4, 5}, {2, 3}, {6, 7}}));
@@ -241,7 +242,7 @@ TEST(MeshLayout, AccessorsCheckRanges) {
 }
 
 TEST(MeshLayout, DescribeIsATable) {
-  Cluster cluster = Cluster::synthetic(2, 4, RankOrder::kRoundRobin);
+  Cluster cluster = Cluster::synthetic(2, 4, LauncherOrder::kRoundRobin);
   const std::string text = MeshLayout::place(cluster, {2, 2, 2}).describe(cluster);
   EXPECT_NE(text.find("mesh: tp = 2, pp = 2, dp = 2 (order tp-dp-pp) over 8 ranks on 2 nodes"), std::string::npos)
       << text;

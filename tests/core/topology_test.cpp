@@ -173,7 +173,7 @@ TEST(Cluster, SyntheticContiguous) {
 }
 
 TEST(Cluster, SyntheticRoundRobin) {
-  Cluster cluster = Cluster::synthetic(3, 2, RankOrder::kRoundRobin);
+  Cluster cluster = Cluster::synthetic(3, 2, LauncherOrder::kRoundRobin);
   ASSERT_EQ(cluster.world_size(), 6);
   for (int rank = 0; rank < 6; ++rank) {
     EXPECT_EQ(cluster.node_of(rank), rank % 3);
@@ -184,11 +184,11 @@ TEST(Cluster, SyntheticRoundRobin) {
   EXPECT_FALSE(cluster.node_contiguous());
   EXPECT_THROW(cluster.location(6), UsageError);
   EXPECT_THROW(Cluster::synthetic(0, 4), UsageError);
-  EXPECT_THROW(Cluster::synthetic(2, 4, RankOrder::kContiguous, "pack:x"), TopologyError);
+  EXPECT_THROW(Cluster::synthetic(2, 4, LauncherOrder::kBlock, "pack:x"), TopologyError);
 }
 
 TEST(Cluster, DescribeShowsHostsAndRanks) {
-  const std::string text = Cluster::synthetic(2, 4, RankOrder::kRoundRobin).describe();
+  const std::string text = Cluster::synthetic(2, 4, LauncherOrder::kRoundRobin).describe();
   EXPECT_NE(text.find("cluster: 2 nodes, 8 ranks"), std::string::npos) << text;
   EXPECT_NE(text.find("node0: 2 packages, 2 NUMA, 16 cores, 32 PUs, 4 GPUs"), std::string::npos) << text;
   EXPECT_NE(text.find("ranks {0,2,4,6}"), std::string::npos) << text;

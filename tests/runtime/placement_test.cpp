@@ -83,7 +83,7 @@ INSTANTIATE_TEST_SUITE_P(Clusters,
 // The plan, without MPI: each rank's device is a GPU on the NUMA node its cores start in,
 // no two ranks of a node share one, and groups carry the mesh's names.
 TEST(PlanPlacement, EachRankGetsTheGpuNearItsCores) {
-  for (const parallax::RankOrder order : {parallax::RankOrder::kContiguous, parallax::RankOrder::kRoundRobin}) {
+  for (const parallax::LauncherOrder order : {parallax::LauncherOrder::kBlock, parallax::LauncherOrder::kRoundRobin}) {
     const parallax::Cluster cluster =
         parallax::Cluster::synthetic(2, 4, order, "pack:2 numa:2 core:8 pu:1");  // 4 GPUs per node, 2 per NUMA
     parallax::ConfigSources sources;
