@@ -11,6 +11,12 @@
 namespace parallax {
 namespace {
 
+// A function the loaded BLAS exports, or null.
+template <typename Fn>
+Fn blas_symbol(const char* name) {
+  return reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, name));
+}
+
 int collect_blas_paths(struct dl_phdr_info* info, size_t, void* data) {
   auto* paths = static_cast<std::vector<std::string>*>(data);
   const std::string name = info->dlpi_name ? info->dlpi_name : "";
@@ -30,8 +36,7 @@ std::string describe_loaded_blas() {
   dl_iterate_phdr(collect_blas_paths, &paths);
   if (paths.empty()) return "unknown";
   // OpenBLAS reports its own version and build.
-  using ConfigFn = const char* (*)();
-  if (auto fn = reinterpret_cast<ConfigFn>(dlsym(RTLD_DEFAULT, "openblas_get_config"))) {
+  if (auto fn = blas_symbol<const char* (*)()>("openblas_get_config")) {
     std::string config = fn();
     for (const auto& p : paths) {
       if (p.find("openblas") != std::string::npos) return config + " (" + p + ")";
@@ -47,15 +52,6 @@ std::string describe_loaded_blas() {
 bool is_reference_blas(const std::string& description) {
   return description.rfind("reference", 0) == 0;
 }
-
-namespace {
-
-template <typename Fn>
-Fn blas_symbol(const char* name) {
-  return reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, name));
-}
-
-}  // namespace
 
 BlasThreading loaded_blas_threading() {
   // openblas_get_parallel: 0 sequential, 1 pthreads, 2 OpenMP.
@@ -124,12 +120,14 @@ std::string openblas_core_advice(const std::string& chosen, const std::string& b
                                       "Northwood",   "Banias",    "Athlon"};
   bool weak = false;
   for (const char* name : kWeak) weak |= chosen == name;
-  const bool avx2_only = chosen == "Haswell" || chosen == "Zen" || chosen == "Excavator" || chosen == "Steamroller";
+  // The AVX2 cores OpenBLAS may pick on a CPU that also has AVX-512.
+  const bool avx2_only = chosen == "Haswell" || chosen == "Zen";
   if (!weak && !(best == "SkylakeX" && avx2_only)) return "";
   return "OpenBLAS chose its " + chosen + " kernels, but this CPU runs its " + best +
          " kernels (OpenBLAS did not recognize the CPU model); matrix products run up to 3x slower. Set "
          "OPENBLAS_CORETYPE=" +
-         best + " before the program starts (mpirun -x OPENBLAS_CORETYPE=" + best + "); Parallax's scripts do";
+         best + " before the program starts (mpirun -x OPENBLAS_CORETYPE=" + best +
+         "); Parallax's demo and bench scripts do";
 }
 
 int blas_threads() {
