@@ -182,11 +182,9 @@ void Runtime::start(const InitOptions& options) {
 
   // One owner of this rank's threads: its share of the node's cores, the pools sized
   // so that together they fit it (thread_budget.h).
-  RankCpus cpus = rank_cpus(s.world->local_rank(), s.world->local_size());
-  RankCores cores{std::move(cpus.pus), s.world->local_size() > cpus.usable_cores, cpus.process_bound};
   const BlasThreading blas_threading = loaded_blas_threading();
-  s.threads = budget_threads(std::move(cores), blas_threading, s.config.offload.optimizer != OffloadTarget::kNone,
-                             s.config.threads);
+  s.threads = budget_threads(rank_cpus(s.world->local_rank(), s.world->local_size()), s.world->local_size(),
+                             blas_threading, s.config.offload.optimizer != OffloadTarget::kNone, s.config.threads);
   apply_thread_budget(s.threads);
   s.blas = describe_loaded_blas();
 

@@ -8,16 +8,18 @@
 
 namespace parallax {
 
-ThreadBudget budget_threads(RankCores rank, BlasThreading blas, bool cpu_optimizer, const ThreadOptions& options) {
+ThreadBudget budget_threads(
+    RankCpus cpus, int local_size, BlasThreading blas, bool cpu_optimizer, const ThreadOptions& options) {
   ThreadBudget budget;
-  const int cores = std::max<int>(1, static_cast<int>(rank.pus.size()));
-  budget.pus = std::move(rank.pus);
-  budget.bind = options.bind && !rank.shared && !rank.launcher_bound;
+  const int cores = std::max<int>(1, static_cast<int>(cpus.pus.size()));
+  const bool shared = local_size > cpus.usable_cores;
+  budget.pus = std::move(cpus.pus);
+  budget.bind = options.bind && !shared && !cpus.process_bound;
   if (budget.bind) {
     budget.binding = "bound";
-  } else if (rank.launcher_bound) {
+  } else if (cpus.process_bound) {
     budget.binding = "as the launcher bound it";
-  } else if (rank.shared) {
+  } else if (shared) {
     budget.binding = "shared with other ranks, not bound";
   } else {
     budget.binding = "not bound ([threads] bind = false)";

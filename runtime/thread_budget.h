@@ -26,16 +26,10 @@
 #include <vector>
 
 #include "parallax/core/config.h"
+#include "parallax/core/cpu_binding.h"
 #include "parallax/runtime/blas_info.h"
 
 namespace parallax {
-
-/// The cores a rank owns, and whether it may bind to them.
-struct RankCores {
-  std::vector<int> pus;         ///< one PU per core, OS indexes (core/cpu_binding.h's share)
-  bool shared = false;          ///< the node's ranks outnumber its cores: this core is shared
-  bool launcher_bound = false;  ///< the launcher bound the process already
-};
 
 struct ThreadBudget {
   std::vector<int> pus;  ///< this rank's cores (one PU each, OS indexes)
@@ -46,9 +40,11 @@ struct ThreadBudget {
   std::string reason;    ///< why, in a few words
 };
 
-/// The table above, for a rank owning `cores` with a BLAS that runs on `blas`, an
-/// offloaded CPU optimizer or not; `options` override. Pure.
-ThreadBudget budget_threads(RankCores cores, BlasThreading blas, bool cpu_optimizer, const ThreadOptions& options);
+/// The table above, for a rank owning `cpus` (core/cpu_binding.h's rank_cpus; its core is
+/// shared when the node's `local_size` ranks outnumber the usable cores) with a BLAS
+/// that runs on `blas`, an offloaded CPU optimizer or not; `options` override. Pure.
+ThreadBudget budget_threads(
+    RankCpus cpus, int local_size, BlasThreading blas, bool cpu_optimizer, const ThreadOptions& options);
 
 /// Binds the process (when budget.bind) and sizes the pools. Throws TopologyError when
 /// binding fails.

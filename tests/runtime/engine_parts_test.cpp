@@ -224,29 +224,29 @@ TEST(Blas, TheLoadedBlasIsNamed) {
 // Adam (intra-op threads) needs them. Catches a budget that follows OMP_NUM_THREADS or
 // sizes both pools to the cores.
 TEST(ThreadBudget, PoolsFitTheRanksCoresWithoutTwoSpinningPools) {
-  const RankCores four{{4, 5, 6, 7}, false, false};
+  const RankCpus four{{4, 5, 6, 7}, 8, false};  // 2 ranks on 8 usable cores
   const ThreadOptions defaults;
-  ThreadBudget own = budget_threads(four, BlasThreading::kOwnThreads, false, defaults);
+  ThreadBudget own = budget_threads(four, 2, BlasThreading::kOwnThreads, false, defaults);
   EXPECT_EQ(own.intra_op, 1);
   EXPECT_EQ(own.blas, 4);
   EXPECT_TRUE(own.bind);
-  ThreadBudget adam = budget_threads(four, BlasThreading::kOwnThreads, true, defaults);
+  ThreadBudget adam = budget_threads(four, 2, BlasThreading::kOwnThreads, true, defaults);
   EXPECT_EQ(adam.intra_op, 4);
   EXPECT_EQ(adam.blas, 1);
-  ThreadBudget openmp = budget_threads(four, BlasThreading::kOpenMp, false, defaults);
+  ThreadBudget openmp = budget_threads(four, 2, BlasThreading::kOpenMp, false, defaults);
   EXPECT_EQ(openmp.intra_op, 4);
   EXPECT_EQ(openmp.blas, 0);  // the same pool: nothing else to size
   // More ranks than cores: one core each, shared, so not bound.
-  ThreadBudget crowded = budget_threads({{1}, true, false}, BlasThreading::kOwnThreads, false, defaults);
+  ThreadBudget crowded = budget_threads({{1}, 2, false}, 4, BlasThreading::kOwnThreads, false, defaults);
   EXPECT_FALSE(crowded.bind);
   EXPECT_EQ(crowded.intra_op + crowded.blas, 2);
   // A launcher's binding (mpirun --bind-to core) is kept.
-  EXPECT_FALSE(budget_threads({{4, 5}, false, true}, BlasThreading::kOwnThreads, false, defaults).bind);
+  EXPECT_FALSE(budget_threads({{4, 5}, 8, true}, 2, BlasThreading::kOwnThreads, false, defaults).bind);
   // [threads] overrides, and says so.
   ThreadOptions set;
   set.intra_op = 3;
   set.bind = false;
-  ThreadBudget chosen = budget_threads(four, BlasThreading::kOwnThreads, false, set);
+  ThreadBudget chosen = budget_threads(four, 2, BlasThreading::kOwnThreads, false, set);
   EXPECT_EQ(chosen.intra_op, 3);
   EXPECT_EQ(chosen.blas, 4);
   EXPECT_FALSE(chosen.bind);
