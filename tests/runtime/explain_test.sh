@@ -5,11 +5,15 @@
 # Usage: explain_test.sh <mpiexec> <train_gpt> <configs-dir>
 set -u
 mpiexec=$1 train=$2 configs=$3
+# The plan is read from stdout alone: mpirun forwards each rank's stderr on its own, so a
+# warning (e.g. OpenBLAS's kernel advice) can land in the middle of a row of the table.
+errors=$(mktemp)
+trap 'rm -f "$errors"' EXIT
 output=$(timeout 300 "$mpiexec" --oversubscribe --bind-to none -np 8 "$train" --config "$configs/3d.toml" \
            --set zero.stage=1 --set topology.emulate_nodes=2 --set topology.emulate_rank_order='"round_robin"' \
-           --explain 2>&1)
+           --explain 2>"$errors")
 rc=$?
-fail() { echo "FAIL: $1"; echo "$output" | tail -40; exit 1; }
+fail() { echo "FAIL: $1"; echo "$output" | tail -40; echo "--- stderr"; tail -20 "$errors"; exit 1; }
 [ "$rc" -eq 0 ] || fail "exit status $rc"
 grep -q "^# plan: tp 2 x pp 2 x dp 2 (tp-dp-pp) on 8 ranks, 2 emulated node(s); tensor-parallel groups cut from each node's own ranks" \
   <<<"$output" || fail "no plan line"
