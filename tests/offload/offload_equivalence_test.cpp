@@ -75,10 +75,10 @@ TEST_P(OffloadEquivalence, MatchesTheReferenceAndTheSameStageWithoutOffload) {
   const auto config = make_config(grad_accum(), overrides(variant()));
   const Trajectory reference = train_reference(config);
   const DistributedRun offloaded = train_distributed(config);
-  expect_equivalent(offloaded.trajectory, reference, 1e-5, 1e-5);  // the ZeRO tests' bounds
+  expect_equivalent(offloaded.trajectory, reference, kFp32LossTolerance, kFp32ParameterTolerance);
   const DistributedRun on_device = train_distributed(
       make_config(grad_accum(), {"zero.stage=" + std::to_string(variant().stage), "zero.wrap=[\"Block\"]"}));
-  expect_equivalent(offloaded.trajectory, on_device.trajectory, 1e-5, 1e-5);
+  expect_equivalent(offloaded.trajectory, on_device.trajectory, kFp32LossTolerance, kFp32ParameterTolerance);
 }
 
 TEST_P(OffloadEquivalence, BytesOnDeviceHostAndNvmeFollowZeroOffload) {
@@ -164,26 +164,22 @@ TEST(OffloadSetup, TheEngineBindsTheOptimizerThreadsToTheRanksCores) {
 }
 
 // bf16 parameters with fp32 masters on the host: the same run as bf16 ZeRO on the
-// device, up to the CPU Adam's rounding (which bf16 may round either way).
-TEST(OffloadBf16, TrainsLikeTheSameStageOnTheDevice) {
-  const Trajectory fp32 = train_reference(make_config(1));
+// device (bit for bit: the same fused Adam steps the same fp32 shards) and as the bf16
+// recipe in one process (gpt_training.h), masters compared, within ZeRO's bf16 bounds
+// (zero/zero_equivalence_test.cpp; measured here 8.8e-6 and 1.07e-4).
+TEST(OffloadBf16, MatchesTheSameRecipeInOneProcessAndOnTheDevice) {
   for (const auto& [stage, param] : {std::pair<int, std::string>{2, "none"}, {3, "cpu"}}) {
+    SCOPED_TRACE("stage " + std::to_string(stage) + ", offload.param = " + param);
+    // One thread per pool in both runs: the offloaded optimizer changes the thread budget
+    // (thread_budget.h), and pools of other sizes sum in another order.
     const std::vector<std::string> zero{"zero.stage=" + std::to_string(stage), "zero.wrap=[\"Block\"]",
-                                        "precision.dtype=\"bf16\""};
+                                        "precision.dtype=\"bf16\"", "threads.intra_op=1", "threads.blas=1"};
     std::vector<std::string> offload = zero;
     offload.insert(offload.end(), {"offload.optimizer=\"cpu\"", "offload.param=\"" + param + "\""});
     const DistributedRun on_host = train_distributed(make_config(1, offload));
     const DistributedRun on_device = train_distributed(make_config(1, zero));
-    double worst_to_device = 0.0, worst_to_fp32 = 0.0;
-    for (std::size_t i = 0; i < fp32.losses.size(); ++i) {
-      worst_to_device =
-          std::max(worst_to_device, relative_difference(on_host.trajectory.losses[i], on_device.trajectory.losses[i]));
-      worst_to_fp32 = std::max(worst_to_fp32, relative_difference(on_host.trajectory.losses[i], fp32.losses[i]));
-    }
-    EXPECT_LE(worst_to_device, 1e-3) << "stage " << stage;
-    EXPECT_LE(worst_to_fp32, 1e-2) << "stage " << stage;  // as ZeRO's bf16 test
-    std::printf("[ figures  ] stage %d bf16 offload (param %s): loss within %.3g of bf16 on the device, %.3g of fp32\n",
-                stage, param.c_str(), worst_to_device, worst_to_fp32);
+    expect_equivalent(on_host.trajectory, on_device.trajectory, 0.0, 0.0);
+    expect_equivalent(on_host.trajectory, train_reference(make_config(1, offload)), 1e-4, 3e-3);
   }
 }
 

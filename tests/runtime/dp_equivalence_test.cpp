@@ -19,8 +19,8 @@ TEST_P(DataParallelEquivalence, MatchesSingleProcessFp32) {
   const auto config = make_config(GetParam());
   const Trajectory reference = train_reference(config);
   const DistributedRun run = train_distributed(config);
-  // fp32: the all-reduce sums in another order than one process does; 1e-5 holds.
-  expect_equivalent(run.trajectory, reference, 1e-5, 1e-5);
+  // fp32: the all-reduce sums in another order than one process does.
+  expect_equivalent(run.trajectory, reference, kFp32LossTolerance, kFp32ParameterTolerance);
   EXPECT_LT(reference.losses.back(), reference.losses.front());
 }
 
@@ -44,19 +44,16 @@ TEST_P(DataParallelEquivalence, AllReducePayloadEqualsGradientBytes) {
   EXPECT_EQ(run.padding_bytes, 0);
 }
 
-TEST_P(DataParallelEquivalence, Bf16TrainsCloseToFp32Reference) {
-  const Trajectory reference = train_reference(make_config(GetParam()));
-  const DistributedRun run = train_distributed(make_config(GetParam(), {"precision.dtype=\"bf16\""}));
-  // bf16 keeps 8 bits of mantissa: activations and gradients round at ~4e-3 relative,
-  // while gradients accumulate and reduce in fp32 and the optimizer steps fp32 masters.
-  // Over 10 steps the loss stays within 1% of the fp32 reference (measured: 0.3%).
-  double worst = 0.0;
-  for (std::size_t i = 0; i < reference.losses.size(); ++i) {
-    const double diff = relative_difference(run.trajectory.losses[i], reference.losses[i]);
-    worst = std::max(worst, diff);
-    EXPECT_LE(diff, 1e-2) << "step " << i + 1;
-  }
-  std::printf("[ figures  ] bf16: max per-step loss relative difference to fp32 %.3g\n", worst);
+TEST_P(DataParallelEquivalence, Bf16MatchesTheSameRecipeInOneProcess) {
+  const auto config = make_config(GetParam(), {"precision.dtype=\"bf16\""});
+  // The reference runs bf16 as the engine does (gpt_training.h) and the fp32 masters are
+  // compared, not the bf16 copies. Measured: bit-identical on 2 and 4 ranks; an fp32 sum
+  // in another order flips a bf16 rounding now and then, which Adam carries to 2.0e-6
+  // (loss, relative) and 9.3e-5 (parameters). Masters rounded to bf16 after each step
+  // (no fp32 masters at all) reach 7.0e-4 and 1.65e-2.
+  const Trajectory reference = train_reference(config);
+  const DistributedRun run = train_distributed(config);
+  expect_equivalent(run.trajectory, reference, 2e-5, 1e-3);
   EXPECT_LT(run.trajectory.losses.back(), run.trajectory.losses.front());
   // Gradients are accumulated and all-reduced in fp32: 4 bytes per parameter.
   std::int64_t elements = 0;

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <mpi.h>
+
 #include <cmath>
 #include <cstdio>
 
@@ -28,7 +30,74 @@ parallax::Config make_config(std::int64_t grad_accum, const std::vector<std::str
   return parallax::load_config(sources, {{"model", "data"}});
 }
 
+namespace {
+
+// bf16 as the engine runs it, in one process: bf16 parameters and activations, fp32
+// masters made from them, the loss in fp32. Each micro-batch's bf16 gradients are summed
+// in fp32, per data-parallel rank and then over the ranks, and divided by their count;
+// LibTorch's optimizer steps the masters and they are copied back into the bf16
+// parameters. It walks the global batch in the distributed run's micro-batches, so the
+// two differ only in the order of fp32 sums over more than two ranks and in the fused
+// Adam's rounding.
+Trajectory train_bf16_reference(parallax::Config config) {
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  config.resolve(world);  // the micro-batch size the distributed run infers
+  const auto options = gpt::GPTOptions::from_table(config.app_table("model"));
+  const gpt::SyntheticTokens data(options.vocab_size, options.block_size, config.train.seed);
+  gpt::GPT model(options, static_cast<std::uint64_t>(config.train.seed));
+  // The masters start from the bf16 parameters, as DeepSpeed's and Megatron's do.
+  model->to(torch::kBFloat16);
+  const std::vector<torch::Tensor> params = model->parameters();
+  std::vector<torch::Tensor> masters;
+  for (const auto& p : params) {
+    masters.push_back(p.detach().to(torch::kFloat32).requires_grad_(true));
+    masters.back().mutable_grad() = torch::zeros_like(masters.back());
+  }
+  auto spec = parallax::OptimizerSpec::from(config);
+  auto optimizer = parallax::make_optimizer(spec.optimizer, masters, parallax::AdamKernel::kFusedCpu);
+  const std::int64_t micro_batch = config.train.micro_batch_size, accum = config.train.grad_accum;
+  const std::int64_t dp = config.parallel.dp;
+  Trajectory out;
+  for (std::int64_t step = 0; step < kSteps; ++step) {
+    double loss_sum = 0.0;
+    for (std::int64_t rank = 0; rank < dp; ++rank) {
+      // Each rank sums its own micro-batches first, as its buckets do before the all-reduce.
+      std::vector<torch::Tensor> rank_sum;
+      for (const auto& m : masters) rank_sum.push_back(torch::zeros_like(m));
+      for (std::int64_t micro = 0; micro < accum; ++micro) {
+        auto [inputs, targets] = data.batch(gpt::first_sample(step, micro, rank, dp, micro_batch, accum), micro_batch);
+        auto loss = gpt::language_model_loss(model->forward(inputs).to(torch::kFloat32), targets);
+        model->zero_grad();
+        (loss * (1.0 / static_cast<double>(accum))).backward();  // as Engine::backward
+        torch::NoGradGuard no_grad;
+        for (std::size_t i = 0; i < params.size(); ++i) {
+          if (params[i].grad().defined()) rank_sum[i].add_(params[i].grad().to(torch::kFloat32));
+        }
+        loss_sum += loss.item<double>();
+      }
+      torch::NoGradGuard no_grad;
+      for (std::size_t i = 0; i < masters.size(); ++i) masters[i].mutable_grad().add_(rank_sum[i]);
+    }
+    torch::NoGradGuard no_grad;
+    for (const auto& m : masters) m.mutable_grad().div_(static_cast<double>(dp));
+    if (spec.optimizer.grad_clip > 0) torch::nn::utils::clip_grad_norm_(masters, spec.optimizer.grad_clip);
+    parallax::set_learning_rate(*optimizer, parallax::scheduled_lr(spec, step));
+    optimizer->step();
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      params[i].detach().copy_(masters[i]);
+      masters[i].mutable_grad().zero_();
+    }
+    out.losses.push_back(loss_sum / static_cast<double>(dp * accum));
+  }
+  for (const auto& m : masters) out.params.push_back(m.detach().clone());
+  return out;
+}
+
+}  // namespace
+
 Trajectory train_reference(const parallax::Config& config) {
+  if (config.precision.dtype == parallax::Dtype::kBf16) return train_bf16_reference(config);
   const auto options = gpt::GPTOptions::from_table(config.app_table("model"));
   const gpt::SyntheticTokens data(options.vocab_size, options.block_size, config.train.seed);
   gpt::GPT model(options, static_cast<std::uint64_t>(config.train.seed));

@@ -63,17 +63,26 @@ PipelineRun train_pipeline(parallax::Config config) {
       parallax::model_state_formula(engine.gradient_bytes() / 4, engine.gradient_padding_bytes() / 4, dp, c.zero.stage,
                                     c.precision.dtype, parallax::optimizer_bytes_per_element(c.optimizer));
   const auto layers = static_cast<std::int64_t>(gpt::layer_specs(options).size());
+  // The optimizer's view (fp32 masters under bf16), in the stage's parameter order with
+  // a weight two chunks share counted once, as the engine keeps them.
+  const std::vector<torch::Tensor> masters = engine.master_parameters();
+  std::size_t next_master = 0;
+  std::set<const void*> seen;
   for (const auto& chunk : engine.chunks()) {
     for (const auto& item : chunk->named_parameters()) {
+      if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
       const std::string& key = item.key();
       const auto dot = key.find('.');
       const std::int64_t layer = std::stoll(key.substr(0, dot));
       std::string name = reference_name(layer, layers, key.substr(dot + 1));
       // A tied head compares against the one shared weight of the reference.
       if (options.tie_embeddings && name == "head.weight") name = kTiedHead;
-      run.params[name] = item.value().detach().clone();
+      const torch::Tensor& master = masters.at(next_master++);
+      EXPECT_EQ(master.sizes(), item.value().sizes()) << key;
+      run.params[name] = master.detach().clone();
     }
   }
+  EXPECT_EQ(next_master, masters.size());
   for (const auto& chunk : engine.chunks()) {
     for (const auto& [key, tensor] : chunk->tied_parameters()) run.tied.push_back(tensor.detach().clone());
   }

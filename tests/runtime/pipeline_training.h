@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "gpt_training.h"
 #include "parallax/core/config.h"
 #include "parallax/core/metrics.h"
 #include "parallax/pipeline/schedule.h"
@@ -48,8 +49,8 @@ PipelineRun train_pipeline(parallax::Config config);
 /// pipeline's run goes to `run` when given.
 void expect_pipeline_matches_reference(const parallax::Config& config,
                                        const std::string& label,
-                                       double loss_tolerance = 1e-5,
-                                       double param_tolerance = 1e-5,
+                                       double loss_tolerance = kFp32LossTolerance,
+                                       double param_tolerance = kFp32ParameterTolerance,
                                        PipelineRun* run = nullptr);
 
 }  // namespace equivalence

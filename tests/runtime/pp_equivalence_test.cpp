@@ -150,25 +150,20 @@ TEST(PipelineTiedWeights, CopiesStayBitIdentical) {
   EXPECT_TRUE(torch::equal(mine, theirs));
 }
 
-// bf16 through the pipeline (tied weights and zb-h1's split backward, the most involved
-// path): activations travel in bf16, gradients reach fp32 masters. As for data
-// parallelism, the loss stays within 1% of the fp32 reference over 10 steps.
-TEST(PipelineBf16, TrainsCloseToFp32Reference) {
-  const int world = world_size();
-  auto overrides = std::vector<std::string>{"parallel.pp=2", "model.n_layer=4", "model.tie_embeddings=true",
-                                            "pipeline.schedule=\"zb-h1\""};
-  if (world % 2 != 0) GTEST_SKIP() << "pp = 2";
-  const Trajectory want = train_reference(make_config(4, overrides));
-  overrides.push_back("precision.dtype=\"bf16\"");
-  const PipelineRun got = train_pipeline(make_config(4, overrides));
-  double worst = 0.0;
-  for (std::size_t i = 0; i < want.losses.size(); ++i) {
-    const double diff = equivalence::relative_difference(got.losses[i], want.losses[i]);
-    worst = std::max(worst, diff);
-    EXPECT_LE(diff, 1e-2) << "step " << i + 1;
-  }
-  EXPECT_LT(got.losses.back(), got.losses.front());
-  std::printf("[ figures  ] pipeline bf16: max per-step loss relative difference to fp32 %.3g\n", worst);
+// bf16 through the pipeline with zb-h1's split backward: activations travel in bf16,
+// gradients reach fp32 masters. The reference runs bf16 as the engine does
+// (gpt_training.h) and the fp32 masters are compared. Measured: loss identical, masters
+// within 1.2e-7; masters rounded to bf16 after each step (no fp32 masters) reach 2.2e-4
+// and 1.6e-2. Untied: a tied weight's two uses are summed in bf16 by the reference's
+// autograd but in fp32 by the stages, a bf16-sized difference (1e-2) that would hide
+// the mutant; tied weights are checked in fp32 above.
+TEST(PipelineBf16, MatchesTheSameRecipeInOneProcess) {
+  if (world_size() % 2 != 0) GTEST_SKIP() << "pp = 2";
+  const auto config =
+      make_config(4, {"parallel.pp=2", "model.n_layer=4", "pipeline.schedule=\"zb-h1\"", "precision.dtype=\"bf16\""});
+  PipelineRun run;
+  expect_pipeline_matches_reference(config, "pipeline bf16 zb-h1", 1e-6, 1e-6, &run);
+  EXPECT_LT(run.losses.back(), run.losses.front());
 }
 
 TEST(PipelineErrors, MoreStagesOrPartsThanLayersAreConfigErrors) {

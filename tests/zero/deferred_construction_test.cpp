@@ -142,7 +142,7 @@ TEST(DeferredConstruction, TrainsUnderStage3LikeTheReferenceWithoutEverHoldingTh
     got.losses.push_back(engine.last_loss());
   }
   got.params = engine.master_parameters();
-  expect_equivalent(got, reference, 1e-5, 1e-5);
+  expect_equivalent(got, reference, kFp32LossTolerance, kFp32ParameterTolerance);
 }
 
 }  // namespace

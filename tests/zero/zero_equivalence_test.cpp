@@ -41,7 +41,7 @@ TEST_P(ZeroEquivalence, MatchesSingleProcessFp32) {
   const DistributedRun run = train_distributed(config);
   // Same bound as plain data parallelism: the reduce-scatter sums in another order,
   // and the clipping norm is summed over shards in float64.
-  expect_equivalent(run.trajectory, reference, 1e-5, 1e-5);
+  expect_equivalent(run.trajectory, reference, kFp32LossTolerance, kFp32ParameterTolerance);
 }
 
 TEST_P(ZeroEquivalence, ModelStateBytesFollowTheZeroFormulas) {
@@ -107,7 +107,8 @@ INSTANTIATE_TEST_SUITE_P(Stages,
 
 TEST(ZeroStage2, WithoutOverlapEveryReductionWaitsForTheEndOfBackwardAndStillMatches) {
   const auto config = make_config(2, zero_overrides(2, {"zero.overlap_comm=false"}));
-  expect_equivalent(train_distributed(config).trajectory, train_reference(config), 1e-5, 1e-5);
+  expect_equivalent(train_distributed(config).trajectory, train_reference(config), kFp32LossTolerance,
+                    kFp32ParameterTolerance);
 }
 
 TEST(ZeroStage3, KeepingUnitsGatheredUntilBackwardHalvesTheGathers) {
@@ -120,16 +121,15 @@ TEST(ZeroStage3, KeepingUnitsGatheredUntilBackwardHalvesTheGathers) {
 
 class ZeroBf16 : public ::testing::TestWithParam<int> {};
 
-TEST_P(ZeroBf16, TrainsCloseToFp32Reference) {
-  const Trajectory reference = train_reference(make_config(1));
-  const DistributedRun run =
-      train_distributed(make_config(1, zero_overrides(GetParam(), {"precision.dtype=\"bf16\""})));
-  double worst = 0.0;
-  for (std::size_t i = 0; i < reference.losses.size(); ++i) {
-    worst = std::max(worst, relative_difference(run.trajectory.losses[i], reference.losses[i]));
-  }
-  // As for data parallelism (runtime/dp_equivalence_test.cpp): within 1% of fp32.
-  EXPECT_LE(worst, 1e-2);
+TEST_P(ZeroBf16, MatchesTheSameRecipeInOneProcess) {
+  const auto config = make_config(1, zero_overrides(GetParam(), {"precision.dtype=\"bf16\""}));
+  // As for data parallelism (runtime/dp_equivalence_test.cpp): the reference runs bf16
+  // as the engine does, and the fp32 master shards are gathered and compared. Measured
+  // worst (1 and 2 ranks, every stage): loss 8.8e-6 relative, parameters 2.7e-4 (a
+  // norm summed in another order flips a bf16 rounding, which Adam carries); the mutant
+  // without fp32 masters: 7.0e-4 and 1.65e-2.
+  const DistributedRun run = train_distributed(config);
+  expect_equivalent(run.trajectory, train_reference(config), 1e-4, 3e-3);
   // bf16 parameters (2 bytes) with fp32 masters and gradients: the gathers move 2Ψ'.
   const std::int64_t padded = run.parameter_elements + run.padding_bytes / 4;
   const std::int64_t n = static_cast<std::int64_t>(run.metrics.front().comm.size());
@@ -138,7 +138,6 @@ TEST_P(ZeroBf16, TrainsCloseToFp32Reference) {
     EXPECT_EQ(m.comm[0][CommOp::kReduceScatter].bytes, 4 * padded);
     EXPECT_EQ(m.model_state_bytes[0].optimizer, 12 * padded / n);  // fp32 master + 2 moments
   }
-  std::printf("[ figures  ] stage %d bf16: max per-step loss relative difference to fp32 %.3g\n", GetParam(), worst);
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, ZeroBf16, ::testing::Values(1, 2, 3), [](const auto& info) {
