@@ -25,8 +25,14 @@ void Engine::backward(const torch::Tensor& loss) {
   auto span = applier_->tracer().span("backward", "compute");
   loss_sum_ += loss.detach().to(torch::kFloat64);
   const double scale = applier_->loss_scale() / static_cast<double>(grad_accum_);
-  applier_->reduction().run_backward(last ? pipeline::WeightGradients::kLast : pipeline::WeightGradients::kSome,
-                                     [&] { (loss * scale).backward(); });
+  applier_->reduction().run_backward(last ? pipeline::WeightGradients::kLast : pipeline::WeightGradients::kSome, [&] {
+    try {
+      (loss * scale).backward();
+    } catch (const c10::Error&) {
+      applier_->explain_missing_kernel();
+      throw;
+    }
+  });
 }
 
 bool Engine::step() {
@@ -41,6 +47,9 @@ bool Engine::step() {
 
 ForwardScope Engine::forward_scope() {
   return applier_->forward_scope();
+}
+void Engine::explain_missing_kernel() const {
+  applier_->explain_missing_kernel();
 }
 torch::Tensor Engine::prepare_input(const torch::Tensor& input) {
   return applier_->prepare_input(input);

@@ -134,6 +134,9 @@ class Engine {
   /// gathers ZeRO-3 parameters on use and lets planned tensor-parallel modules
   /// communicate. For a trainer that calls its model itself.
   ForwardScope forward_scope();
+  /// Inside a `catch (const c10::Error&)` around the model's forward: a kernel missing in
+  /// the compute dtype becomes a ConfigError naming precision.dtype (StepApplier's).
+  void explain_missing_kernel() const;
   /// Floating-point inputs cast to the compute dtype (the first call under tensor
   /// parallelism checks that the group got the same input).
   torch::Tensor prepare_input(const torch::Tensor& input);
@@ -156,7 +159,12 @@ class ModuleEngine : public Engine {
   template <typename... Args>
   auto forward(Args&&... args) {
     ForwardScope scope = forward_scope();
-    return model_->forward(cast(std::forward<Args>(args))...);
+    try {
+      return model_->forward(cast(std::forward<Args>(args))...);
+    } catch (const c10::Error&) {
+      explain_missing_kernel();
+      throw;
+    }
   }
 
   ModuleImpl& module() { return *model_; }

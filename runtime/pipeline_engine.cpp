@@ -283,7 +283,14 @@ double PipelineEngine::train_batch(const std::function<pipeline::MicroBatch()>& 
   }
   pipeline::ExecutorHooks hooks;
   hooks.around_backward = [&applier](pipeline::WeightGradients writes, const std::function<void()>& backward) {
-    applier.reduction().run_backward(writes, backward);
+    applier.reduction().run_backward(writes, [&] {
+      try {
+        backward();
+      } catch (const c10::Error&) {
+        applier.explain_missing_kernel();
+        throw;
+      }
+    });
   };
   hooks.reduce_gradients = [&applier] { applier.reduction().finish(); };
   hooks.reduce_tied_gradients = [this] { reduce_tied_gradients(); };
@@ -297,7 +304,12 @@ double PipelineEngine::train_batch(const std::function<pipeline::MicroBatch()>& 
   hooks.loss_scale = [&applier] { return applier.loss_scale(); };
   hooks.around_forward = [&applier](const std::function<void()>& forward) {
     ModelScope scope = applier.model_scope();
-    forward();
+    try {
+      forward();
+    } catch (const c10::Error&) {
+      applier.explain_missing_kernel();
+      throw;
+    }
   };
   b.executor->run(batch, b.loss, hooks);
   return applier.last_metrics().loss;

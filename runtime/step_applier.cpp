@@ -1,6 +1,7 @@
 #include "parallax/runtime/step_applier.h"
 
 #include <torch/nn/functional/loss.h>
+#include <torch/version.h>
 
 #include <unordered_set>
 
@@ -234,11 +235,6 @@ StepApplier::StepApplier(Runtime& runtime,
   }
   if (config.precision.dtype == Dtype::kFp16) {
     scaler_ = std::make_unique<zero::LossScaler>(loss_scaler_options(config.precision));
-    if (params_.front().is_cpu()) {
-      runtime.logger().summary(
-          "note: precision.dtype = \"fp16\" on CPU: LibTorch 1.13 has no CPU fp16 kernels for matmul or "
-          "layer_norm; a model that uses them fails in its first forward (use bf16 on CPU)");
-    }
   }
   telemetry_ = std::make_unique<StepTelemetry>(runtime);
   reduction_ = make_gradient_reduction(runtime, *model_, params_, dtype_, spec_.optimizer, std::move(model_split));
@@ -318,6 +314,23 @@ const zero::ShardedModel* StepApplier::sharded_model() const {
 }
 Tracer& StepApplier::tracer() {
   return runtime_->tracer();
+}
+
+void StepApplier::explain_missing_kernel() const {
+  try {
+    throw;
+  } catch (const c10::Error& e) {
+    const std::string what = e.what_without_backtrace();
+    if (dtype_ == torch::kFloat32 || what.find("not implemented for '") == std::string::npos) return;
+    const Config& config = runtime_->config();
+    const auto set_at = config.positions.find("precision.dtype");
+    const bool fp16 = config.precision.dtype == Dtype::kFp16;
+    throw ConfigError(std::string("precision.dtype = \"") + to_string(config.precision.dtype) + "\"" +
+                      (set_at == config.positions.end() ? "" : set_at->second) + ": LibTorch " + TORCH_VERSION +
+                      " has no kernel for one of this model's operations in that dtype on this device (" +
+                      what.substr(0, what.find('\n')) + "); use precision.dtype = " +
+                      (fp16 ? "\"bf16\" (the same 2 bytes with fp32's range, no loss scaling)" : "\"fp32\""));
+  }
 }
 
 torch::Tensor dense_cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets) {

@@ -87,6 +87,12 @@ class StepApplier {
   ForwardScope forward_scope();
   /// The scope alone, for a forward that is part of a step (a pipeline chunk's).
   ModelScope model_scope() const;
+  /// Call inside a `catch (const c10::Error&)` around the model's forward or backward:
+  /// throws ConfigError when the error in flight is a kernel this LibTorch lacks in the
+  /// compute dtype (fp16 matrix products on CPU under LibTorch 1.13), naming
+  /// precision.dtype, where it was set, the kernel, and the dtype that runs; returns
+  /// otherwise, for the caller to rethrow.
+  void explain_missing_kernel() const;
   /// Floating-point inputs cast to the compute dtype. Under tensor parallelism the first
   /// call checks that every rank of the group got the same input (UsageError if not).
   torch::Tensor prepare_input(const torch::Tensor& input);

@@ -397,5 +397,39 @@ INSTANTIATE_TEST_SUITE_P(Stages, ZeroFp16, ::testing::Values(0, 1, 2, 3), [](con
   return "stage_" + std::to_string(info.param);
 });
 
+// A model with an operation this LibTorch lacks in fp16 on CPU (a Linear's addmm under
+// LibTorch 1.13) stops with a ConfigError naming precision.dtype, where it was set, the
+// kernel and bf16, not with the kernel's stack trace; where the kernel exists, it trains.
+// Mutant caught: the forward's catch removed (a c10::Error escapes).
+TEST(Fp16OnCpu, AMissingKernelIsAConfigErrorNamingTheKey) {
+  bool has_kernel = true;
+  try {
+    torch::nn::functional::linear(torch::ones({2, 2}, torch::kHalf), torch::ones({2, 2}, torch::kHalf));
+  } catch (const c10::Error&) {
+    has_kernel = false;
+  }
+  Runtime rt(fp16_config(1), kQuiet);
+  torch::nn::Linear linear(4, 4);
+  auto engine = rt.engine(linear.ptr(), OptimizerSpec::from(rt.config()));
+  auto train_one_step = [&] {
+    engine.backward(engine.forward(torch::ones({rt.config().train.micro_batch_size, 4})).to(torch::kFloat32).sum());
+    engine.step();
+  };
+  if (has_kernel) {
+    EXPECT_NO_THROW(train_one_step());
+    return;
+  }
+  try {
+    train_one_step();
+    FAIL() << "an fp16 Linear on CPU ran, though LibTorch has no fp16 addmm here";
+  } catch (const ConfigError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("precision.dtype = \"fp16\" at --set"), std::string::npos) << what;
+    EXPECT_NE(what.find("not implemented for 'Half'"), std::string::npos) << what;
+    EXPECT_NE(what.find("use precision.dtype = \"bf16\""), std::string::npos) << what;
+    EXPECT_EQ(what.find("Exception raised from"), std::string::npos) << "a stack trace: " << what;
+  }
+}
+
 }  // namespace
 }  // namespace parallax
