@@ -1,10 +1,13 @@
 // The engine's contract on unusual models and misuse, on several ranks: tied weights
 // count once, frozen parameters stay frozen, bool buffers travel, a model that differs
 // across ranks or a replaced .grad is a clear error on every rank, and a metrics file
-// rank 0 cannot open stops every rank at init instead of leaving them waiting; each
-// rank's thread pools are sized, and the rank bound, as its thread budget says.
+// rank 0 cannot open stops every rank at init instead of leaving them waiting; gradient
+// all-reduces are launched while backward runs; each rank's thread pools are sized, and
+// the rank bound, as its thread budget says.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+
+#include <filesystem>
 
 #include "parallax/core/config_loader.h"
 #include "parallax/core/cpu_binding.h"
@@ -67,6 +70,47 @@ TEST(EngineContract, TiedWeightsCountOnceAndStepLikeOneProcess) {
   EXPECT_TRUE(torch::equal(model->mask, torch::tensor({true, false, true, true})));
 }
 
+// Gradient reduction overlaps backward: each bucket's all-reduce is launched from the
+// hook of its last gradient, inside backward, not after it. Read from the tracer's
+// "all_reduce launch" records against the backward span. Mutant caught: the hook-time
+// launch removed (finish() then launches every bucket, after backward has returned).
+TEST(EngineContract, EveryBucketsAllReduceIsLaunchedWhileBackwardRuns) {
+  const std::string trace = testing::TempDir() + "overlap_trace.json";
+  int world = 1;
+  {
+    Runtime rt(sgd_config({"zero.bucket_mb=0.001", "zero.overlap_comm=true", "logging.trace_file=\"" + trace + "\""}),
+               kQuiet);
+    torch::manual_seed(3);
+    auto model = std::make_shared<torch::nn::SequentialImpl>(torch::nn::Linear(16, 16), torch::nn::Tanh(),
+                                                             torch::nn::Linear(16, 16), torch::nn::Tanh(),
+                                                             torch::nn::Linear(16, 16));
+    auto engine = rt.engine(model, OptimizerSpec::from(rt.config()));
+    ASSERT_GE(engine.bucket_count(), 3u);  // a 1 KiB bucket: one per weight
+    engine.backward(engine.forward(torch::ones({rt.config().train.micro_batch_size, 16})).pow(2).sum());
+    ASSERT_TRUE(engine.step());
+
+    // {"name":"backward",...,"ts":T,"dur":D,...}: the one backward span, and every launch.
+    const std::string events = rt.tracer().events_json(0);
+    auto field = [&](std::size_t at, const char* key) {
+      const std::size_t pos = events.find(key, at) + std::string(key).size();
+      return std::stoll(events.substr(pos));
+    };
+    const std::size_t backward = events.find("{\"name\":\"backward\"");
+    ASSERT_NE(backward, std::string::npos) << events;
+    const std::int64_t backward_end = field(backward, "\"ts\":") + field(backward, "\"dur\":");
+    std::size_t launched_inside = 0, launched = 0;
+    for (std::size_t at = events.find("\"all_reduce launch\""); at != std::string::npos;
+         at = events.find("\"all_reduce launch\"", at + 1)) {
+      ++launched;
+      if (field(at, "\"ts\":") <= backward_end) ++launched_inside;
+    }
+    EXPECT_EQ(launched, engine.bucket_count());
+    EXPECT_EQ(launched_inside, engine.bucket_count()) << events;
+    world = rt.world().size();
+  }  // the runtime writes each rank's trace file
+  for (int rank = 0; rank < world; ++rank) std::filesystem::remove(Tracer::per_rank_path(trace, rank));
+}
+
 TEST(EngineContract, ReplacingGradIsAClearErrorNotSilentDrift) {
   Runtime rt(sgd_config(), kQuiet);
   auto model = std::make_shared<TiedNet>();
@@ -114,7 +158,9 @@ TEST(EngineContract, InitSizesThePoolsAndBindsTheRankToItsCores) {
   const ThreadBudget& budget = rt.threads();
   ASSERT_FALSE(budget.pus.empty());
   EXPECT_EQ(at::get_num_threads(), budget.intra_op);
-  if (budget.blas > 0) EXPECT_EQ(blas_threads(), budget.blas);
+  if (budget.blas > 0) {
+    EXPECT_EQ(blas_threads(), budget.blas);
+  }
   if (loaded_blas_threading() == BlasThreading::kOwnThreads) {
     EXPECT_EQ(budget.intra_op, 1);
     EXPECT_EQ(budget.blas, static_cast<int>(budget.pus.size()));
