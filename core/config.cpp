@@ -86,6 +86,11 @@ void resolve_batch(TrainOptions& train, int dp) {
 
 }  // namespace
 
+std::string Config::position_of(const std::string& key) const {
+  const auto found = positions.find(key);
+  return found == positions.end() ? "" : found->second;
+}
+
 void Config::resolve(int world_size) {
   PARALLAX_CHECK(world_size >= 1, UsageError, "Config::resolve: world_size = ", world_size, ", expected >= 1");
   // Work on copies so a failed resolve leaves the Config as it was.

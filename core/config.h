@@ -371,6 +371,9 @@ struct Config {
   /// " at train.toml:12:9". Keys left at their defaults are absent. Not hashed.
   std::map<std::string, std::string> positions;
 
+  /// positions[key] (" at train.toml:12:9"), or "" when the key was left at its default.
+  std::string position_of(const std::string& key) const;
+
   /// The application table `name`; throws ConfigError if the config has none.
   const AppTable& app_table(const std::string& name) const;
 

@@ -25,14 +25,8 @@ void Engine::backward(const torch::Tensor& loss) {
   auto span = applier_->tracer().span("backward", "compute");
   loss_sum_ += loss.detach().to(torch::kFloat64);
   const double scale = applier_->loss_scale() / static_cast<double>(grad_accum_);
-  applier_->reduction().run_backward(last ? pipeline::WeightGradients::kLast : pipeline::WeightGradients::kSome, [&] {
-    try {
-      (loss * scale).backward();
-    } catch (const c10::Error&) {
-      applier_->explain_missing_kernel();
-      throw;
-    }
-  });
+  applier_->reduction().run_backward(last ? pipeline::WeightGradients::kLast : pipeline::WeightGradients::kSome,
+                                     [&] { applier_->run_model([&] { (loss * scale).backward(); }); });
 }
 
 bool Engine::step() {

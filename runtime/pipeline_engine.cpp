@@ -283,14 +283,7 @@ double PipelineEngine::train_batch(const std::function<pipeline::MicroBatch()>& 
   }
   pipeline::ExecutorHooks hooks;
   hooks.around_backward = [&applier](pipeline::WeightGradients writes, const std::function<void()>& backward) {
-    applier.reduction().run_backward(writes, [&] {
-      try {
-        backward();
-      } catch (const c10::Error&) {
-        applier.explain_missing_kernel();
-        throw;
-      }
-    });
+    applier.reduction().run_backward(writes, [&] { applier.run_model(backward); });
   };
   hooks.reduce_gradients = [&applier] { applier.reduction().finish(); };
   hooks.reduce_tied_gradients = [this] { reduce_tied_gradients(); };
@@ -304,12 +297,7 @@ double PipelineEngine::train_batch(const std::function<pipeline::MicroBatch()>& 
   hooks.loss_scale = [&applier] { return applier.loss_scale(); };
   hooks.around_forward = [&applier](const std::function<void()>& forward) {
     ModelScope scope = applier.model_scope();
-    try {
-      forward();
-    } catch (const c10::Error&) {
-      applier.explain_missing_kernel();
-      throw;
-    }
+    applier.run_model(forward);
   };
   b.executor->run(batch, b.loss, hooks);
   return applier.last_metrics().loss;

@@ -316,6 +316,15 @@ Tracer& StepApplier::tracer() {
   return runtime_->tracer();
 }
 
+void StepApplier::run_model(const std::function<void()>& body) const {
+  try {
+    body();
+  } catch (const c10::Error&) {
+    explain_missing_kernel();
+    throw;
+  }
+}
+
 void StepApplier::explain_missing_kernel() const {
   try {
     throw;
@@ -323,10 +332,9 @@ void StepApplier::explain_missing_kernel() const {
     const std::string what = e.what_without_backtrace();
     if (dtype_ == torch::kFloat32 || what.find("not implemented for '") == std::string::npos) return;
     const Config& config = runtime_->config();
-    const auto set_at = config.positions.find("precision.dtype");
     const bool fp16 = config.precision.dtype == Dtype::kFp16;
     throw ConfigError(std::string("precision.dtype = \"") + to_string(config.precision.dtype) + "\"" +
-                      (set_at == config.positions.end() ? "" : set_at->second) + ": LibTorch " + TORCH_VERSION +
+                      config.position_of("precision.dtype") + ": LibTorch " + TORCH_VERSION +
                       " has no kernel for one of this model's operations in that dtype on this device (" +
                       what.substr(0, what.find('\n')) + "); use precision.dtype = " +
                       (fp16 ? "\"bf16\" (the same 2 bytes with fp32's range, no loss scaling)" : "\"fp32\""));

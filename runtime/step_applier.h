@@ -87,6 +87,8 @@ class StepApplier {
   ForwardScope forward_scope();
   /// The scope alone, for a forward that is part of a step (a pipeline chunk's).
   ModelScope model_scope() const;
+  /// Runs `body` (the model's forward or backward) through explain_missing_kernel().
+  void run_model(const std::function<void()>& body) const;
   /// Call inside a `catch (const c10::Error&)` around the model's forward or backward:
   /// throws ConfigError when the error in flight is a kernel this LibTorch lacks in the
   /// compute dtype (fp16 matrix products on CPU under LibTorch 1.13), naming

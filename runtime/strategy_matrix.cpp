@@ -11,8 +11,7 @@ namespace {
 
 // "key = value at file:line:col" (the position only when the key was set).
 std::string key(const Config& config, const std::string& name, const std::string& value) {
-  const auto found = config.positions.find(name);
-  return name + " = " + value + (found == config.positions.end() ? "" : found->second);
+  return name + " = " + value + config.position_of(name);
 }
 
 std::string quoted(const char* text) {

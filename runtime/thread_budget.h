@@ -4,7 +4,7 @@
 //
 //   BLAS runs on           intra-op (LibTorch)        BLAS
 //   its own threads        1 (cores with CPU Adam)    cores (1 with CPU Adam)
-//   the OpenMP pool        cores                      cores (the same threads)
+//   the OpenMP pool        cores                      not set (the intra-op threads)
 //   sequential / unknown   cores                      not set
 //
 // Two pools that each busy-wait for work on the same cores (Debian's OpenBLAS spins
@@ -17,9 +17,10 @@
 //
 // When the ranks do not outnumber the node's cores and the launcher left the process
 // unbound (mpirun --bind-to none), each rank's process is bound to its share (threads
-// started later, BLAS's and OpenMP's, inherit it); a launcher's binding is kept. [threads] intra_op,
-// blas and bind override the choices; environment variables (OMP_NUM_THREADS,
-// OPENBLAS_NUM_THREADS) no longer decide, as they could not see the other ranks.
+// started later, BLAS's and OpenMP's, inherit it); a launcher's binding is kept.
+// [threads] intra_op, blas and bind override the choices; environment variables
+// (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS) no longer decide, as they could not see the
+// other ranks.
 #pragma once
 
 #include <string>

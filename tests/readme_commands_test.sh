@@ -44,7 +44,7 @@ extract() {
   ' README.md
 }
 
-run_command() {
+as_run_here() {
   local command=$1
   command=$(sed -E 's/[[:space:]]+#[^"'"'"']*$//' <<<"$command")  # a trailing comment
   command=${command//build\//$build/}
@@ -58,7 +58,7 @@ total=$(extract | wc -l)
 failures=0 ran=0 listed=0
 while IFS=$'\t' read -r -a record; do
   kind=${record[0]} shown=${record[1]}
-  command=$(run_command "$shown")
+  command=$(as_run_here "$shown")
   if [[ "$command" == *ctest* || "$command" == scripts/test.sh* ]]; then
     echo "listed  $shown   (the test suite itself: .ci/run runs it)"
     listed=$((listed + 1))
