@@ -85,6 +85,8 @@ struct ShardedModel::State {
   std::vector<std::ptrdiff_t> unit_of_group;
   std::unique_ptr<GatherSchedule> schedule;
   std::vector<WorkPtr> gathers;                        ///< in-flight gather per unit
+  std::int64_t prefetched_uses = 0;                    ///< first uses whose gather was already in flight
+  std::int64_t gathers_on_use = 0;                     ///< first uses that had to launch their own gather
   std::unique_ptr<torch::optim::Optimizer> optimizer;  ///< unless offloaded
   std::unique_ptr<offload::OffloadedAdam> offloaded;   ///< [offload] optimizer != none
   std::unique_ptr<GradientHooks> hooks;
@@ -349,6 +351,9 @@ void ShardedModel::on_parameter_use(std::size_t unit) {
   State& s = *state_;
   std::lock_guard<std::mutex> lock(s.mutex);
   const auto phase = s.in_backward ? GatherSchedule::Phase::kBackward : GatherSchedule::Phase::kForward;
+  const bool gathered_before = s.schedule->gathered(unit);
+  if (!gathered_before) ++s.gathers_on_use;
+  if (gathered_before && s.gathers[unit]) ++s.prefetched_uses;  // launched by an earlier touch
   s.apply_locked(s.schedule->touch(unit, phase));
   if (s.gathers[unit]) {
     auto span = s.tracer->span("zero gather wait", "comm");
@@ -567,6 +572,12 @@ std::int64_t ShardedModel::peak_gathered_bytes() const {
 }
 std::int64_t ShardedModel::order_changes() const {
   return state_->schedule ? state_->schedule->order_changes() : 0;
+}
+std::int64_t ShardedModel::prefetched_uses() const {
+  return state_->prefetched_uses;
+}
+std::int64_t ShardedModel::gathers_on_use() const {
+  return state_->gathers_on_use;
 }
 std::int64_t ShardedModel::largest_unit_bytes() const {
   std::int64_t largest = 0;

@@ -170,6 +170,11 @@ class ShardedModel final : private ParameterUseListener {
   std::int64_t largest_unit_bytes() const;
   /// Stage 3: times the recorded forward or backward order of units changed.
   std::int64_t order_changes() const;
+  /// Stage 3, since construction: a unit's first use in a pass either finds its gather
+  /// already launched by an earlier use (prefetched: the all_gather overlapped the
+  /// compute in between) or launches it and waits (on use).
+  std::int64_t prefetched_uses() const;
+  std::int64_t gathers_on_use() const;
 
  private:
   struct State;

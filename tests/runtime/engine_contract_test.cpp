@@ -56,16 +56,22 @@ TEST(EngineContract, TiedWeightsCountOnceAndStepLikeOneProcess) {
   auto engine = rt.engine(model, OptimizerSpec::from(rt.config()));
   EXPECT_EQ(engine.gradient_bytes(), 16 * 4);  // the shared weight once; the frozen scale not at all
 
-  // Every rank feeds the same batch, so the averaged gradient equals one process's.
-  const auto x = torch::arange(8, torch::kFloat).reshape({2, 4}) / 8.0;
-  engine.backward(engine.forward(x).pow(2).sum());
+  // Each rank feeds its own batch; the reference steps on the mean of every rank's loss,
+  // which a skipped (or sum-instead-of-mean) all-reduce would not reproduce.
+  const int world = rt.world().size();
+  auto batch_of = [](int rank) { return (torch::arange(8, torch::kFloat).reshape({2, 4}) + rank) / 8.0; };
+  engine.backward(engine.forward(batch_of(rt.world().rank())).pow(2).sum());
   ASSERT_TRUE(engine.step());
-  reference->forward(x).pow(2).sum().backward();
+  torch::Tensor reference_loss = torch::zeros({});
+  for (int rank = 0; rank < world; ++rank)
+    reference_loss = reference_loss + reference->forward(batch_of(rank)).pow(2).sum();
+  (reference_loss / world).backward();
   {
     torch::NoGradGuard no_grad;
     reference->weight.sub_(0.5 * reference->weight.grad());
   }
-  EXPECT_TRUE(torch::allclose(model->weight, reference->weight, 1e-6, 1e-7));
+  EXPECT_TRUE(torch::allclose(model->weight, reference->weight, 1e-6, 1e-7))
+      << (model->weight - reference->weight).abs().max().item<double>();
   EXPECT_TRUE(torch::equal(model->frozen, torch::full({4}, 2.0)));
   EXPECT_TRUE(torch::equal(model->mask, torch::tensor({true, false, true, true})));
 }

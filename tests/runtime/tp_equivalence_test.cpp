@@ -179,6 +179,29 @@ TEST(TpDropout, ReplicatedAgreeSplitDifferRunsRepeat) {
   for (int r = 1; r < world->size(); ++r) EXPECT_TRUE(torch::equal(attention[r], attention[0])) << "rank " << r;
 }
 
+// A trainer that indexes its data by world rank feeds the two halves of a
+// tensor-parallel group different micro-batches: every rank of the group stops at the
+// first forward with an error naming the group and the cure. Mutant caught: the input
+// check removed (the forward then trains on mixed data without a word).
+TEST(TpInputCheck, DataIndexedByWorldRankFailsOnEveryRankOfTheGroup) {
+  const auto c = make_config(1, {"parallel.tp=2"}, "tp.toml");
+  parallax::Runtime rt(c, {{"model", "data"}, /*print_summary=*/false});
+  const auto options = gpt::GPTOptions::from_table(rt.config().app_table("model"));
+  const gpt::SyntheticTokens data(options.vocab_size, options.block_size, c.train.seed);
+  gpt::GPT model(options, static_cast<std::uint64_t>(c.train.seed));
+  auto engine = rt.engine(model, parallax::OptimizerSpec::from(rt.config()));
+  const std::int64_t micro = rt.config().train.micro_batch_size;
+  auto [inputs, targets] = data.batch(rt.world().rank() * micro, micro);  // the bug: world rank, not dp rank
+  try {
+    engine.forward(inputs);
+    ADD_FAILURE() << "different inputs across a tensor-parallel group were accepted";
+  } catch (const parallax::UsageError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("the first forward's input differs across tensor-parallel group"), std::string::npos) << what;
+    EXPECT_NE(what.find("index the data by mesh().coord().dp"), std::string::npos) << what;
+  }
+}
+
 // A model written with the parallel layers (no plan): grouped-query attention whose one
 // key/value head is replicated on every rank of the group, trained by the engine with
 // clipping tight enough to act every step, matches the same dense model trained by one

@@ -101,6 +101,7 @@ struct Distributed {
   Run run;
   std::vector<StepMetrics> metrics;
   std::int64_t peak_gathered = 0, largest_unit = 0, padding = 0;
+  std::int64_t prefetched_uses = 0, gathers_on_use = 0;
   std::size_t units = 0;
 };
 
@@ -128,6 +129,8 @@ Distributed train_distributed(Config config, const std::function<torch::Tensor(s
     out.largest_unit = zero->largest_unit_bytes();
     out.padding = zero->padding_elements();
     out.units = zero->unit_count();
+    out.prefetched_uses = zero->prefetched_uses();
+    out.gathers_on_use = zero->gathers_on_use();
   }
   return out;
 }
@@ -236,6 +239,29 @@ TEST(ZeroStage3, GatheredBytesStayWithinTheLiveBudgetPlusOneUnit) {
   // The budget + one unit (the shared weight is used again after `big` is gathered).
   std::printf("[ figures  ] stage 3, max_live_mb = 0: peak gathered %lld bytes, largest unit %lld bytes\n",
               static_cast<long long>(got.peak_gathered), static_cast<long long>(got.largest_unit));
+}
+
+// Stage 3's prefetch: once a step has recorded the order of the two units (first, big),
+// each later forward and backward launches the second unit's all_gather when the first
+// is used, so the second unit's first use finds it in flight; only the first unit of a
+// pass is gathered on use. Without a prefetch budget every first use gathers.
+// Mutant caught: prefetch_after() never called (every gather on use).
+TEST(ZeroStage3, PrefetchLaunchesTheNextUnitsGatherBeforeItsUse) {
+  const std::string two_units = "zero.persistence_threshold=4";  // first and big; scale, unused held whole
+  const Distributed ahead = train_distributed(awkward_config(3, 1, {two_units, "zero.prefetch_mb=1"}));
+  const Distributed on_use = train_distributed(awkward_config(3, 1, {two_units, "zero.prefetch_mb=0"}));
+  ASSERT_EQ(ahead.units, 2u);
+  // Per step: a forward and a backward, each with a first use of both units; the first
+  // step has no recorded order to prefetch along.
+  EXPECT_EQ(ahead.prefetched_uses, 2 * (kSteps - 1));
+  EXPECT_EQ(ahead.gathers_on_use, 4 + 2 * (kSteps - 1));
+  EXPECT_EQ(on_use.prefetched_uses, 0);
+  EXPECT_EQ(on_use.gathers_on_use, 4 * kSteps);
+  std::printf(
+      "[ figures  ] stage 3 first uses over %lld steps: prefetch on %lld ahead / %lld on use, off %lld / %lld\n",
+      static_cast<long long>(kSteps), static_cast<long long>(ahead.prefetched_uses),
+      static_cast<long long>(ahead.gathers_on_use), static_cast<long long>(on_use.prefetched_uses),
+      static_cast<long long>(on_use.gathers_on_use));
 }
 
 TEST(ZeroStage3, ReadingParametersBetweenStepsGathersThemOnTheBuildingThread) {
