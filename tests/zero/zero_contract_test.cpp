@@ -491,7 +491,8 @@ struct Wide : torch::nn::Module {
 
 // What the engine says it holds is what LibTorch's allocator holds: the bytes allocated
 // (by any thread) and not freed from before the model is built to after the first step,
-// against model_state_bytes(), stages 0–3 on 1, 2 and 4 ranks. Measured: the allocator
+// against model_state_bytes(), stages 0–3 and stage 3 offloaded to the host, on 1, 2
+// and 4 ranks. Measured: the allocator
 // holds the claim plus 8 to 888 bytes (the loss, rank 0's telemetry). Mutant caught: the
 // parameters' original storage kept after their copy into the flat buffers (1 MB held,
 // unclaimed). The claim is read from the tensors held, so a buffer kept too long shows
@@ -499,8 +500,13 @@ struct Wide : torch::nn::Module {
 constexpr std::int64_t kUnclaimedBytes = 8 << 10;
 
 TEST(MemoryMeasured, TheAllocatorHoldsWhatTheEngineClaims) {
-  for (int stage : {0, 1, 2, 3}) {
-    Runtime rt(awkward_config(stage, 1, {"zero.wrap=[\"Linear\"]", "zero.persistence_threshold=0"}), kQuiet);
+  const std::vector<std::pair<int, std::string>> cases = {
+      {0, ""}, {1, ""}, {2, ""}, {3, ""}, {3, "cpu"}};  // (stage, offload.optimizer and .param)
+  for (const auto& [stage, offload] : cases) {
+    std::vector<std::string> extra = {"zero.wrap=[\"Linear\"]", "zero.persistence_threshold=0"};
+    if (!offload.empty()) extra.push_back("offload.optimizer=\"" + offload + "\"");
+    if (!offload.empty()) extra.push_back("offload.param=\"" + offload + "\"");
+    Runtime rt(awkward_config(stage, 1, extra), kQuiet);
     const torch::Tensor input = torch::ones({rt.config().train.micro_batch_size, 256});
     CountingCpuAllocator counter;
     std::int64_t real = 0;
@@ -515,10 +521,12 @@ TEST(MemoryMeasured, TheAllocatorHoldsWhatTheEngineClaims) {
       claimed = engine.model_state_bytes();
     }
     const std::int64_t claimed_total = claimed.params + claimed.grads + claimed.optimizer + claimed.host;
-    EXPECT_GE(real, claimed_total) << "stage " << stage;
-    EXPECT_LE(real, claimed_total + kUnclaimedBytes) << "stage " << stage;
-    std::printf("[ figures  ] stage %d: the allocator holds %lld bytes, the engine claims %lld\n", stage,
-                static_cast<long long>(real), static_cast<long long>(claimed_total));
+    EXPECT_GE(real, claimed_total) << "stage " << stage << " offload '" << offload << "'";
+    EXPECT_LE(real, claimed_total + kUnclaimedBytes) << "stage " << stage << " offload '" << offload << "'";
+    std::printf(
+        "[ figures  ] stage %d, offload '%s': the allocator holds %lld bytes, the engine claims %lld (host %lld)\n",
+        stage, offload.c_str(), static_cast<long long>(real), static_cast<long long>(claimed_total),
+        static_cast<long long>(claimed.host));
   }
 }
 
