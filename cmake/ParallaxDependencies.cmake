@@ -1,16 +1,44 @@
 # Finds everything Parallax builds against. Each dependency becomes an imported target;
 # cmake/ParallaxConfig.cmake.in finds the same ones for consumers of the installed package.
 
-find_package(Torch REQUIRED)          # Debian's libtorch-dev, or any LibTorch >= 1.13 via Torch_DIR
+# Protobuf before Torch: a LibTorch built without it (the PyPI wheel) defines a dummy
+# protobuf::libprotobuf when no such target exists yet.
+find_package(Protobuf REQUIRED)
+find_package(Torch REQUIRED)          # Debian's libtorch-dev, or any LibTorch >= 1.13 (CMAKE_PREFIX_PATH)
+include(ParallaxTorchLibraries)
 find_package(MPI REQUIRED COMPONENTS CXX)
 find_package(tomlplusplus REQUIRED)
-find_package(Protobuf REQUIRED)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(HWLOC REQUIRED IMPORTED_TARGET hwloc)
 find_package(Threads REQUIRED)
+# LibTorch from the PyPI wheel: its libraries sit in torch/lib, and the CUDA, NCCL and
+# OpenMP runtimes it was built with beside it (torch/lib/libgomp.so.1,
+# nvidia/{cu13,nccl}/lib). Parallax links those same files, so one process never holds
+# two of a runtime (they share sonames: the first loaded would serve both).
+set(PARALLAX_TORCH_LIB_DIR "${TORCH_INSTALL_PREFIX}/lib")
+get_filename_component(PARALLAX_TORCH_WHEEL_NVIDIA "${TORCH_INSTALL_PREFIX}/../nvidia" ABSOLUTE)
 # at::parallel_for is a header template: without OpenMP in the including translation
-# unit it runs serially, whatever at::get_num_threads() says.
+# unit it runs serially, whatever at::get_num_threads() says. With LibTorch's own
+# libgomp, at::set_num_threads and our parallel regions size the same pool.
+if(EXISTS "${PARALLAX_TORCH_LIB_DIR}/libgomp.so.1" AND NOT OpenMP_gomp_LIBRARY)
+  set(OpenMP_gomp_LIBRARY "${PARALLAX_TORCH_LIB_DIR}/libgomp.so.1" CACHE FILEPATH "LibTorch's own OpenMP runtime")
+endif()
 find_package(OpenMP REQUIRED COMPONENTS CXX)
+# LibTorch's CMake config links the CUDA toolkit's runtime and NVRTC (CUDA::cudart,
+# CUDA::nvrtc, CUDA_NVRTC_LIB); the wheel's libraries load the copies in nvidia/cu*/lib.
+# Point those at the copies, so everything links what LibTorch runs with.
+foreach(_parallax_cuda_lib cudart nvrtc)
+  file(GLOB _parallax_wheel_copy "${PARALLAX_TORCH_WHEEL_NVIDIA}/cu*/lib/lib${_parallax_cuda_lib}.so.*")
+  list(FILTER _parallax_wheel_copy EXCLUDE REGEX "alt|builtins")
+  if(TARGET CUDA::${_parallax_cuda_lib} AND _parallax_wheel_copy)
+    list(GET _parallax_wheel_copy 0 _parallax_wheel_copy)
+    set_property(TARGET CUDA::${_parallax_cuda_lib} PROPERTY IMPORTED_LOCATION "${_parallax_wheel_copy}")
+    if(_parallax_cuda_lib STREQUAL "nvrtc" AND CUDA_NVRTC_LIB)  # TORCH_LIBRARIES names the file
+      list(TRANSFORM TORCH_LIBRARIES REPLACE "^${CUDA_NVRTC_LIB}$" "${_parallax_wheel_copy}")
+    endif()
+    message(STATUS "Parallax: CUDA::${_parallax_cuda_lib} is LibTorch's ${_parallax_wheel_copy}")
+  endif()
+endforeach()
 
 # LibTorch built with CUDA sets TORCH_CUDA_LIBRARIES (or c10_cuda) in TorchConfig.
 set(PARALLAX_TORCH_HAS_CUDA OFF)
@@ -28,10 +56,12 @@ if(PARALLAX_WITH_NCCL STREQUAL "ON" OR (PARALLAX_WITH_NCCL STREQUAL "AUTO" AND P
   find_package(CUDAToolkit ${_parallax_nccl_required})
   if(CUDAToolkit_FOUND)
     get_filename_component(_parallax_cuda_root "${CUDAToolkit_BIN_DIR}" DIRECTORY)
+    # LibTorch's NCCL first (the wheel's nvidia/nccl: no unversioned libnccl.so there).
     find_path(NCCL_INCLUDE_DIR nccl.h
-      HINTS ${CUDAToolkit_INCLUDE_DIRS} "${_parallax_cuda_root}/include")
-    find_library(NCCL_LIBRARY nccl
-      HINTS ${CUDAToolkit_LIBRARY_DIR} "${_parallax_cuda_root}/lib" "${_parallax_cuda_root}/lib64")
+      HINTS "${PARALLAX_TORCH_WHEEL_NVIDIA}/nccl/include" ${CUDAToolkit_INCLUDE_DIRS} "${_parallax_cuda_root}/include")
+    find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 NAMES_PER_DIR
+      HINTS "${PARALLAX_TORCH_WHEEL_NVIDIA}/nccl/lib" ${CUDAToolkit_LIBRARY_DIR} "${_parallax_cuda_root}/lib"
+            "${_parallax_cuda_root}/lib64")
   endif()
   if(NCCL_INCLUDE_DIR AND NCCL_LIBRARY)
     set(PARALLAX_NCCL_ENABLED ON)

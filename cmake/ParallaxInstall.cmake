@@ -24,5 +24,6 @@ function(parallax_install_package)
     COMPATIBILITY SameMinorVersion)
   install(FILES ${PROJECT_BINARY_DIR}/ParallaxConfig.cmake
                 ${PROJECT_BINARY_DIR}/ParallaxConfigVersion.cmake
+                ${PROJECT_SOURCE_DIR}/cmake/ParallaxTorchLibraries.cmake
           DESTINATION ${PARALLAX_CMAKE_DIR})
 endfunction()

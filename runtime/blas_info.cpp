@@ -22,7 +22,8 @@ int collect_blas_paths(struct dl_phdr_info* info, size_t, void* data) {
   const std::string name = info->dlpi_name ? info->dlpi_name : "";
   const auto slash = name.find_last_of('/');
   const std::string base = slash == std::string::npos ? name : name.substr(slash + 1);
-  if (base.find("blas") != std::string::npos || base.find("mkl_core") != std::string::npos) {
+  const bool cpu_blas = base.find("blas") != std::string::npos && base.find("cublas") == std::string::npos;
+  if (cpu_blas || base.find("mkl_core") != std::string::npos) {
     char resolved[PATH_MAX];
     paths->push_back(realpath(name.c_str(), resolved) ? std::string(resolved) : name);
   }
@@ -34,18 +35,24 @@ int collect_blas_paths(struct dl_phdr_info* info, size_t, void* data) {
 std::string describe_loaded_blas() {
   std::vector<std::string> paths;
   dl_iterate_phdr(collect_blas_paths, &paths);
-  if (paths.empty()) return "unknown";
   // OpenBLAS reports its own version and build.
   if (auto fn = blas_symbol<const char* (*)()>("openblas_get_config")) {
     std::string config = fn();
     for (const auto& p : paths) {
       if (p.find("openblas") != std::string::npos) return config + " (" + p + ")";
     }
-    return config + " (" + paths.front() + ")";
+    return paths.empty() ? config : config + " (" + paths.front() + ")";
   }
   for (const auto& p : paths) {
     if (p.find("mkl") != std::string::npos) return "Intel MKL (" + p + ")";
   }
+  // MKL linked statically into LibTorch (the PyPI wheels): no library of its own.
+  if (auto fn = blas_symbol<int (*)()>("MKL_Get_Max_Threads")) {
+    Dl_info where{};
+    const bool found = dladdr(reinterpret_cast<void*>(fn), &where) != 0 && where.dli_fname != nullptr;
+    return std::string("Intel MKL (inside ") + (found ? where.dli_fname : "LibTorch") + ")";
+  }
+  if (paths.empty()) return "unknown";
   return "reference BLAS (" + paths.front() + ")";
 }
 

@@ -14,7 +14,7 @@ GradientBuckets::GradientBuckets(std::vector<torch::Tensor> params,
                                  Communicator& comm,
                                  Tracer& tracer,
                                  bool overlap,
-                                 c10::optional<torch::ScalarType> accumulate_dtype)
+                                 std::optional<torch::ScalarType> accumulate_dtype)
     : params_(std::move(params)),
       bucket_of_param_(params_.size()),
       offset_of_param_(params_.size()),

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "parallax/core/communicator.h"
@@ -53,7 +54,7 @@ class GradientBuckets {
                   Communicator& comm,
                   Tracer& tracer,
                   bool overlap = true,
-                  c10::optional<torch::ScalarType> accumulate_dtype = c10::nullopt);
+                  std::optional<torch::ScalarType> accumulate_dtype = std::nullopt);
   GradientBuckets(const GradientBuckets&) = delete;
   GradientBuckets& operator=(const GradientBuckets&) = delete;
   ~GradientBuckets();

@@ -62,7 +62,7 @@ class ReplicatedReduction final : public GradientReduction {
     const bool keep_masters = dtype != torch::kFloat32;
     buckets_ = std::make_unique<GradientBuckets>(
         params_, config.zero.bucket_bytes(), runtime.mesh().dp(), runtime.tracer(), config.zero.overlap_comm,
-        keep_masters ? c10::optional<torch::ScalarType>(torch::kFloat32) : c10::nullopt);
+        keep_masters ? std::optional<torch::ScalarType>(torch::kFloat32) : std::nullopt);
     if (keep_masters) {
       for (std::size_t i = 0; i < params_.size(); ++i) {
         torch::Tensor master = params_[i].detach().to(torch::kFloat32).clone().requires_grad_(true);

@@ -5,6 +5,7 @@
 #include <torch/optim/sgd.h>
 
 #include <cmath>
+#include <sstream>
 #include <string>
 #include <type_traits>
 
@@ -72,7 +73,9 @@ class FusedCpuAdam final : public Base {
   static auto key(const torch::Tensor& p) {
     using Key = typename std::decay_t<Map>::key_type;
     if constexpr (std::is_same_v<Key, std::string>) {
-      return c10::guts::to_string(p.unsafeGetTensorImpl());
+      std::ostringstream text;  // what 1.13's c10::guts::to_string wrote (gone in 2.x)
+      text << p.unsafeGetTensorImpl();
+      return text.str();
     } else {
       return static_cast<Key>(p.unsafeGetTensorImpl());
     }

@@ -1,9 +1,11 @@
 # shellcheck shell=bash
 # Shared by scripts/demo.sh and scripts/test.sh (sourced, not run). Provides:
 #   ensure_dependencies       installs missing Debian packages (root), or prints the
-#                             apt-get line and exits 1 (not root)
-#   configure_and_build ARGS  configures Release into ${BUILD_DIR:-build} with the cmake
-#                             ARGS before "--", then builds with the ARGS after it
+#                             apt-get line and exits 1 (not root); then, with
+#                             TORCH=wheel, the LibTorch wheel's virtual environment
+#   configure_and_build ARGS  configures Release into $BUILD_DIR against the LibTorch
+#                             TORCH selects, with the cmake ARGS before "--", then builds
+#                             with the ARGS after it
 #   prefer_cpu_openblas_kernels  exports OPENBLAS_CORETYPE for this CPU's best kernels
 # and exports the environment Open MPI needs to run here (as root, in containers).
 
@@ -15,7 +17,59 @@ PARALLAX_DEB_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
 )
 
+# TORCH selects the LibTorch every script builds against (both are tested in CI):
+#   TORCH=debian (default)  Debian's libtorch-dev 1.13, CPU only; BUILD_DIR defaults to build
+#   TORCH=wheel             LibTorch 2.11 from the PyPI wheel torch==2.11.0 (a CUDA 13.0 build;
+#                           its CPU code runs without a GPU), installed into the virtual
+#                           environment .venv/torch-2.11.0 (about 5 GB; kept between runs,
+#                           pip's cache keeps the download); BUILD_DIR defaults to build-wheel.
+#                           Configuring needs the CUDA toolkit (nvcc on the PATH, or in
+#                           /usr/local/cuda/bin).
+# Any other LibTorch: leave TORCH unset and pass -DCMAKE_PREFIX_PATH=<its cmake dir> to cmake.
+PARALLAX_TORCH_WHEEL=torch==2.11.0
+PARALLAX_TORCH_VENV=.venv/torch-2.11.0
+case "${TORCH:=debian}" in
+  debian) BUILD_DIR="${BUILD_DIR:-build}" ;;
+  wheel)
+    BUILD_DIR="${BUILD_DIR:-build-wheel}"
+    PARALLAX_DEB_PACKAGES+=(python3-venv python3-pip)
+    if ! command -v nvcc >/dev/null && [[ -x /usr/local/cuda/bin/nvcc ]]; then
+      export PATH="/usr/local/cuda/bin:$PATH"
+    fi
+    ;;
+  *)
+    echo "TORCH=$TORCH: expected debian (Debian's LibTorch 1.13) or wheel (LibTorch 2.11 from PyPI)" >&2
+    exit 2
+    ;;
+esac
+export TORCH BUILD_DIR
+
+# The wheel's virtual environment, created once; .complete marks a finished install.
+ensure_torch_wheel() {
+  local venv="$PARALLAX_TORCH_VENV"
+  [[ -f "$venv/.complete" ]] && return 0
+  echo "Installing $PARALLAX_TORCH_WHEEL into $venv"
+  rm -rf "$venv"
+  /usr/bin/python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet --upgrade pip
+  "$venv/bin/pip" install --quiet "$PARALLAX_TORCH_WHEEL" numpy
+  touch "$venv/.complete"
+}
+
+# The cmake arguments that select TORCH's LibTorch.
+torch_cmake_args() {
+  if [[ "$TORCH" == wheel ]]; then
+    echo "-DCMAKE_PREFIX_PATH=$("$PARALLAX_TORCH_VENV/bin/python" -c \
+      'import torch.utils; print(torch.utils.cmake_prefix_path)' 2>/dev/null)"
+  fi
+}
+
 ensure_dependencies() {
+  ensure_debian_packages
+  if [[ "$TORCH" == wheel ]]; then ensure_torch_wheel; fi
+}
+
+ensure_debian_packages() {
   if ! command -v dpkg-query >/dev/null; then
     echo "note: dpkg-query not found (not Debian); assuming the dependencies are installed" >&2
     return 0
@@ -45,8 +99,9 @@ configure_and_build() {
   while (($#)) && [[ "$1" != "--" ]]; do configure+=("$1"); shift; done
   (($#)) && shift
   build=("$@")
-  local dir="${BUILD_DIR:-build}"
-  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release "${configure[@]}"
+  local dir="$BUILD_DIR" torch_args
+  torch_args=$(torch_cmake_args)
+  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release ${torch_args:+"$torch_args"} "${configure[@]}"
   cmake --build "$dir" -j "$(nproc)" "${build[@]}"
 }
 

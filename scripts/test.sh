@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds everything (Release, into ${BUILD_DIR:-build}) and runs
-# the whole CTest suite except the tests labelled "gpu". Extra arguments go to ctest,
-# e.g. scripts/test.sh -R config_test
+# Installs what is missing, builds everything (Release, into $BUILD_DIR) and runs the whole
+# CTest suite except the tests labelled "gpu". Extra arguments go to ctest, e.g.
+#   scripts/test.sh -R config_test
+#   TORCH=wheel scripts/test.sh       against LibTorch 2.11 from PyPI, in build-wheel/
+# (scripts/common.sh says what TORCH selects).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/common.sh
@@ -13,5 +15,5 @@ nccl=AUTO
 if command -v nvcc >/dev/null; then nccl=ON; fi
 configure_and_build -DPARALLAX_BUILD_TESTS=ON -DPARALLAX_BUILD_EXAMPLES=ON \
   -DPARALLAX_BUILD_BENCHMARKS=ON -DPARALLAX_WITH_NCCL="$nccl"
-cd "${BUILD_DIR:-build}"
+cd "$BUILD_DIR"
 ctest --output-on-failure --timeout 600 -LE gpu "$@"

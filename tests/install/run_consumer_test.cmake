@@ -81,6 +81,12 @@ if(CXX_COMPILER)
 endif()
 if(Torch_DIR)
   list(APPEND configure_args "-DTorch_DIR=${Torch_DIR}")
+  # LibTorch's config finds its Caffe2 part with PATHS, searched after the system's:
+  # without this, Debian's would win over another LibTorch.
+  if(EXISTS "${Torch_DIR}/../Caffe2")
+    get_filename_component(caffe2_dir "${Torch_DIR}/../Caffe2" ABSOLUTE)
+    list(APPEND configure_args "-DCaffe2_DIR=${caffe2_dir}")
+  endif()
 endif()
 run("configure the consumer" "${CMAKE_COMMAND}" ${configure_args})
 file(STRINGS "${consumer_build}/CMakeCache.txt" found_dir REGEX "^Parallax_DIR:")
