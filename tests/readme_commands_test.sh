@@ -10,6 +10,8 @@
 # none; as root the variables scripts/common.sh exports), and ```sh commands that train
 # stop after README_STEPS (2) steps. scripts/test.sh and ctest are the suite itself,
 # which .ci/run runs: they are listed, not entered again.
+# Then every measured figure block is there, known and stamped
+# (scripts/readme_figures.py --check).
 # Usage: readme_commands_test.sh <source-dir> <build-dir>
 set -u
 src=$1 build=$2
@@ -93,4 +95,6 @@ while IFS=$'\t' read -r -a record; do
 done < <(extract)
 
 echo "$ran of the README's $total command(s) run ($listed listed), $failures failed"
-[[ $((ran + listed)) -eq $total && $ran -gt 0 && $failures -eq 0 ]]
+figures_ok=0
+python3 scripts/readme_figures.py --check || figures_ok=1
+[[ $((ran + listed)) -eq $total && $ran -gt 0 && $failures -eq 0 && $figures_ok -eq 0 ]]

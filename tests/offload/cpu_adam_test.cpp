@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <tuple>
 
+#include "figures.h"
 #include "parallax/core/error.h"
 #include "parallax/offload/cpu_adam.h"
 
@@ -59,9 +60,9 @@ TEST_P(CpuAdamAgainstLibTorch, HundredStepsAgree) {
   }
   const double worst = worst_relative(params, reference.detach());
   EXPECT_LE(worst, 1e-6) << CpuAdam::instruction_set();
-  std::printf("[ figures  ] numel %lld %s wd %g (%s): worst relative difference after %d steps %.3g\n",
-              static_cast<long long>(numel), decoupled ? "adamw" : "adam", weight_decay, CpuAdam::instruction_set(),
-              kSteps, worst);
+  parallax_test::print_figure("numel %lld %s wd %g (%s): worst relative difference after %d steps %.3g\n",
+                              static_cast<long long>(numel), decoupled ? "adamw" : "adam", weight_decay,
+                              CpuAdam::instruction_set(), kSteps, worst);
 }
 
 INSTANTIATE_TEST_SUITE_P(Sizes,

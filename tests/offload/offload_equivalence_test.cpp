@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <string>
 
+#include "figures.h"
 #include "gpt.h"
 #include "gpt_training.h"
 #include "parallax/core/cpu_binding.h"
@@ -112,8 +113,8 @@ TEST_P(OffloadEquivalence, BytesOnDeviceHostAndNvmeFollowZeroOffload) {
       EXPECT_EQ(got.nvme, want.nvme) << "rank " << r << " step " << m.step;
     }
   }
-  std::printf(
-      "[ figures  ] %s, N %lld: bytes per rank device %lld (params %lld, grads %lld), host %lld, nvme %lld; "
+  parallax_test::print_figure(
+      "%s, N %lld: bytes per rank device %lld (params %lld, grads %lld), host %lld, nvme %lld; "
       "without offload %lld on the device\n",
       v.name().c_str(), static_cast<long long>(n), static_cast<long long>(want.params + want.grads),
       static_cast<long long>(want.params), static_cast<long long>(want.grads), static_cast<long long>(want.host),

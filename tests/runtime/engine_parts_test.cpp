@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "figures.h"
 #include "parallax/core/config_loader.h"
 #include "parallax/core/world.h"
 #include "parallax/runtime/blas_info.h"
@@ -104,8 +105,8 @@ TEST(Optimizer, FusedCpuAdamStepsAsLibTorchDoes) {
     EXPECT_EQ(fused_parameter_steps(*fused), 6 * 2) << to_string(type);
     EXPECT_EQ(fused_parameter_steps(*plain), 0);
     EXPECT_EQ(optimizer_state_bytes(*fused), optimizer_state_bytes(*plain));
-    std::printf("[ figures  ] fused %s vs LibTorch after 6 steps: max parameter difference %.1e\n", to_string(type),
-                worst);
+    parallax_test::print_figure("fused %s vs LibTorch after 6 steps: max parameter difference %.1e\n", to_string(type),
+                                worst);
   }
 }
 

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "figures.h"
 #include "gpt.h"
 #include "parallax/core/config_loader.h"
 #include "parallax/core/mesh.h"
@@ -195,8 +196,8 @@ void expect_equivalent(const Trajectory& got, const Trajectory& want, double los
     EXPECT_LE(diff, param_tolerance) << "parameter " << i << " differs by " << diff;
   }
   // The figures the closing notes quote.
-  std::printf("[ figures  ] max per-step loss relative difference %.3g, max final parameter difference %.3g\n",
-              worst_loss, worst_param);
+  parallax_test::print_figure("max per-step loss relative difference %.3g, max final parameter difference %.3g\n",
+                              worst_loss, worst_param);
 }
 
 }  // namespace equivalence

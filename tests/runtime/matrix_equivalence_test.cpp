@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "figures.h"
 #include "gpt.h"
 #include "gpt_training.h"
 #include "parallax/core/mpi_communicator.h"
@@ -169,8 +170,8 @@ TEST(PipelineZeroTraffic, StageOneReducesOncePerStepStageTwoOncePerMicroBatch) {
     } else {
       EXPECT_GE(gathered, 4 * run.reduced_bytes);
     }
-    std::printf(
-        "[ figures  ] zero.stage 3 in a pipeline (4 micro-batches), %s: all-gather %lld bytes per step = "
+    parallax_test::print_figure(
+        "zero.stage 3 in a pipeline (4 micro-batches), %s: all-gather %lld bytes per step = "
         "%.2f x the stage's parameters\n",
         held ? "held for the step" : "resharded after forward and backward", static_cast<long long>(gathered),
         static_cast<double>(gathered) / static_cast<double>(run.reduced_bytes));
@@ -181,8 +182,8 @@ TEST(PipelineZeroTraffic, StageOneReducesOncePerStepStageTwoOncePerMicroBatch) {
       run.metrics.back().comm[static_cast<std::size_t>(run.world_rank)][parallax::CommOp::kReduceScatter].bytes;
   EXPECT_GE(bytes, 4 * run.reduced_bytes);
   EXPECT_LT(bytes, 2 * 4 * run.reduced_bytes);
-  std::printf(
-      "[ figures  ] zero.stage 2, interleaved (2 chunks, 4 micro-batches): reduce-scatter %lld bytes per "
+  parallax_test::print_figure(
+      "zero.stage 2, interleaved (2 chunks, 4 micro-batches): reduce-scatter %lld bytes per "
       "step = %.2f x the stage's gradient per micro-batch\n",
       static_cast<long long>(bytes), static_cast<double>(bytes) / static_cast<double>(4 * run.reduced_bytes));
 }

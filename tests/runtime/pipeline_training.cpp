@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <set>
 
+#include "figures.h"
 #include "gpt.h"
 #include "gpt_training.h"
 #include "parallax/core/mesh.h"
@@ -145,9 +146,9 @@ void expect_pipeline_matches_reference(const parallax::Config& config,
   // Every rank measured its bubble; the file records one per rank.
   EXPECT_EQ(got.metrics.back().bubble_fraction.size(),
             static_cast<std::size_t>(parallax::create_mpi_world_communicator()->size()));
-  std::printf("[ figures  ] %s, %s: max per-step loss relative difference %.3g, max final parameter difference %.3g\n",
-              label.c_str(), parallax::pipeline::describe_boundaries(got.layout.boundaries).c_str(), worst_loss,
-              worst_param);
+  parallax_test::print_figure(
+      "%s, %s: max per-step loss relative difference %.3g, max final parameter difference %.3g\n", label.c_str(),
+      parallax::pipeline::describe_boundaries(got.layout.boundaries).c_str(), worst_loss, worst_param);
 }
 
 }  // namespace equivalence

@@ -11,6 +11,7 @@
 #include <string>
 #include <thread>
 
+#include "figures.h"
 #include "gpt.h"
 #include "gpt_training.h"
 #include "parallax/core/config_loader.h"
@@ -245,8 +246,8 @@ TEST(PipelineBubble, EachRanksMeasuredBubbleIsTheSimulators) {
       EXPECT_NEAR(measured[r], sim.bubble_fraction(r), kBubbleTolerance) << schedule << " stage " << r;
     }
     if (rt.world().rank() == 0) {
-      std::printf(
-          "[ figures  ] %s, pp %d, %lld micro-batches: simulated bubble %.3f (stage 0), measured %.3f; worst "
+      parallax_test::print_figure(
+          "%s, pp %d, %lld micro-batches: simulated bubble %.3f (stage 0), measured %.3f; worst "
           "difference %.3f\n",
           schedule.c_str(), pp, static_cast<long long>(micro_batches), sim.bubble_fraction(0), measured[0], worst);
     }

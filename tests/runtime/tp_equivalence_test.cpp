@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "dense_attention.h"
+#include "figures.h"
 #include "gpt.h"
 #include "gpt_training.h"
 #include "parallax/core/mpi_communicator.h"
@@ -285,8 +286,8 @@ TEST(TpHandWritten, GroupedQueryAttentionLayersMatchTheDenseModel) {
   }
   EXPECT_LE(worst, 1e-5);
   EXPECT_LE(worst_norm, 1e-5);
-  std::printf(
-      "[ figures  ] hand-written GQA (kv replicated) max per-step loss relative difference %.3g, gradient "
+  parallax_test::print_figure(
+      "hand-written GQA (kv replicated) max per-step loss relative difference %.3g, gradient "
       "norm %.3g\n",
       worst, worst_norm);
 }

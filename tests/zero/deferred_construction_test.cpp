@@ -8,6 +8,7 @@
 
 #include <cstdio>
 
+#include "figures.h"
 #include "gpt.h"
 #include "gpt_training.h"
 #include "parallax/runtime/parallax.h"
@@ -59,9 +60,10 @@ TEST(DeferredConstruction, MaterializesExactlyTheEagerValuesHoldingAtMostTwoPara
     EXPECT_TRUE(torch::equal(got[i], want[i])) << "parameter " << i << " " << got[i].sizes();
   }
   EXPECT_GT(deferred_count, 0u);
-  std::printf("[ figures  ] deferred %zu of %zu parameters (%lld of %lld bytes); peak held while building %lld bytes\n",
-              deferred_count, got.size(), static_cast<long long>(deferred_bytes), static_cast<long long>(total_bytes),
-              static_cast<long long>(parallax::zero::deferred_peak_live_bytes()));
+  parallax_test::print_figure(
+      "deferred %zu of %zu parameters (%lld of %lld bytes); peak held while building %lld bytes\n", deferred_count,
+      got.size(), static_cast<long long>(deferred_bytes), static_cast<long long>(total_bytes),
+      static_cast<long long>(parallax::zero::deferred_peak_live_bytes()));
 }
 
 // A buffer written through data_ptr() (torch::tensor does) is no parameter: it stays

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <tuple>
 
+#include "figures.h"
 #include "parallax/core/config_loader.h"
 #include "parallax/runtime/parallax.h"
 #include "parallax/zero/sharded_model.h"
@@ -154,8 +155,8 @@ void expect_close(const Run& got, const Run& want, double tolerance) {
     worst_param = std::max(worst_param, diff);
     EXPECT_LE(diff, tolerance) << "parameter " << i;
   }
-  std::printf("[ figures  ] max loss relative difference %.3g, max parameter difference %.3g\n", worst_loss,
-              worst_param);
+  parallax_test::print_figure("max loss relative difference %.3g, max parameter difference %.3g\n", worst_loss,
+                              worst_param);
 }
 
 class ZeroAwkward : public ::testing::TestWithParam<std::tuple<int, std::int64_t>> {};
@@ -242,8 +243,8 @@ TEST(ZeroStage3, GatheredBytesStayWithinTheLiveBudgetPlusOneUnit) {
   EXPECT_GT(got.largest_unit, 0);
   EXPECT_LE(got.peak_gathered, got.largest_unit);
   // The budget + one unit (the shared weight is used again after `big` is gathered).
-  std::printf("[ figures  ] stage 3, max_live_mb = 0: peak gathered %lld bytes, largest unit %lld bytes\n",
-              static_cast<long long>(got.peak_gathered), static_cast<long long>(got.largest_unit));
+  parallax_test::print_figure("stage 3, max_live_mb = 0: peak gathered %lld bytes, largest unit %lld bytes\n",
+                              static_cast<long long>(got.peak_gathered), static_cast<long long>(got.largest_unit));
 }
 
 // Stage 3's prefetch: once a step has recorded the order of the two units (first, big),
@@ -262,8 +263,8 @@ TEST(ZeroStage3, PrefetchLaunchesTheNextUnitsGatherBeforeItsUse) {
   EXPECT_EQ(ahead.gathers_on_use, 4 + 2 * (kSteps - 1));
   EXPECT_EQ(on_use.prefetched_uses, 0);
   EXPECT_EQ(on_use.gathers_on_use, 4 * kSteps);
-  std::printf(
-      "[ figures  ] stage 3 first uses over %lld steps: prefetch on %lld ahead / %lld on use, off %lld / %lld\n",
+  parallax_test::print_figure(
+      "stage 3 first uses over %lld steps: prefetch on %lld ahead / %lld on use, off %lld / %lld\n",
       static_cast<long long>(kSteps), static_cast<long long>(ahead.prefetched_uses),
       static_cast<long long>(ahead.gathers_on_use), static_cast<long long>(on_use.prefetched_uses),
       static_cast<long long>(on_use.gathers_on_use));
@@ -391,7 +392,7 @@ TEST_P(ZeroFp16, TrainsCloseToFp32) {
   // fp16 rounds activations at ~5e-4 relative; fp32 masters and gradients in fp32.
   EXPECT_LE(worst, 5e-3);
   EXPECT_LT(half.losses.back(), half.losses.front());
-  std::printf("[ figures  ] fp16 stage %d: max loss relative difference to fp32 %.3g\n", GetParam(), worst);
+  parallax_test::print_figure("fp16 stage %d: max loss relative difference to fp32 %.3g\n", GetParam(), worst);
 }
 
 TEST_P(ZeroFp16, AnOverflowIsSkippedOnEveryRankAndTheScaleBacksOff) {
@@ -409,8 +410,8 @@ TEST_P(ZeroFp16, AnOverflowIsSkippedOnEveryRankAndTheScaleBacksOff) {
   EXPECT_DOUBLE_EQ(run.scales[0], 1048576.0 * 1e-5);
   EXPECT_DOUBLE_EQ(run.scales[3], 1048576.0 * 1e-5);
   EXPECT_FALSE(torch::equal(run.weight, first.weight)) << "training did not resume after the backoff";
-  std::printf("[ figures  ] fp16 stage %d: %lld of 4 steps skipped, scale %g after the first\n", GetParam(),
-              static_cast<long long>(run.skipped), run.scales[0]);
+  parallax_test::print_figure("fp16 stage %d: %lld of 4 steps skipped, scale %g after the first\n", GetParam(),
+                              static_cast<long long>(run.skipped), run.scales[0]);
 }
 
 TEST_P(ZeroFp16, ReachingTheMinimumScaleIsAnError) {
@@ -523,9 +524,9 @@ TEST(MemoryMeasured, TheAllocatorHoldsWhatTheEngineClaims) {
     const std::int64_t claimed_total = claimed.params + claimed.grads + claimed.optimizer + claimed.host;
     EXPECT_GE(real, claimed_total) << "stage " << stage << " offload '" << offload << "'";
     EXPECT_LE(real, claimed_total + kUnclaimedBytes) << "stage " << stage << " offload '" << offload << "'";
-    std::printf(
-        "[ figures  ] stage %d, offload '%s': the allocator holds %lld bytes, the engine claims %lld (host %lld)\n",
-        stage, offload.c_str(), static_cast<long long>(real), static_cast<long long>(claimed_total),
+    parallax_test::print_figure(
+        "stage %d, offload '%s': the allocator holds %lld bytes, the engine claims %lld (host %lld)\n", stage,
+        offload.c_str(), static_cast<long long>(real), static_cast<long long>(claimed_total),
         static_cast<long long>(claimed.host));
   }
 }

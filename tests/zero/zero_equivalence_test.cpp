@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <tuple>
 
+#include "figures.h"
 #include "gpt_training.h"
 #include "parallax/runtime/parallax.h"
 #include "parallax/zero/sharded_model.h"
@@ -62,8 +63,8 @@ TEST_P(ZeroEquivalence, ModelStateBytesFollowTheZeroFormulas) {
       EXPECT_EQ(m.model_state_bytes[r].optimizer, want.optimizer) << "rank " << r << " step " << m.step;
     }
   }
-  std::printf(
-      "[ figures  ] stage %d, N %lld: Ψ %lld, padding %lld elements; bytes per rank params %lld grads %lld "
+  parallax_test::print_figure(
+      "stage %d, N %lld: Ψ %lld, padding %lld elements; bytes per rank params %lld grads %lld "
       "optimizer %lld (total %lld vs stage 0 %lld)\n",
       stage(), static_cast<long long>(n), static_cast<long long>(run.parameter_elements),
       static_cast<long long>(run.padding_bytes / 4), static_cast<long long>(want.params),
