@@ -95,6 +95,6 @@ while IFS=$'\t' read -r -a record; do
 done < <(extract)
 
 echo "$ran of the README's $total command(s) run ($listed listed), $failures failed"
-figures_ok=0
-python3 scripts/readme_figures.py --check || figures_ok=1
-[[ $((ran + listed)) -eq $total && $ran -gt 0 && $failures -eq 0 && $figures_ok -eq 0 ]]
+figures_failed=0
+python3 scripts/readme_figures.py --check || figures_failed=1
+[[ $((ran + listed)) -eq $total && $ran -gt 0 && $failures -eq 0 && $figures_failed -eq 0 ]]
