@@ -3,12 +3,13 @@
 #include "parallax/core/error.h"
 #include "parallax/runtime/gradient_reduction.h"
 #include "parallax/runtime/step_telemetry.h"
+#include "proto/plan.pb.h"
 
 namespace parallax {
 
 Engine::Engine(Runtime& runtime, std::shared_ptr<torch::nn::Module> model, const OptimizerSpec& spec)
     : applier_(std::make_unique<StepApplier>(runtime, std::move(model), spec, nullptr)),
-      grad_accum_(runtime.config().train.grad_accum),
+      grad_accum_(runtime.plan().batch().grad_accum()),
       loss_sum_(torch::zeros({}, torch::kFloat64)) {}
 
 Engine::Engine(Engine&&) noexcept = default;

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "parallax/core/mesh.h"
+#include "parallax/runtime/plan_options.h"
 #include "parallax/runtime/runtime.h"
 
 namespace parallax {
@@ -60,10 +61,10 @@ std::string GroupTraffic::report(Runtime& runtime,
                                  const ModelStateBytes& held,
                                  std::int64_t elements,
                                  std::int64_t padding) const {
-  const Config& config = runtime.config();
+  const proto::Plan& plan = runtime.plan();
   const ModelStateBytes formula =
-      model_state_formula(elements, padding, mesh_->degrees().dp, config.zero.stage, config.precision.dtype,
-                          optimizer_bytes_per_element(config.optimizer));
+      model_state_formula(elements, padding, mesh_->degrees().dp, plan.zero().stage(), precision_options(plan).dtype,
+                          optimizer_bytes_per_element(runtime.config().optimizer));
   const std::array<std::int64_t, 3> moved = bytes_since();
   constexpr int kFields = 9;
   const std::int64_t mine[kFields] = {held.params,       held.grads, held.optimizer, formula.params, formula.grads,

@@ -15,6 +15,7 @@
 #include "parallax/offload/cpu_adam.h"
 #include "parallax/offload/offloaded_adam.h"
 #include "parallax/runtime/gradient_buckets.h"
+#include "parallax/runtime/plan_options.h"
 #include "parallax/runtime/runtime.h"
 #include "parallax/runtime/thread_budget.h"
 
@@ -57,11 +58,11 @@ class ReplicatedReduction final : public GradientReduction {
                       const OptimizerOptions& optimizer,
                       ModelSplit split)
       : params_(std::move(params)), split_(std::move(split)) {
-    const Config& config = runtime.config();
+    const ZeroOptions zero = zero_options(runtime.plan());
     // bf16/fp16 gradients accumulate and are reduced in fp32, straight into the masters' grads.
     const bool keep_masters = dtype != torch::kFloat32;
     buckets_ = std::make_unique<GradientBuckets>(
-        params_, config.zero.bucket_bytes(), runtime.mesh().dp(), runtime.tracer(), config.zero.overlap_comm,
+        params_, zero.bucket_bytes(), runtime.mesh().dp(), runtime.tracer(), zero.overlap_comm,
         keep_masters ? std::optional<torch::ScalarType>(torch::kFloat32) : std::nullopt);
     if (keep_masters) {
       for (std::size_t i = 0; i < params_.size(); ++i) {
@@ -156,11 +157,12 @@ void bind_offload_threads(Runtime& runtime, const zero::ShardedModel& sharded) {
   const std::vector<int> bound = offload::CpuAdam::bind_threads(runtime.threads().pus);
   std::string where;
   for (std::size_t t = 0; t < bound.size(); ++t) where += (t ? "," : "") + std::to_string(bound[t]);
-  const OffloadOptions& offload = runtime.config().offload;
-  runtime.logger().summary("# offload: optimizer ", to_string(offload.optimizer), ", param ", to_string(offload.param),
-                           "; fused CPU Adam (", offload::CpuAdam::instruction_set(), "), rank 0's ", bound.size(),
-                           " intra-op thread(s) bound to PU(s) {", where, "}; rank 0 holds ", sharded.host_bytes(),
-                           " bytes on the host and ", sharded.nvme_bytes(), " in the NVMe tier");
+  const proto::Offload& offload = runtime.plan().offload();
+  runtime.logger().summary("# offload: optimizer ", to_string(offload.optimizer()), ", param ",
+                           to_string(offload.param()), "; fused CPU Adam (", offload::CpuAdam::instruction_set(),
+                           "), rank 0's ", bound.size(), " intra-op thread(s) bound to PU(s) {", where,
+                           "}; rank 0 holds ", sharded.host_bytes(), " bytes on the host and ", sharded.nvme_bytes(),
+                           " in the NVMe tier");
 }
 
 // zero.stage 1–3 (zero/sharded_model.h), with [offload].
@@ -172,12 +174,12 @@ class ShardedReduction final : public GradientReduction {
                    const OptimizerOptions& optimizer,
                    const ModelSplit& split)
       : dp_(&runtime.mesh().dp()), reduce_untouched_(!split.partial_backwards), params_(params) {
-    const Config& config = runtime.config();
-    sharded_ = std::make_unique<zero::ShardedModel>(model, params, config.zero, config.offload, optimizer, *dp_,
-                                                    runtime.tracer(), [&optimizer](std::vector<torch::Tensor> shards) {
-                                                      return make_optimizer(optimizer, std::move(shards),
-                                                                            AdamKernel::kFusedCpu);
-                                                    });
+    const OffloadOptions offload = offload_options(runtime.plan());
+    sharded_ = std::make_unique<zero::ShardedModel>(
+        model, params, zero_options(runtime.plan()), offload, optimizer, *dp_, runtime.tracer(),
+        [&optimizer](std::vector<torch::Tensor> shards) {
+          return make_optimizer(optimizer, std::move(shards), AdamKernel::kFusedCpu);
+        });
     if (!split.norm_groups.empty()) {
       zero::ModelParallel model_parallel;
       model_parallel.tp = split.tp;
@@ -187,7 +189,7 @@ class ShardedReduction final : public GradientReduction {
       for (std::size_t i : split.partial) model_parallel.partial[i] = true;
       sharded_->set_model_parallel(model_parallel);
     }
-    if (config.offload.optimizer_offloaded()) bind_offload_threads(runtime, *sharded_);
+    if (offload.optimizer_offloaded()) bind_offload_threads(runtime, *sharded_);
   }
 
   zero::ParameterUseScope use_scope() const override { return sharded_->use_scope(); }
@@ -280,7 +282,7 @@ std::unique_ptr<GradientReduction> make_gradient_reduction(Runtime& runtime,
                                                            torch::ScalarType dtype,
                                                            const OptimizerOptions& optimizer,
                                                            ModelSplit split) {
-  if (runtime.config().zero.stage == 0) {
+  if (runtime.plan().zero().stage() == 0) {
     return std::make_unique<ReplicatedReduction>(runtime, std::move(params), dtype, optimizer, std::move(split));
   }
   return std::make_unique<ShardedReduction>(runtime, model, params, optimizer, split);

@@ -9,6 +9,7 @@
 #include "parallax/core/world.h"
 #include "parallax/pipeline/partition.h"
 #include "parallax/runtime/gradient_reduction.h"
+#include "parallax/runtime/plan_options.h"
 #include "parallax/runtime/step_telemetry.h"
 
 namespace parallax {
@@ -23,10 +24,11 @@ PipelineLayout choose_layout(Runtime& runtime,
                              const std::vector<pipeline::LayerSpec>& specs,
                              const pipeline::LossFunction& loss,
                              const PipelineEngineOptions& options) {
-  const Config& config = runtime.config();
+  const proto::Plan& plan = runtime.plan();
+  const PipelineOptions pipeline = pipeline_options(plan);
   const auto layers = static_cast<std::int64_t>(specs.size());
-  const int pp = config.parallel.pp;
-  const int virtual_stages = config.pipeline.virtual_stages;
+  const int pp = plan.degrees().pp();
+  const int virtual_stages = pipeline.virtual_stages;
   const int parts = pp * virtual_stages;
   PARALLAX_CHECK(layers >= pp, ConfigError, "parallel.pp = ", pp, " pipeline stages need at least ", pp,
                  " layers (one per stage), but the model has ", layers, " layer spec(s)");
@@ -34,9 +36,9 @@ PipelineLayout choose_layout(Runtime& runtime,
                  " cuts the model into ", parts, " parts of at least one layer each, but it has ", layers,
                  " layer spec(s); interleave with at most virtual_stages = ", layers / pp, " or use a deeper model");
   PipelineLayout layout;
-  layout.partition = to_string(config.pipeline.partition);
-  const auto seed = static_cast<std::uint64_t>(config.train.seed);
-  switch (config.pipeline.partition) {
+  layout.partition = to_string(pipeline.partition);
+  const auto seed = static_cast<std::uint64_t>(plan.batch().seed());
+  switch (pipeline.partition) {
     case PipelinePartition::kUniform:
       layout.boundaries = pipeline::uniform_boundaries(layers, parts);
       break;
@@ -60,7 +62,7 @@ PipelineLayout choose_layout(Runtime& runtime,
       break;
     }
     case PipelinePartition::kExplicit:
-      layout.boundaries = config.pipeline.boundaries;
+      layout.boundaries = pipeline.boundaries;
       PARALLAX_CHECK(layout.boundaries.back() == layers, ConfigError, "pipeline.partition = [...] ends at ",
                      layout.boundaries.back(), ", but the model has ", layers,
                      " layer spec(s): the last boundary must be the layer count");
@@ -73,12 +75,12 @@ void describe_layout(Runtime& runtime,
                      const PipelineLayout& layout,
                      const std::vector<pipeline::LayerSpec>& specs,
                      const pipeline::ScheduleShape& shape) {
-  const Config& config = runtime.config();
+  const proto::Pipeline& pipeline = runtime.plan().pipeline();
   runtime.logger().summary(
       "# pipeline: pp = ", shape.stages, " x dp = ", runtime.mesh().degrees().dp, ", schedule ",
-      to_string(config.pipeline.schedule), ", ", shape.micro_batches, " micro-batch(es)",
+      to_string(pipeline.schedule()), ", ", shape.micro_batches, " micro-batch(es)",
       shape.virtual_stages > 1 ? ", " + std::to_string(shape.virtual_stages) + " chunks per stage" : std::string(),
-      ", recompute ", to_string(config.pipeline.recompute), ", partition ", layout.partition, ": ",
+      ", recompute ", to_string(pipeline.recompute()), ", partition ", layout.partition, ": ",
       pipeline::describe_boundaries(layout.boundaries, layout.layer_weights));
   for (int part = 0; part < shape.parts(); ++part) {
     const std::int64_t first = layout.boundaries[part];
@@ -144,12 +146,12 @@ std::string path_in_model(const std::string& path, const std::vector<std::string
 }
 
 // A LossFunction receives whole logits: `loss`, unless the plan leaves them split, which
-// is refused on every rank (they all hold the config) before anything is built.
-pipeline::LossFunction whole_logits_loss(const Config& config, pipeline::LossFunction loss) {
-  if (config.parallel.tp == 1) return loss;
-  for (const TpPlanRule& rule : config.tensor_parallel.plan) {
-    PARALLAX_CHECK(rule.style != TpStyle::kVocabOutput || rule.gather_output, ConfigError, "[tensor_parallel.plan] \"",
-                   rule.pattern, "\" = \"vocab_output\"", rule.position,
+// is refused on every rank (they all hold the plan) before anything is built.
+pipeline::LossFunction whole_logits_loss(const proto::Plan& plan, pipeline::LossFunction loss) {
+  if (plan.degrees().tp() == 1) return loss;
+  for (const proto::TensorParallelRule& rule : plan.tensor_parallel().rules()) {
+    PARALLAX_CHECK(rule.style() != proto::TP_VOCAB_OUTPUT || rule.gather_output(), ConfigError,
+                   "[tensor_parallel.plan] \"", rule.pattern(), "\" = \"vocab_output\"", rule.position(),
                    ": the pipeline's loss function receives whole logits, but this rule leaves them split over "
                    "the vocabulary; pass parallax::CrossEntropyLoss{} as the loss (vocabulary-parallel), or give "
                    "the rule gather_output = true");
@@ -181,7 +183,7 @@ PipelineEngine::PipelineEngine(Runtime& runtime,
                                const OptimizerSpec& spec,
                                const PipelineEngineOptions& options)
     : PipelineEngine(
-          runtime, build(runtime, specs, whole_logits_loss(runtime.config(), std::move(loss)), options), spec) {}
+          runtime, build(runtime, specs, whole_logits_loss(runtime.plan(), std::move(loss)), options), spec) {}
 
 PipelineEngine::PipelineEngine(Runtime& runtime,
                                std::vector<pipeline::LayerSpec> specs,
@@ -209,13 +211,14 @@ std::shared_ptr<PipelineEngine::Built> PipelineEngine::build(Runtime& runtime,
                                                              const std::vector<pipeline::LayerSpec>& specs,
                                                              pipeline::LossFunction loss,
                                                              const PipelineEngineOptions& options) {
-  const Config& config = runtime.config();
+  const proto::Plan& plan = runtime.plan();
+  const PipelineOptions pipeline = pipeline_options(plan);
   auto built = std::make_shared<Built>();
   built->runtime = &runtime;
   built->loss = std::move(loss);
   built->stage = runtime.mesh().coord().pp;
-  built->shape = {config.pipeline.schedule, config.parallel.pp, static_cast<int>(config.train.grad_accum),
-                  config.pipeline.virtual_stages};
+  built->shape = {pipeline.schedule, plan.degrees().pp(), static_cast<int>(plan.batch().grad_accum()),
+                  pipeline.virtual_stages};
   pipeline::validate(built->shape);
   built->layout = choose_layout(runtime, specs, built->loss, options);
   describe_layout(runtime, built->layout, specs, built->shape);
@@ -226,7 +229,7 @@ std::shared_ptr<PipelineEngine::Built> PipelineEngine::build(Runtime& runtime,
     built->chunks.push_back(built->module->register_module(
         "chunk" + std::to_string(chunk),
         pipeline::LayerSequence(specs, built->layout.boundaries[part], built->layout.boundaries[part + 1],
-                                static_cast<std::uint64_t>(config.train.seed))));
+                                static_cast<std::uint64_t>(plan.batch().seed()))));
   }
   // A plan's rules name the whole model's modules: "chunk0.3.qkv" is layer 3's "qkv".
   std::vector<std::string> prefixes;
@@ -263,7 +266,7 @@ PipelineEngine::PipelineEngine(Runtime& runtime, std::shared_ptr<Built> built, c
     for (const torch::Tensor& copy : tie.local) tie.indices.push_back(b.applier->parameter_index(copy));
   }
   b.executor = std::make_unique<pipeline::StageExecutor>(
-      b.shape, b.stage, b.chunks, runtime.config().pipeline.recompute, *b.transport, runtime.tracer());
+      b.shape, b.stage, b.chunks, pipeline_options(runtime.plan()).recompute, *b.transport, runtime.tracer());
 }
 
 PipelineEngine::PipelineEngine(PipelineEngine&&) noexcept = default;

@@ -8,6 +8,7 @@
 #include "parallax/core/cpu_binding.h"
 #include "parallax/core/error.h"
 #include "parallax/core/mesh.h"
+#include "parallax/runtime/plan_options.h"
 #include "parallax/runtime/strategy_matrix.h"
 
 namespace parallax {
@@ -52,42 +53,7 @@ proto::Plan make_plan(const Config& config, const Cluster& cluster, bool emulate
   const MeshLayout layout = MeshLayout::place(cluster, MeshDegrees{p.tp, p.pp, p.dp}, p.order);
 
   proto::Plan plan;
-  plan.mutable_degrees()->set_tp(p.tp);
-  plan.mutable_degrees()->set_pp(p.pp);
-  plan.mutable_degrees()->set_dp(p.dp);
-  plan.set_axis_order(to_string(p.order));
-  plan.set_zero_stage(config.zero.stage);
-  plan.set_optimizer_offload(to_string(config.offload.optimizer));
-  plan.set_param_offload(to_string(config.offload.param));
-  plan.set_micro_batch_size(config.train.micro_batch_size);
-  plan.set_grad_accum(config.train.grad_accum);
-  plan.set_global_batch_size(config.train.global_batch_size);
-  plan.set_bucket_bytes(config.zero.bucket_bytes());
-  plan.set_dtype(to_string(config.precision.dtype));
-  plan.set_comm_backend("mpi");
-  if (p.pp > 1) {
-    plan.set_schedule(to_string(config.pipeline.schedule));
-    plan.set_virtual_stages(config.pipeline.virtual_stages);
-    plan.set_recompute(to_string(config.pipeline.recompute));
-    std::string partition = to_string(config.pipeline.partition);
-    if (config.pipeline.partition == PipelinePartition::kExplicit) {
-      partition.clear();
-      for (std::int64_t b : config.pipeline.boundaries)
-        partition += (partition.empty() ? "[" : ", ") + std::to_string(b);
-      partition += "]";
-    }
-    plan.set_partition(partition);
-  }
-  if (p.tp > 1) {
-    plan.set_sequence_parallel(config.tensor_parallel.sequence_parallel);
-    for (const TpPlanRule& rule : config.tensor_parallel.plan) {
-      plan.add_tensor_parallel_rules(rule.pattern + " = " + to_string(rule.style) +
-                                     (rule.gather_output ? " (gathered)" : ""));
-    }
-  }
-  if (config.zero.stage == 3) {
-    for (const std::string& type : config.zero.wrap) plan.add_zero_wrap(type);
-  }
+  record_strategy(config, plan);
   plan.set_nodes(cluster.num_nodes());
   plan.set_emulated(emulated);
   plan.set_placement(layout.rank_arithmetic() ? "tensor-parallel groups by rank arithmetic (node-contiguous ranks)"
@@ -122,16 +88,30 @@ std::string describe_plan(const proto::Plan& plan) {
   out << "plan: tp " << d.tp() << " x pp " << d.pp() << " x dp " << d.dp() << " (" << plan.axis_order() << ") on "
       << plan.ranks_size() << " ranks, " << plan.nodes() << (plan.emulated() ? " emulated" : "") << " node(s); "
       << plan.placement() << "\n";
-  out << "  zero.stage " << plan.zero_stage() << ", offload optimizer " << plan.optimizer_offload() << " / param "
-      << plan.param_offload() << ", " << plan.dtype() << ", micro-batch " << plan.micro_batch_size() << " x "
-      << plan.grad_accum() << " micro-steps x dp " << d.dp() << " = " << plan.global_batch_size() << " samples\n";
-  if (!plan.schedule().empty()) {
-    out << "  pipeline: " << plan.schedule() << ", " << plan.virtual_stages() << " chunk(s) per stage, partition "
-        << plan.partition() << ", recompute " << plan.recompute() << "\n";
+  const proto::Batch& batch = plan.batch();
+  const proto::Zero& zero = plan.zero();
+  out << "  zero.stage " << zero.stage() << ", offload optimizer " << to_string(plan.offload().optimizer())
+      << " / param " << to_string(plan.offload().param()) << ", " << to_string(plan.precision().dtype())
+      << ", micro-batch " << batch.micro_batch_size() << " x " << batch.grad_accum() << " micro-steps x dp " << d.dp()
+      << " = " << batch.global_batch_size() << " samples\n";
+  if (d.pp() > 1) {
+    const proto::Pipeline& pipeline = plan.pipeline();
+    std::string partition = to_string(pipeline.partition());
+    if (pipeline.partition() == proto::PARTITION_EXPLICIT) {
+      partition.clear();
+      for (std::int64_t b : pipeline.boundaries()) partition += (partition.empty() ? "[" : ", ") + std::to_string(b);
+      partition += "]";
+    }
+    out << "  pipeline: " << to_string(pipeline.schedule()) << ", " << pipeline.virtual_stages()
+        << " chunk(s) per stage, partition " << partition << ", recompute " << to_string(pipeline.recompute()) << "\n";
   }
-  if (plan.tensor_parallel_rules_size() > 0) {
-    out << "  tensor parallel" << (plan.sequence_parallel() ? " (sequence parallel)" : "") << ":";
-    for (const std::string& rule : plan.tensor_parallel_rules()) out << " [" << rule << "]";
+  if (d.tp() > 1 && plan.tensor_parallel().rules_size() > 0) {
+    const proto::TensorParallel& tp = plan.tensor_parallel();
+    out << "  tensor parallel" << (tp.sequence_parallel() ? " (sequence parallel)" : "") << ":";
+    for (const proto::TensorParallelRule& rule : tp.rules()) {
+      out << " [" << rule.pattern() << " = " << to_string(rule.style()) << (rule.gather_output() ? " (gathered)" : "")
+          << "]";
+    }
     out << "\n";
   }
   char line[256];

@@ -244,6 +244,10 @@ const std::string& Runtime::blas() const {
   return state_->blas;
 }
 
+const proto::Plan& Runtime::plan() const {
+  return state_->plan;
+}
+
 std::string Runtime::plan_text() const {
   std::string text;
   google::protobuf::TextFormat::PrintToString(state_->plan, &text);

@@ -45,6 +45,9 @@ class ModuleEngine;
 namespace tensor_parallel {
 class RngTracker;
 }
+namespace proto {
+class Plan;
+}
 
 struct InitOptions {
   /// Tables the application owns (e.g. {"model", "data"}); any other unknown table is
@@ -90,6 +93,9 @@ class Runtime {
   MetricsWriter* metrics_writer();
   /// Command-line arguments that were not --config/--set (argv[0] first).
   const std::vector<std::string>& args() const;
+  /// The resolved plan (proto/plan.proto): what the engines apply. They build
+  /// themselves from it alone; the config it was made from is for the application.
+  const proto::Plan& plan() const;
   /// The resolved plan, as Protobuf text.
   std::string plan_text() const;
   /// The plan for people: the strategy, then every rank's coordinates, node, cores,

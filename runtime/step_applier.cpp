@@ -10,6 +10,7 @@
 #include "parallax/core/mesh.h"
 #include "parallax/core/world.h"
 #include "parallax/runtime/gradient_reduction.h"
+#include "parallax/runtime/plan_options.h"
 #include "parallax/runtime/runtime.h"
 #include "parallax/runtime/step_telemetry.h"
 #include "parallax/tensor_parallel/vocab_parallel.h"
@@ -83,9 +84,9 @@ zero::LossScalerOptions loss_scaler_options(const PrecisionOptions& precision) {
 
 // Rank 0 of the tensor-parallel group says how the model was split.
 void describe_split(Runtime& runtime, const tensor_parallel::ParallelizedModel& split) {
-  const Config& config = runtime.config();
-  runtime.logger().summary("# tensor parallel: tp = ", config.parallel.tp, ", sequence parallel ",
-                           config.tensor_parallel.sequence_parallel ? "on" : "off");
+  const proto::Plan& plan = runtime.plan();
+  runtime.logger().summary("# tensor parallel: tp = ", plan.degrees().tp(), ", sequence parallel ",
+                           plan.tensor_parallel().sequence_parallel() ? "on" : "off");
   for (const std::string& line : split.describe()) runtime.logger().summary("#   ", line);
 }
 
@@ -141,11 +142,14 @@ StepApplier::StepApplier(Runtime& runtime,
                          const OptimizerSpec& spec,
                          const StageCoupling* stage)
     : runtime_(&runtime), model_(std::move(model)), spec_(spec) {
-  const Config& config = runtime.config();
-  PARALLAX_CHECK(config.parallel.pp == 1 || stage != nullptr, ConfigError, "parallel.pp = ", config.parallel.pp,
+  const proto::Plan& plan = runtime.plan();
+  const int pp = plan.degrees().pp();
+  PARALLAX_CHECK(pp == 1 || stage != nullptr, ConfigError, "parallel.pp = ", pp,
                  ": a pipeline needs the model as layer specs, so that each stage builds only its own layers; "
                  "build a parallax::PipelineEngine (runtime/pipeline_engine.h) instead of rt.engine(model)");
-  dtype_ = compute_dtype_for(config.precision.dtype);
+  const PrecisionOptions precision = precision_options(plan);
+  const int zero_stage = plan.zero().stage();
+  dtype_ = compute_dtype_for(precision.dtype);
   Communicator& dp = runtime.mesh().dp();
   // A weight shared by two modules (a tied embedding and LM head) appears twice in
   // parameters(): keep the first, or it would be reduced and stepped twice.
@@ -155,10 +159,11 @@ StepApplier::StepApplier(Runtime& runtime,
     if (seen.insert(p.unsafeGetTensorImpl()).second) unique.push_back(p);
   }
   PARALLAX_CHECK(!unique.empty(), UsageError, "the model has no parameters to train");
-  if (config.parallel.tp > 1) {
+  if (plan.degrees().tp() > 1) {
     // A plan slices the dense model each rank holds: make them the same one first.
     Communicator& tp = runtime.mesh().tp();
-    if (!config.tensor_parallel.plan.empty()) {
+    const TensorParallelOptions tp_options = tensor_parallel_options(plan);
+    if (!tp_options.plan.empty()) {
       // A plan slices whole weights: a model built under DeferredConstruction is
       // materialized first (each rank then holds the dense model once, briefly).
       for (const auto& p : unique) {
@@ -168,9 +173,9 @@ StepApplier::StepApplier(Runtime& runtime,
       broadcast_from_first(tp, unique, model_->buffers());
     }
     if (stage == nullptr) {
-      split_ = std::make_unique<tensor_parallel::ParallelizedModel>(*model_, config.tensor_parallel, tp);
+      split_ = std::make_unique<tensor_parallel::ParallelizedModel>(*model_, tp_options, tp);
     } else {
-      split_ = split_pipeline_stage(*model_, config.tensor_parallel, tp, runtime.mesh().pp(), stage->plan_path);
+      split_ = split_pipeline_stage(*model_, tp_options, tp, runtime.mesh().pp(), stage->plan_path);
     }
     describe_split(runtime, *split_);
   }
@@ -184,10 +189,10 @@ StepApplier::StepApplier(Runtime& runtime,
     if (zero::is_deferred(p)) deferred.insert(p.unsafeGetTensorImpl());
   }
   if (!deferred.empty()) {
-    PARALLAX_CHECK(config.zero.stage == 3 ? dtype_ == torch::kFloat32 : true, ConfigError,
+    PARALLAX_CHECK(zero_stage == 3 ? dtype_ == torch::kFloat32 : true, ConfigError,
                    "a model built under DeferredConstruction trains in fp32 at zero.stage = 3 in this build "
                    "(precision.dtype = bf16/fp16 would materialize it whole); build it eagerly or use fp32");
-    if (config.zero.stage < 3) {
+    if (zero_stage < 3) {
       for (const auto& p : unique) zero::materialize(p);
       deferred.clear();
     }
@@ -233,8 +238,8 @@ StepApplier::StepApplier(Runtime& runtime,
       if (partial.count(params_[i].unsafeGetTensorImpl())) model_split.partial.push_back(i);
     }
   }
-  if (config.precision.dtype == Dtype::kFp16) {
-    scaler_ = std::make_unique<zero::LossScaler>(loss_scaler_options(config.precision));
+  if (precision.dtype == Dtype::kFp16) {
+    scaler_ = std::make_unique<zero::LossScaler>(loss_scaler_options(precision));
   }
   telemetry_ = std::make_unique<StepTelemetry>(runtime);
   reduction_ = make_gradient_reduction(runtime, *model_, params_, dtype_, spec_.optimizer, std::move(model_split));
@@ -331,10 +336,10 @@ void StepApplier::explain_missing_kernel() const {
   } catch (const c10::Error& e) {
     const std::string what = e.what_without_backtrace();
     if (dtype_ == torch::kFloat32 || what.find("not implemented for '") == std::string::npos) return;
-    const Config& config = runtime_->config();
-    const bool fp16 = config.precision.dtype == Dtype::kFp16;
-    throw ConfigError(std::string("precision.dtype = \"") + to_string(config.precision.dtype) + "\"" +
-                      config.position_of("precision.dtype") + ": LibTorch " + TORCH_VERSION +
+    const proto::Precision& precision = runtime_->plan().precision();
+    const bool fp16 = precision.dtype() == proto::DTYPE_FP16;
+    throw ConfigError(std::string("precision.dtype = \"") + to_string(precision.dtype()) + "\"" +
+                      precision.dtype_position() + ": LibTorch " + TORCH_VERSION +
                       " has no kernel for one of this model's operations in that dtype on this device (" +
                       what.substr(0, what.find('\n')) + "); use precision.dtype = " +
                       (fp16 ? "\"bf16\" (the same 2 bytes with fp32's range, no loss scaling)" : "\"fp32\""));

@@ -9,6 +9,7 @@
 #include "parallax/core/error.h"
 #include "parallax/core/mesh.h"
 #include "parallax/core/world.h"
+#include "proto/plan.pb.h"
 
 namespace parallax {
 namespace {
@@ -110,7 +111,7 @@ StepMetrics StepTelemetry::end_window(
   }
   const auto elapsed = std::chrono::steady_clock::now() - window_start_;
   metrics.step_ms = std::chrono::duration<double, std::milli>(elapsed).count();
-  const double samples = static_cast<double>(runtime_.config().train.global_batch_size);
+  const double samples = static_cast<double>(runtime_.plan().batch().global_batch_size());
   metrics.tokens_per_s = metrics.step_ms > 0 ? samples * tokens_per_sample_ * 1000.0 / metrics.step_ms : 0.0;
 
   // A full disk must not stop training on rank 0 alone (its peers would wait in the next
@@ -124,7 +125,7 @@ StepMetrics StepTelemetry::end_window(
     }
   }
   const LoggingOptions& logging = runtime_.config().logging;
-  const std::int64_t total = runtime_.config().train.steps;
+  const std::int64_t total = runtime_.plan().batch().steps();
   if (logging.every > 0 && (step % logging.every == 0 || step == total || step == 1)) {
     char line[256];
     std::snprintf(line, sizeof(line), "step %lld/%lld | loss %.4f | lr %.3e | %.1f ms/step | %s tok/s",

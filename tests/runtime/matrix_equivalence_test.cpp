@@ -133,7 +133,10 @@ INSTANTIATE_TEST_SUITE_P(
         Cell{"tp2_pp2_zero2_sp", "3d.toml", {zero(2), kSequenceParallel}},
         Cell{"tp2_pp2_zero3", "3d.toml", {zero(3), kWrapBlocks, kTied}},
         Cell{"tp2_pp2_zero3_sp_zb_h1", "3d.toml", {zero(3), kWrapBlocks, kSequenceParallel, kZbH1}},
-        Cell{"tp2_pp2_zero2_offload_cpu", "3d.toml", {zero(2), "offload.optimizer=\"cpu\""}}),
+        Cell{"tp2_pp2_zero2_offload_cpu", "3d.toml", {zero(2), "offload.optimizer=\"cpu\""}},
+        Cell{"tp2_pp2_zero3_offload_nvme",
+             "3d.toml",
+             {zero(3), kWrapBlocks, "offload.optimizer=\"nvme\"", "offload.param=\"nvme\"", "nvme"}}),
     [](const ::testing::TestParamInfo<Cell>& info) { return info.param.name; });
 
 // Exact traffic of ZeRO inside a pipeline (pp 2 × dp 2, 4 micro-batches, fp32): stage 1
