@@ -3,107 +3,144 @@
 # ZeRO-Offload (stage 2 with the optimizer on the CPU; stage 3 with optimizer and
 # parameters on the CPU, and on the NVMe tier under $TMPDIR) and, with the same model,
 # batch and config, under PyTorch DDP and DDP + ZeroRedundancyOptimizer over gloo
-# (bench/peers/torch_zero.py). Each configuration is its own mpirun, so its peak RSS is
-# its own. Prints a table of median step time, max peak RSS per rank and model-state
-# bytes per rank on the device (and, offloaded, on the host and NVMe), each as a ratio to
-# Parallax stage 0 measured in the same run.
+# (bench/peers/torch_zero.py, PyTorch 2.11 from the wheel's virtual environment). Parallax
+# builds against the same LibTorch 2.11 by default (TORCH=wheel), so both sides run the
+# same kernels, and the peers start from the initial weights Parallax's stage-0 run
+# writes, so every row trains the same model from the same parameters on the same data.
+# Prints a table of median step time, max peak RSS per rank and model-state bytes per
+# rank on the device (and, offloaded, on the host and NVMe), each as a ratio to Parallax
+# stage 0 measured in the same run, then how far each peer's per-step losses are from
+# the Parallax row at the same ZeRO stage.
+#
+# Time and memory are measured in separate runs of each configuration: the timed run uses
+# the normal allocator; the memory run (3 steps) sets MALLOC_MMAP_THRESHOLD_=65536, so that
+# glibc returns large frees to the system and peak RSS shows what was live at once rather
+# than the allocator's high-water mark (that setting makes every step several times
+# slower, so it never applies to a timed run).
 #
 #   bench/zero.sh [--set key.path=value]...      e.g. --set model.d_model=256
 #
-# Environment: BUILD_DIR (default build; configured and bench_zero_step built only when
+# Environment: TORCH (wheel; debian measures Parallax on LibTorch 1.13 against the same
+# PyTorch 2.11 peers), BUILD_DIR (TORCH's; configured and bench_zero_step built only when
 # the directory does not exist), RANKS (4), STEPS (12; the first 2 are warm-up), CONFIG
-# (configs/gpt_base.toml), PYTHON (a python3 that imports torch; default: the first of
-# /usr/bin/python3 and python3 that does), RUN_TIMEOUT_S (600 per mpirun).
-# A stage the build refuses is reported as "not available"; without PyTorch the
-# Parallax rows are still printed, with the line that installs it.
+# (configs/gpt_base.toml), RUN_TIMEOUT_S (600 per mpirun).
+# A stage the build refuses is reported as "not available".
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export TORCH="${TORCH:-wheel}"
 source scripts/common.sh
 source bench/common.sh
 export OMP_NUM_THREADS=1
-# glibc keeps freed blocks above its (growing) mmap threshold in the heap, so peak RSS
-# would show the allocator's high-water mark rather than what was live at once; a fixed
-# 64 KiB threshold returns large frees to the system. Applies to every row alike.
-export MALLOC_MMAP_THRESHOLD_="${MALLOC_MMAP_THRESHOLD_:-65536}"
-# The PyTorch peers need Debian's python3-torch; only this bench does, so only it installs it.
-PARALLAX_DEB_PACKAGES+=(python3-torch)
 ensure_dependencies
+ensure_torch_wheel  # the peers' PyTorch 2.11, whichever LibTorch Parallax uses
 
-BUILD_DIR="${BUILD_DIR:-build}"
 RANKS="${RANKS:-4}"
 STEPS="${STEPS:-12}"
 CONFIG="${CONFIG:-configs/gpt_base.toml}"
 RUN_TIMEOUT_S="${RUN_TIMEOUT_S:-600}"
-ARGS=(--config "$CONFIG" --set "train.steps=$STEPS" --set logging.every=0 "$@")
+ARGS=(--config "$CONFIG" --set logging.every=0 "$@")
 
 BENCH="$(bench_binary bench_zero_step)"
-
-PYTHON_TORCH="$(python_with_torch)"
+PYTHON_TORCH="$PARALLAX_TORCH_VENV/bin/python"
 
 LOGS="$(mktemp -d "${TMPDIR:-/tmp}/bench_zero.XXXXXX")"
 RESULTS="$LOGS/results"
+MEMORY="$LOGS/memory"
 : >"$RESULTS"
+: >"$MEMORY"
+WEIGHTS="$LOGS/initial_weights.pt"
 
-for stage in 0 1 2 3; do
-  bench_run "parallax-zero$stage" "$BENCH" "${ARGS[@]}" --set "zero.stage=$stage"
+# measure NAME COMMAND...: the timed run (its line in $RESULTS), then the memory run (in
+# $MEMORY; 3 steps, a small mmap threshold).
+measure() {
+  local name="$1"
+  shift
+  bench_run "$name" "$@" --set "train.steps=$STEPS"
+  RESULTS="$MEMORY" MALLOC_MMAP_THRESHOLD_=65536 bench_run "$name" "$@" --set train.steps=3
+}
+
+measure "parallax-zero0" "$BENCH" "${ARGS[@]}" --set zero.stage=0 --write-initial-weights "$WEIGHTS"
+for stage in 1 2 3; do
+  measure "parallax-zero$stage" "$BENCH" "${ARGS[@]}" --set "zero.stage=$stage"
 done
-bench_run "zero2-off-cpu" "$BENCH" "${ARGS[@]}" --set zero.stage=2 --set 'offload.optimizer="cpu"'
-bench_run "zero3-off-cpu+p" "$BENCH" "${ARGS[@]}" --set zero.stage=3 --set 'offload.optimizer="cpu"' \
+measure "zero2-off-cpu" "$BENCH" "${ARGS[@]}" --set zero.stage=2 --set 'offload.optimizer="cpu"'
+measure "zero3-off-cpu+p" "$BENCH" "${ARGS[@]}" --set zero.stage=3 --set 'offload.optimizer="cpu"' \
   --set 'offload.param="cpu"'
 mkdir -p "$LOGS/nvme"
-bench_run "zero3-off-nvme+p" "$BENCH" "${ARGS[@]}" --set zero.stage=3 --set 'offload.optimizer="nvme"' \
+measure "zero3-off-nvme+p" "$BENCH" "${ARGS[@]}" --set zero.stage=3 --set 'offload.optimizer="nvme"' \
   --set 'offload.param="nvme"' --set "offload.nvme_path=\"$LOGS/nvme\""
-if [[ -n "$PYTHON_TORCH" ]]; then
-  for mode in ddp zero1; do
-    bench_run "torch-$mode" "$PYTHON_TORCH" bench/peers/torch_zero.py --mode "$mode" --rendezvous "$LOGS/rendezvous.$mode" \
-      "${ARGS[@]}"
-  done
-else
-  echo "torch-ddp not run: PyTorch missing" >>"$RESULTS"
-  echo "torch-zero1 not run: PyTorch missing" >>"$RESULTS"
-fi
+for mode in ddp zero1 fsdp2; do
+  measure "torch-$mode" "$PYTHON_TORCH" bench/peers/torch_zero.py --mode "$mode" --initial-weights "$WEIGHTS" \
+    "${ARGS[@]}"
+done
 
 echo
-echo "GPT example, $RANKS ranks, $CONFIG, $STEPS steps (median after 2 warm-up steps; per step the slowest rank)"
+echo "GPT example, $RANKS ranks, $CONFIG, $STEPS steps (median after 2 warm-up steps; per step the slowest rank;"
+echo "Parallax built with TORCH=$TORCH ($BUILD_DIR), peers on PyTorch $("$PYTHON_TORCH" -c 'import torch; print(torch.__version__)'))"
 # Fields of the JSON lines are read with awk so the table needs nothing beyond POSIX tools.
 awk '
   function field(line, key,    m) {
     if (!match(line, "\"" key "\": [^,}]+")) return ""
     m = substr(line, RSTART, RLENGTH); sub(/^[^:]*: /, "", m); gsub(/"/, "", m); return m
   }
-  function list_max(line, key,    m, n, i, v, best) {
-    if (!match(line, "\"" key "\": \\[[^]]*\\]")) return ""
+  function list(line, key, v,    m) {
+    if (!match(line, "\"" key "\": \\[[^]]*\\]")) return 0
     m = substr(line, RSTART, RLENGTH); sub(/^[^[]*\[/, "", m); sub(/\]$/, "", m)
-    n = split(m, v, /, */); best = v[1] + 0
+    return split(m, v, /, */)
+  }
+  function list_max(line, key,    v, n, i, best) {
+    n = list(line, key, v)
+    if (n == 0) return ""
+    best = v[1] + 0
     for (i = 2; i <= n; ++i) if (v[i] + 0 > best) best = v[i] + 0
     return best
   }
   function ratio(x, base) { return base > 0 ? sprintf("%.2f", x / base) : "n/a" }
+  # The largest relative difference between this row'"'"'s per-step losses and the reference'"'"'s.
+  function loss_gap(line,    v, n, i, d, worst) {
+    n = list(line, "losses", v)
+    if (n == 0 || n != base_n) return "n/a"
+    worst = 0
+    for (i = 1; i <= n; ++i) {
+      if (v[i] + 0 < 0 || base_loss[i] < 0) return "non-finite"
+      d = v[i] - base_loss[i]; if (d < 0) d = -d
+      d /= (base_loss[i] > 0 ? base_loss[i] : 1)
+      if (d > worst) worst = d
+    }
+    return sprintf("%.1e", worst)
+  }
+  FILENAME == ARGV[1] {  # the memory runs: peak RSS by name
+    rest = $0; sub(/^[^ ]+ /, "", rest)
+    if (rest ~ /^\{/) memory[$1] = list_max(rest, "peak_rss_mib")
+    next
+  }
   {
     name[NR] = $1; rest = $0; sub(/^[^ ]+ /, "", rest); text[NR] = rest
     if (rest ~ /^\{/) {
-      ms[NR] = field(rest, "median_step_ms"); rss[NR] = list_max(rest, "peak_rss_mib")
+      ms[NR] = field(rest, "median_step_ms"); rss[NR] = ($1 in memory) ? memory[$1] : ""
       state[NR] = list_max(rest, "model_state_bytes"); loss[NR] = field(rest, "final_loss")
       host[NR] = list_max(rest, "host_bytes"); nvme[NR] = list_max(rest, "nvme_bytes")
-      if ($1 == "parallax-zero0") { base_ms = ms[NR]; base_rss = rss[NR]; base_state = state[NR] }
+      if ($1 == "parallax-zero0") {
+        base_ms = ms[NR]; base_rss = rss[NR]; base_state = state[NR]; base_n = list(rest, "losses", base_loss)
+      }
     }
   }
   END {
-    printf "%-16s %10s %7s %12s %7s %18s %7s %12s %12s %10s\n", "impl/stage", "step ms", "ratio", "max RSS MiB",
-           "ratio", "device state/rank", "ratio", "host/rank", "nvme/rank", "final loss"
+    printf "%-16s %10s %7s %12s %7s %18s %7s %12s %12s %10s %10s\n", "impl/stage", "step ms", "ratio", "max RSS MiB",
+           "ratio", "device state/rank", "ratio", "host/rank", "nvme/rank", "final loss", "loss diff"
     for (i = 1; i <= NR; ++i) {
+      if (!(i in name)) continue
       if (text[i] !~ /^\{/) { printf "%-16s %s\n", name[i], text[i]; continue }
-      printf "%-16s %10.1f %7s %12.1f %7s %18.0f %7s %12s %12s %10s\n", name[i], ms[i], ratio(ms[i], base_ms), rss[i],
-             ratio(rss[i], base_rss), state[i], ratio(state[i], base_state),
-             host[i] == "" ? "-" : sprintf("%.0f", host[i]), nvme[i] == "" ? "-" : sprintf("%.0f", nvme[i]),
-             loss[i] == "null" ? "n/a" : sprintf("%.4f", loss[i])
+      printf "%-16s %10.1f %7s %12s %7s %18.0f %7s %12s %12s %10s %10s\n", name[i], ms[i], ratio(ms[i], base_ms),
+             rss[i] == "" ? "n/a" : sprintf("%.1f", rss[i]), rss[i] == "" ? "n/a" : ratio(rss[i], base_rss), state[i],
+             ratio(state[i], base_state), host[i] == "" ? "-" : sprintf("%.0f", host[i]),
+             nvme[i] == "" ? "-" : sprintf("%.0f", nvme[i]), loss[i] == "null" ? "n/a" : sprintf("%.4f", loss[i]),
+             loss_gap(text[i])
     }
   }
-' "$RESULTS"
-echo "(bytes/rank and RSS: the largest rank; ratios to parallax-zero0; on CPU the \"device\" and the host are"
-echo " the same memory, so offloading moves bytes between columns, not out of RSS; logs in $LOGS)"
-if [[ -z "$PYTHON_TORCH" ]]; then
-  echo
-  echo "PyTorch peers skipped: no python3 here imports torch. On Debian 12 install it with:"
-  echo "  sudo apt-get install -y python3-torch"
-fi
+' "$MEMORY" "$RESULTS"
+echo "(bytes/rank and RSS: the largest rank; ratios to parallax-zero0; RSS from a separate 3-step run with"
+echo " MALLOC_MMAP_THRESHOLD_=65536, step times from runs with the normal allocator; loss diff: the largest"
+echo " relative difference of any step's loss from parallax-zero0's, every row starting from its initial weights;"
+echo " on CPU the \"device\" and the host are the same memory, so offloading moves bytes between columns, not"
+echo " out of RSS; logs in $LOGS)"

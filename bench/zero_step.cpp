@@ -23,12 +23,20 @@
 // tp_payload_per_step: rank 0's tensor-parallel group, payload bytes per optimizer step
 // by collective (an all-reduce's tensor, an all-gather's output, a reduce-scatter's input),
 // the same every step.
+// "losses": every optimizer step's loss (the mean over the global batch), "final_loss"
+// the last of them.
+//
+// --write-initial-weights PATH: rank 0 first writes the model's initial parameters, by
+// name, with torch::pickle_save (Python reads them with torch.load), so a PyTorch peer
+// can start from exactly these weights (bench/peers/torch_zero.py --initial-weights).
 #include <sys/resource.h>
+#include <torch/serialize.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -37,6 +45,7 @@
 #include "parallax/core/config_loader.h"
 #include "parallax/core/mesh.h"
 #include "parallax/runtime/parallax.h"
+#include "parallax/zero/deferred_construction.h"
 
 namespace {
 
@@ -73,6 +82,35 @@ std::string json_list(const torch::Tensor& values, const char* format) {
   return out + "]";
 }
 
+// The value of `--write-initial-weights PATH` among the application's arguments, or "".
+std::string initial_weights_path(const std::vector<std::string>& args) {
+  for (std::size_t i = 1; i < args.size(); ++i) {
+    if (args[i] == "--write-initial-weights") {
+      PARALLAX_CHECK(i + 1 < args.size(), UsageError, "--write-initial-weights needs a file path");
+      return args[i + 1];
+    }
+    PARALLAX_CHECK(false, UsageError, "bench_zero_step: unknown argument '", args[i],
+                   "'; it takes --config, --set and --write-initial-weights PATH");
+  }
+  return "";
+}
+
+// The model's parameters as ((name, tensor), ...), a file torch.load reads (tuples, not a
+// typed Dict, whose type tag torch.load's weights_only default refuses).
+void write_initial_weights(torch::nn::Module& model, const std::string& path) {
+  std::vector<c10::IValue> weights;
+  for (const auto& item : model.named_parameters()) {
+    PARALLAX_CHECK(!parallax::zero::is_deferred(item.value()), UsageError,
+                   "--write-initial-weights: the model is built deferred (zero.stage = 3); write them from a run at "
+                   "a lower stage");
+    weights.emplace_back(c10::ivalue::Tuple::create({item.key(), item.value().detach().clone()}));
+  }
+  const std::vector<char> bytes = torch::pickle_save(c10::ivalue::Tuple::create(std::move(weights)));
+  std::ofstream out(path, std::ios::binary);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  PARALLAX_CHECK(out.good(), UsageError, "--write-initial-weights ", path, ": cannot write the file");
+}
+
 int run(parallax::Runtime& rt) {
   const parallax::Config& config = rt.config();
   const auto& train = config.train;
@@ -80,12 +118,15 @@ int run(parallax::Runtime& rt) {
                  kWarmupSteps, " warm-up steps, so it needs at least ", kWarmupSteps + 1);
   // At ZeRO stage 3 the model is built without any rank ever holding all of it.
   auto [model_options, data, model] = gpt::build_example(config);
+  const std::string weights_path = initial_weights_path(rt.args());
+  if (!weights_path.empty() && rt.world().rank() == 0) write_initial_weights(*model, weights_path);
   auto engine = rt.engine(model, parallax::OptimizerSpec::from(config));
   engine.set_tokens_per_sample(model_options.block_size);
 
   const int dp_rank = rt.mesh().coord().dp;
   const int dp = rt.mesh().degrees().dp;
   std::vector<double> step_ms(static_cast<std::size_t>(train.steps));
+  std::vector<double> losses;
   parallax::CommCounters tp_before_timed;
   for (std::int64_t step = 0; step < train.steps; ++step) {
     if (step == kWarmupSteps) tp_before_timed = rt.mesh().tp().counters();
@@ -102,6 +143,7 @@ int run(parallax::Runtime& rt) {
     }
     step_ms[static_cast<std::size_t>(step)] =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    losses.push_back(engine.last_loss());
   }
 
   const parallax::CommCounters tp_traffic = rt.mesh().tp().counters().since(tp_before_timed);
@@ -137,14 +179,15 @@ int run(parallax::Runtime& rt) {
   using parallax::CommOp;
   std::snprintf(tail, sizeof(tail),
                 ", \"tp\": %d, \"sequence_parallel\": %s, \"tp_payload_per_step\": {\"all_reduce\": %.0f, "
-                "\"all_gather\": %.0f, \"reduce_scatter\": %.0f}, \"final_loss\": %s}",
+                "\"all_gather\": %.0f, \"reduce_scatter\": %.0f}, \"final_loss\": %s, \"losses\": ",
                 rt.mesh().degrees().tp, config.tensor_parallel.sequence_parallel ? "true" : "false",
                 static_cast<double>(tp_traffic[CommOp::kAllReduce].bytes) / timed_steps,
                 static_cast<double>(tp_traffic[CommOp::kAllGather].bytes) / timed_steps,
                 static_cast<double>(tp_traffic[CommOp::kReduceScatter].bytes) / timed_steps, loss_text);
   rt.logger().summary(
       head, "\"peak_rss_mib\": ", json_list(all_rss, "%.1f"), ", \"model_state_bytes\": ", json_list(all_state, "%.0f"),
-      ", \"host_bytes\": ", json_list(all_host, "%.0f"), ", \"nvme_bytes\": ", json_list(all_nvme, "%.0f"), tail);
+      ", \"host_bytes\": ", json_list(all_host, "%.0f"), ", \"nvme_bytes\": ", json_list(all_nvme, "%.0f"), tail,
+      json_list(torch::tensor(losses, torch::kDouble).nan_to_num(-1.0), "%.9g"), "}");
   return 0;
 }
 

@@ -1,17 +1,20 @@
 #!/usr/bin/env python3
 """The PyTorch peer of bench_zero_step: the same GPT, data and batch, trained with
-torch.distributed (gloo) under DistributedDataParallel (--mode ddp) or DDP plus
-ZeroRedundancyOptimizer (--mode zero1, optimizer state sharded like ZeRO stage 1).
+torch.distributed (gloo) under DistributedDataParallel (--mode ddp), DDP plus
+ZeroRedundancyOptimizer (--mode zero1, optimizer state sharded like ZeRO stage 1), or
+FSDP2 (--mode fsdp2: fully_shard on each block, then the root, over a CPU device mesh;
+parameters, gradients and optimizer state sharded like ZeRO stage 3; PyTorch 2.6+).
 
 It reads the same TOML as train_gpt (--config FILE..., extends, --set key.path=value),
-builds the model of examples/gpt/gpt.cpp with the same parameter order and init (so
-with the same seed both start from the same weights), makes the same synthetic token
+builds the model of examples/gpt/gpt.cpp with the same parameter names and order, loads
+the initial weights bench_zero_step wrote (--initial-weights, so both sides start from
+the same parameters; without it the model is initialized here), makes the same synthetic token
 stream (samples are a pure function of seed and index) and runs the engine's loop:
 grad_accum micro-steps, the last one reducing gradients, global-norm clipping, the
 optimizer at the scheduled learning rate, the step's mean loss over the global batch.
 
-It prints the JSON line bench_zero_step prints, with "impl" "torch-ddp" or
-"torch-zero1": per step the slowest rank's wall time from the first forward to the end
+It prints the JSON line bench_zero_step prints (every step's loss in "losses"), with
+"impl" "torch-ddp", "torch-zero1" or "torch-fsdp2": per step the slowest rank's wall time from the first forward to the end
 of the optimizer step, the median after 2 warm-up steps, ru_maxrss per rank in MiB,
 and the parameter, gradient and optimizer-state bytes each rank holds.
 
@@ -198,6 +201,21 @@ class SyntheticTokens:
 
 # ---- Training ------------------------------------------------------------------------
 
+def load_initial_weights(model, path):
+    """Every parameter from `path`, by name; a missing or extra name, or another shape, is an error."""
+    weights = dict(torch.load(path, map_location="cpu"))  # ((name, tensor), ...)
+    own = dict(model.named_parameters())
+    if set(weights) != set(own):
+        raise SystemExit(f"--initial-weights {path}: names differ from this model's: only in the file "
+                         f"{sorted(set(weights) - set(own))}, only here {sorted(set(own) - set(weights))}")
+    with torch.no_grad():
+        for name, value in weights.items():
+            if value.shape != own[name].shape:
+                raise SystemExit(f"--initial-weights {path}: {name} has shape {tuple(value.shape)}, "
+                                 f"the model {tuple(own[name].shape)}")
+            own[name].copy_(value)
+
+
 def make_optimizer(params, o, zero1):
     kind = o.get("type", "adamw")
     kwargs = {"lr": o.get("lr", 3e-4), "weight_decay": o.get("weight_decay", 0.0)}
@@ -211,11 +229,36 @@ def make_optimizer(params, o, zero1):
     return cls(params, **kwargs)
 
 
+def local_bytes(tensor):
+    """Bytes this rank holds of `tensor` (its local shard when FSDP2 made it a DTensor)."""
+    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return local.numel() * local.element_size()
+
+
 def state_bytes(optimizer):
-    """Moment and momentum buffers this rank holds (the local shard under ZeRO)."""
+    """Moment and momentum buffers this rank holds (the local shard under ZeRO and FSDP2)."""
     local = optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer
-    return sum(v.numel() * v.element_size() for s in local.state.values() for k, v in s.items()
+    return sum(local_bytes(v) for s in local.state.values() for k, v in s.items()
                if torch.is_tensor(v) and k != "step")
+
+
+def fully_shard_blocks(model, world):
+    """FSDP2 as Parallax's zero.stage = 3 with wrap = ["Block"]: one unit per block, the
+    rest in the root's unit, resharded after forward."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    mesh = init_device_mesh("cpu", (world,))
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
+
+
+def accumulating(model, skip_sync):
+    """A micro-step whose gradients are only accumulated (no reduction)."""
+    if isinstance(model, DistributedDataParallel):
+        return model.no_sync() if skip_sync else contextlib.nullcontext()
+    model.set_requires_gradient_sync(not skip_sync)  # FSDP2
+    return contextlib.nullcontext()
 
 
 def gather(values, dtype):
@@ -227,9 +270,11 @@ def gather(values, dtype):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mode", choices=("ddp", "zero1"), required=True)
+    parser.add_argument("--mode", choices=("ddp", "zero1", "fsdp2"), required=True)
     parser.add_argument("--config", action="append", default=[], help="TOML file (repeatable; later wins)")
     parser.add_argument("--set", action="append", default=[], dest="overrides", help="key.path=value")
+    parser.add_argument("--initial-weights", help="parameters by name, as bench_zero_step "
+                        "--write-initial-weights wrote them (torch.load)")
     parser.add_argument("--rendezvous", help="file for init_method=file:// (must not exist yet); "
                         "default: one per mpirun job in the temp dir")
     args = parser.parse_args()
@@ -259,18 +304,24 @@ def main():
 
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     torch.manual_seed(seed)
-    model = DistributedDataParallel(GPT(m), bucket_cap_mb=bucket_mb, gradient_as_bucket_view=True)
+    gpt = GPT(m)
+    if args.initial_weights:
+        load_initial_weights(gpt, args.initial_weights)
+    if args.mode == "fsdp2":
+        model = fully_shard_blocks(gpt, world)
+    else:
+        model = DistributedDataParallel(gpt, bucket_cap_mb=bucket_mb, gradient_as_bucket_view=True)
     params = list(model.parameters())
     optimizer = make_optimizer(params, opt_cfg, args.mode == "zero1")
     grad_clip = opt_cfg.get("grad_clip", 0.0)
 
-    step_ms, loss = [], 0.0
+    step_ms, losses, loss = [], [], 0.0
     for step in range(steps):
         batches = [data.batch(step * glob + (i * world + rank) * micro_batch, micro_batch) for i in range(accum)]
         start = time.perf_counter()
         loss_sum = torch.zeros(())
         for i, (inputs, targets) in enumerate(batches):
-            with model.no_sync() if i < accum - 1 else contextlib.nullcontext():
+            with accumulating(model, i < accum - 1):
                 logits = model(inputs)
                 micro_loss = F.cross_entropy(logits.reshape(-1, m["vocab_size"]).float(), targets.reshape(-1))
                 (micro_loss / accum).backward()
@@ -283,20 +334,23 @@ def main():
         optimizer.zero_grad(set_to_none=False)
         dist.all_reduce(loss_sum)  # the engine reports the mean over the global batch
         loss = loss_sum.item() / (accum * world)
+        losses.append(loss)
         step_ms.append((time.perf_counter() - start) * 1000.0)
 
     rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    state = sum(p.numel() * p.element_size() for p in params)
-    state += sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None)
+    state = sum(local_bytes(p) for p in params)
+    state += sum(local_bytes(p.grad) for p in params if p.grad is not None)
     state += state_bytes(optimizer)
     slowest = gather(step_ms, torch.float64).max(dim=0).values[WARMUP_STEPS:].tolist()
     all_rss = gather([rss_mib], torch.float64).view(-1).tolist()
     all_state = gather([state], torch.int64).view(-1).tolist()
     if rank == 0:
-        print(json.dumps({"impl": f"torch-{args.mode}", "zero_stage": 1 if args.mode == "zero1" else 0,
+        print(json.dumps({"impl": f"torch-{args.mode}", "zero_stage": {"ddp": 0, "zero1": 1, "fsdp2": 3}[args.mode],
                           "ranks": world, "median_step_ms": round(statistics.median(slowest), 3),
                           "peak_rss_mib": [round(r, 1) for r in all_rss], "model_state_bytes": all_state,
-                          "final_loss": round(loss, 6) if math.isfinite(loss) else None}), flush=True)
+                          "final_loss": round(loss, 6) if math.isfinite(loss) else None,
+                          "losses": [float(f"{x:.9g}") if math.isfinite(x) else -1.0 for x in losses]}),
+              flush=True)
     # Leave without tearing down: in PyTorch 1.13, DDP's reducer can release the gloo
     # process group at interpreter exit while holding the GIL, joining a worker thread
     # that waits for the GIL to free a tensor, and the rank hangs. The barrier keeps any
