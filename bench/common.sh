@@ -52,3 +52,42 @@ python_with_torch() {
     fi
   done
 }
+
+# Awk functions the bench tables share, for JSON lines of the benches and their peers:
+#   field(line, key)        a scalar field's text ("" when absent)
+#   list(line, key, v)      a list field's items into v[1..n]; returns n (0 when absent)
+#   list_max(line, key)     a list field's largest item ("" when absent)
+#   loss_gap(line)          the largest relative difference of the line's "losses" from the
+#                           reference set by set_reference_losses(line), "n/a" when either
+#                           lacks them or their lengths differ, "non-finite" for a NaN step
+BENCH_AWK_FUNCTIONS='
+  function field(line, key,    m) {
+    if (!match(line, "\"" key "\": [^,}]+")) return ""
+    m = substr(line, RSTART, RLENGTH); sub(/^[^:]*: /, "", m); gsub(/"/, "", m); return m
+  }
+  function list(line, key, v,    m) {
+    if (!match(line, "\"" key "\": \\[[^]]*\\]")) return 0
+    m = substr(line, RSTART, RLENGTH); sub(/^[^[]*\[/, "", m); sub(/\]$/, "", m)
+    return split(m, v, /, */)
+  }
+  function list_max(line, key,    v, n, i, best) {
+    n = list(line, key, v)
+    if (n == 0) return ""
+    best = v[1] + 0
+    for (i = 2; i <= n; ++i) if (v[i] + 0 > best) best = v[i] + 0
+    return best
+  }
+  function set_reference_losses(line) { reference_n = list(line, "losses", reference_loss) }
+  function loss_gap(line,    v, n, i, d, worst) {
+    n = list(line, "losses", v)
+    if (n == 0 || n != reference_n) return "n/a"
+    worst = 0
+    for (i = 1; i <= n; ++i) {
+      if (v[i] + 0 < 0 || reference_loss[i] < 0) return "non-finite"
+      d = v[i] - reference_loss[i]; if (d < 0) d = -d
+      d /= (reference_loss[i] > 0 ? reference_loss[i] : 1)
+      if (d > worst) worst = d
+    }
+    return sprintf("%.1e", worst)
+  }
+'

@@ -14,21 +14,25 @@
 # layers the model moves the embedding's output forward and the LM head's input gradient
 # backward (b·s·h each, one all-reduce or its sequence-parallel pair) and the
 # vocab-parallel loss's 3 values per token; the "whole model" column adds those, so its
-# ratio is exact.
+# ratio is exact. Beside them, the same model from the same initial weights split the same
+# way by PyTorch 2.11's DTensor tensor parallelism (bench/peers/torch_tp.py) at tp = 2 and
+# 4; Parallax builds with TORCH=wheel by default, so both run LibTorch 2.11's kernels. The
+# last column is each row's largest per-step loss difference from tp = 1's.
 #
 #   bench/tp.sh [--set key.path=value]...      e.g. --set model.d_model=512
 #
-# Environment: BUILD_DIR (default build; configured and bench_zero_step built only when
-# the directory does not exist), RANKS (4), STEPS (8; the first 2 are warm-up),
+# Environment: TORCH (wheel), BUILD_DIR (TORCH's; configured and bench_zero_step built
+# only when the directory does not exist), RANKS (4), STEPS (8; the first 2 are warm-up),
 # RUN_TIMEOUT_S (600 per mpirun).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export TORCH="${TORCH:-wheel}"
 source scripts/common.sh
 source bench/common.sh
 export OMP_NUM_THREADS=1
 ensure_dependencies
+ensure_torch_wheel  # the peer's PyTorch 2.11, whichever LibTorch Parallax uses
 
-BUILD_DIR="${BUILD_DIR:-build}"
 RANKS="${RANKS:-4}"
 STEPS="${STEPS:-8}"
 RUN_TIMEOUT_S="${RUN_TIMEOUT_S:-600}"
@@ -41,16 +45,21 @@ BENCH="$(bench_binary bench_zero_step)"
 LOGS="$(mktemp -d "${TMPDIR:-/tmp}/bench_tp.XXXXXX")"
 RESULTS="$LOGS/results"
 : >"$RESULTS"
+WEIGHTS="$LOGS/initial_weights.pt"
 run() {
   local name="$1"
   shift
   bench_run "$name" "$BENCH" "${ARGS[@]}" "$@"
 }
 
-run tp1 --set parallel.tp=1
+run tp1 --set parallel.tp=1 --write-initial-weights "$WEIGHTS"
 for tp in 2 4; do
   run "tp$tp" --set "parallel.tp=$tp"
   run "tp$tp-sp" --set "parallel.tp=$tp" --set tensor_parallel.sequence_parallel=true
+done
+for tp in 2 4; do
+  bench_run "torch-tp$tp" "$PARALLAX_TORCH_VENV/bin/python" bench/peers/torch_tp.py "${ARGS[@]}" \
+    --set "parallel.tp=$tp" --initial-weights "$WEIGHTS"
 done
 
 echo
@@ -58,11 +67,7 @@ echo "GPT example, $RANKS ranks, configs/tp.toml ${*:-} ($STEPS steps, median af
 awk -v ranks="$RANKS" -v global_batch="$(grep -o 'global_batch_size=[0-9]*' <<<"${ARGS[*]}" | tail -1 | cut -d= -f2)" \
   -v seq="$(grep -o 'block_size=[0-9]*' <<<"${ARGS[*]}" | tail -1 | cut -d= -f2)" \
   -v hidden="$(grep -o 'd_model=[0-9]*' <<<"${ARGS[*]}" | tail -1 | cut -d= -f2)" \
-  -v layers="$(grep -o 'n_layer=[0-9]*' <<<"${ARGS[*]}" | tail -1 | cut -d= -f2)" '
-  function field(line, key,    m) {
-    if (!match(line, "\"" key "\": [^,}]+")) return ""
-    m = substr(line, RSTART, RLENGTH); sub(/^[^:]*: /, "", m); gsub(/"/, "", m); return m
-  }
+  -v layers="$(grep -o 'n_layer=[0-9]*' <<<"${ARGS[*]}" | tail -1 | cut -d= -f2)" "$BENCH_AWK_FUNCTIONS"'
   {
     name[NR] = $1; rest = $0; sub(/^[^ ]+ /, "", rest); text[NR] = rest
     if (rest !~ /^\{/) next
@@ -75,20 +80,29 @@ awk -v ranks="$RANKS" -v global_batch="$(grep -o 'global_batch_size=[0-9]*' <<<"
     layers_formula[NR] = layers * per_layer
     # embedding forward + head backward (b·s·h each) and the loss (3 values per token)
     whole_formula[NR] = layers_formula[NR] + (2 * b * seq * hidden + 3 * b * seq) * 2 * (tt - 1) / tt * 4
-    if ($1 == "tp1") base_ms = ms[NR]
+    peer[NR] = field(rest, "impl") != "parallax"
+    if ($1 == "tp1") { base_ms = ms[NR]; set_reference_losses(rest) }
   }
   END {
-    printf "%-8s %10s %7s %16s %16s %7s %16s %7s %10s\n", "layout", "step ms", "ratio", "TP bytes/rank",
-           "Megatron layers", "ratio", "whole model", "ratio", "final loss"
+    printf "%-9s %10s %7s %16s %16s %7s %16s %7s %10s %10s\n", "layout", "step ms", "ratio", "TP bytes/rank",
+           "Megatron layers", "ratio", "whole model", "ratio", "final loss", "loss diff"
     for (i = 1; i <= NR; ++i) {
-      if (text[i] !~ /^\{/) { printf "%-8s %s\n", name[i], text[i]; continue }
-      printf "%-8s %10.1f %7.2f %16.0f %16.0f %7s %16.0f %7s %10s\n", name[i], ms[i], ms[i] / base_ms, wire[i],
+      if (text[i] !~ /^\{/) { printf "%-9s %s\n", name[i], text[i]; continue }
+      if (peer[i]) {
+        printf "%-9s %10.1f %7.2f %16s %16.0f %7s %16.0f %7s %10s %10s\n", name[i], ms[i], ms[i] / base_ms, "-",
+               layers_formula[i], "-", whole_formula[i], "-", loss[i], loss_gap(text[i])
+        continue
+      }
+      printf "%-9s %10.1f %7.2f %16.0f %16.0f %7s %16.0f %7s %10s %10s\n", name[i], ms[i], ms[i] / base_ms, wire[i],
              layers_formula[i], (layers_formula[i] > 0 ? sprintf("%.3f", wire[i] / layers_formula[i]) : "-"),
-             whole_formula[i], (whole_formula[i] > 0 ? sprintf("%.3f", wire[i] / whole_formula[i]) : "-"), loss[i]
+             whole_formula[i], (whole_formula[i] > 0 ? sprintf("%.3f", wire[i] / whole_formula[i]) : "-"), loss[i],
+             loss_gap(text[i])
     }
   }
 ' "$RESULTS"
 echo "(TP bytes: ring bytes per rank per step, from the payload the tensor-parallel communicator counted; the"
 echo " grad-norm all-reduce adds 8 bytes; with sequence parallelism the replicated parameters' partial gradients"
 echo " (LayerNorms, row biases, position embedding) are summed over the group once per step, which the whole-model"
-echo " count leaves out; b = global batch / dp; logs in $LOGS)"
+echo " count leaves out; b = global batch / dp; torch-tpN: DTensor, whose traffic is not counted; loss diff: the"
+echo " largest relative difference of any step's loss from tp1's, every row from the same initial weights;"
+echo " logs in $LOGS)"

@@ -78,37 +78,8 @@ echo
 echo "GPT example, $RANKS ranks, $CONFIG, $STEPS steps (median after 2 warm-up steps; per step the slowest rank;"
 echo "Parallax built with TORCH=$TORCH ($BUILD_DIR), peers on PyTorch $("$PYTHON_TORCH" -c 'import torch; print(torch.__version__)'))"
 # Fields of the JSON lines are read with awk so the table needs nothing beyond POSIX tools.
-awk '
-  function field(line, key,    m) {
-    if (!match(line, "\"" key "\": [^,}]+")) return ""
-    m = substr(line, RSTART, RLENGTH); sub(/^[^:]*: /, "", m); gsub(/"/, "", m); return m
-  }
-  function list(line, key, v,    m) {
-    if (!match(line, "\"" key "\": \\[[^]]*\\]")) return 0
-    m = substr(line, RSTART, RLENGTH); sub(/^[^[]*\[/, "", m); sub(/\]$/, "", m)
-    return split(m, v, /, */)
-  }
-  function list_max(line, key,    v, n, i, best) {
-    n = list(line, key, v)
-    if (n == 0) return ""
-    best = v[1] + 0
-    for (i = 2; i <= n; ++i) if (v[i] + 0 > best) best = v[i] + 0
-    return best
-  }
+awk "$BENCH_AWK_FUNCTIONS"'
   function ratio(x, base) { return base > 0 ? sprintf("%.2f", x / base) : "n/a" }
-  # The largest relative difference between this row'"'"'s per-step losses and the reference'"'"'s.
-  function loss_gap(line,    v, n, i, d, worst) {
-    n = list(line, "losses", v)
-    if (n == 0 || n != base_n) return "n/a"
-    worst = 0
-    for (i = 1; i <= n; ++i) {
-      if (v[i] + 0 < 0 || base_loss[i] < 0) return "non-finite"
-      d = v[i] - base_loss[i]; if (d < 0) d = -d
-      d /= (base_loss[i] > 0 ? base_loss[i] : 1)
-      if (d > worst) worst = d
-    }
-    return sprintf("%.1e", worst)
-  }
   FILENAME == ARGV[1] {  # the memory runs: peak RSS by name
     rest = $0; sub(/^[^ ]+ /, "", rest)
     if (rest ~ /^\{/) memory[$1] = list_max(rest, "peak_rss_mib")
@@ -121,7 +92,7 @@ awk '
       state[NR] = list_max(rest, "model_state_bytes"); loss[NR] = field(rest, "final_loss")
       host[NR] = list_max(rest, "host_bytes"); nvme[NR] = list_max(rest, "nvme_bytes")
       if ($1 == "parallax-zero0") {
-        base_ms = ms[NR]; base_rss = rss[NR]; base_state = state[NR]; base_n = list(rest, "losses", base_loss)
+        base_ms = ms[NR]; base_rss = rss[NR]; base_state = state[NR]; set_reference_losses(rest)
       }
     }
   }

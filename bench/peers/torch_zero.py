@@ -136,14 +136,18 @@ class Block(nn.Module):
         self.mlp_proj = nn.Linear(d_ff, d)
 
     def forward(self, x):
+        # Heads are counted from qkv's output, so a tensor-parallel rank holding some of
+        # them (torch_tp.py) runs the same code on its part.
         batch, seq, d = x.shape
         head_dim = d // self.n_head
-        heads = lambda t: t.view(batch, seq, self.n_head, head_dim).transpose(1, 2)  # noqa: E731
-        q, k, v = (heads(t) for t in self.qkv(self.ln1(x)).chunk(3, dim=-1))
+        q, k, v = self.qkv(self.ln1(x)).chunk(3, dim=-1)
+        width = q.size(-1)
+        heads = lambda t: t.reshape(batch, seq, width // head_dim, head_dim).transpose(1, 2)  # noqa: E731
+        q, k, v = heads(q), heads(k), heads(v)
         scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(head_dim)
         future = torch.ones(seq, seq, dtype=torch.bool).triu(1)
         attention = torch.softmax(scores.masked_fill(future, float("-inf")), -1)
-        y = torch.matmul(attention, v).transpose(1, 2).contiguous().view(batch, seq, d)
+        y = torch.matmul(attention, v).transpose(1, 2).contiguous().view(batch, seq, width)
         h = x + self.attn_proj(y)
         return h + self.mlp_proj(F.gelu(self.fc(self.ln2(h))))
 
