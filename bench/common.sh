@@ -54,19 +54,20 @@ python_with_torch() {
 }
 
 # Awk functions the bench tables share, for JSON lines of the benches and their peers:
-#   field(line, key)        a scalar field's text ("" when absent)
+#   field(line, key)        a scalar field's text ("" when absent; "key": value or "key":value)
 #   list(line, key, v)      a list field's items into v[1..n]; returns n (0 when absent)
 #   list_max(line, key)     a list field's largest item ("" when absent)
 #   loss_gap(line)          the largest relative difference of the line's "losses" from the
 #                           reference set by set_reference_losses(line), "n/a" when either
 #                           lacks them or their lengths differ, "non-finite" for a NaN step
+#   median(v, n)            the median of v[1..n] (sorts v)
 BENCH_AWK_FUNCTIONS='
   function field(line, key,    m) {
-    if (!match(line, "\"" key "\": [^,}]+")) return ""
-    m = substr(line, RSTART, RLENGTH); sub(/^[^:]*: /, "", m); gsub(/"/, "", m); return m
+    if (!match(line, "\"" key "\": *[^,}]+")) return ""
+    m = substr(line, RSTART, RLENGTH); sub(/^[^:]*: */, "", m); gsub(/"/, "", m); return m
   }
   function list(line, key, v,    m) {
-    if (!match(line, "\"" key "\": \\[[^]]*\\]")) return 0
+    if (!match(line, "\"" key "\": *\\[[^]]*\\]")) return 0
     m = substr(line, RSTART, RLENGTH); sub(/^[^[]*\[/, "", m); sub(/\]$/, "", m)
     return split(m, v, /, */)
   }
@@ -76,6 +77,10 @@ BENCH_AWK_FUNCTIONS='
     best = v[1] + 0
     for (i = 2; i <= n; ++i) if (v[i] + 0 > best) best = v[i] + 0
     return best
+  }
+  function median(v, n,    i, j, x) {
+    for (i = 2; i <= n; ++i) { x = v[i]; for (j = i - 1; j >= 1 && v[j] > x; --j) v[j + 1] = v[j]; v[j + 1] = x }
+    return n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
   }
   function set_reference_losses(line) { reference_n = list(line, "losses", reference_loss) }
   function loss_gap(line,    v, n, i, d, worst) {

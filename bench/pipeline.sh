@@ -3,19 +3,80 @@
 # chunks, zb-h1) measured on 2 ranks with one thread each for m = 2, 4, 8, 16
 # micro-batches, against (p−1)/(m+p−1) and against the same schedule simulated with this
 # machine's per-layer times; then the simulated table for p = 4 and 8 (bench_pipeline).
+# Then the GPT example's pipeline (configs/pp.toml: pp = 2, 8 micro-batches, the uniform
+# partition) under gpipe, 1f1b and interleaved (2 chunks) beside PyTorch 2.11's
+# torch.distributed.pipelining on the same cut (bench/peers/torch_pp.py), both from the
+# initial weights bench_zero_step writes: median step time and the largest relative
+# difference of any step's loss. Parallax builds with TORCH=wheel by default, so both run
+# LibTorch 2.11's kernels. (zb-h1 has no single-chunk PyTorch schedule to face.)
 #
 #   bench/pipeline.sh [STEPS]          measured steps per case after 2 warm-up (default 6)
 #
-# Environment: BUILD_DIR (default build; configured and bench_pipeline built only when
-# the directory does not exist), RUN_TIMEOUT_S (900).
+# Environment: TORCH (wheel), BUILD_DIR (TORCH's; configured and the benches built only
+# when the directory does not exist), PEER_STEPS (12 optimizer steps per run of the
+# PyTorch comparison, the first 2 warm-up), RUN_TIMEOUT_S (900).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export TORCH="${TORCH:-wheel}"
 source scripts/common.sh
 source bench/common.sh
 export OMP_NUM_THREADS=1
 ensure_dependencies
+ensure_torch_wheel  # the peer's PyTorch 2.11, whichever LibTorch Parallax uses
 
-BUILD_DIR="${BUILD_DIR:-build}"
 RUN_TIMEOUT_S="${RUN_TIMEOUT_S:-900}"
+PEER_STEPS="${PEER_STEPS:-12}"
 BENCH="$(bench_binary bench_pipeline)"
 timeout "$RUN_TIMEOUT_S" mpirun -np 2 --oversubscribe --bind-to none "$BENCH" "${1:-6}"
+
+WRITER="$(bench_binary bench_zero_step)"
+TRAIN="$BUILD_DIR/examples/train_gpt"
+[[ -x "$TRAIN" ]] || { echo "error: $TRAIN not found; build it with: cmake --build $BUILD_DIR --target train_gpt" >&2; exit 1; }
+LOGS="$(mktemp -d "${TMPDIR:-/tmp}/bench_pipeline.XXXXXX")"
+RESULTS="$LOGS/results"
+: >"$RESULTS"
+WEIGHTS="$LOGS/initial_weights.pt"
+RANKS=2
+ARGS=(--config configs/pp.toml --set 'pipeline.partition="uniform"' --set logging.every=0)
+
+# The same model unsplit (its layers are seeded alike), a few steps: the initial weights.
+bench_run weights "$WRITER" "${ARGS[@]}" --set parallel.pp=1 --set train.steps=3 --write-initial-weights "$WEIGHTS"
+for schedule in gpipe 1f1b interleaved; do
+  cut=(--set "pipeline.schedule=\"$schedule\"" --set "train.steps=$PEER_STEPS")
+  [[ "$schedule" == interleaved ]] && cut+=(--set pipeline.virtual_stages=2)
+  # train_gpt's metrics file (rank 0's step time, each step's loss) as one bench line.
+  metrics="$LOGS/parallax-$schedule.jsonl"
+  if timeout "$RUN_TIMEOUT_S" mpirun -np "$RANKS" --oversubscribe --bind-to none "$TRAIN" "${ARGS[@]}" "${cut[@]}" \
+    --set "logging.metrics_file=\"$metrics\"" >"$LOGS/parallax-$schedule.log" 2>&1; then
+    awk "$BENCH_AWK_FUNCTIONS"'
+      { loss[NR] = field($0, "loss"); if (NR > 2) ms[++n] = field($0, "step_ms") }
+      END {
+        printf "parallax-%s {\"impl\": \"parallax\", \"median_step_ms\": %.3f, \"losses\": [", schedule, median(ms, n)
+        for (i = 1; i <= NR; ++i) printf "%s%s", (i > 1 ? ", " : ""), loss[i]
+        print "]}"
+      }' schedule="$schedule" "$metrics" >>"$RESULTS"
+  else
+    echo "parallax-$schedule failed (log: $LOGS/parallax-$schedule.log)" >>"$RESULTS"
+  fi
+  bench_run "torch-$schedule" "$PARALLAX_TORCH_VENV/bin/python" bench/peers/torch_pp.py "${ARGS[@]}" "${cut[@]}" \
+    --initial-weights "$WEIGHTS"
+done
+
+echo
+echo "GPT example, 2 ranks, configs/pp.toml (pp 2, 8 micro-batches, uniform partition), $PEER_STEPS steps: median step ms"
+echo "after 2 warm-up, Parallax (TORCH=$TORCH) beside PyTorch $("$PARALLAX_TORCH_VENV/bin/python" -c 'import torch; print(torch.__version__)') torch.distributed.pipelining"
+awk "$BENCH_AWK_FUNCTIONS"'
+  { name = $1; rest = $0; sub(/^[^ ]+ /, "", rest); line[name] = rest }
+  END {
+    printf "%-12s %12s %12s %8s %10s\n", "schedule", "parallax ms", "torch ms", "ratio", "loss diff"
+    split("gpipe 1f1b interleaved", schedules, " ")
+    for (k = 1; k <= 3; ++k) {
+      s = schedules[k]; ours = line["parallax-" s]; theirs = line["torch-" s]
+      if (ours !~ /^\{/ || theirs !~ /^\{/) { printf "%-12s %s | %s\n", s, ours, theirs; continue }
+      a = field(ours, "median_step_ms"); b = field(theirs, "median_step_ms")
+      set_reference_losses(ours)
+      printf "%-12s %12.1f %12.1f %8.2f %10s\n", s, a, b, a / b, loss_gap(theirs)
+    }
+  }' "$RESULTS"
+echo "(ratio: Parallax / PyTorch; Parallax's step time is rank 0's from its metrics file, PyTorch's the slowest"
+echo " rank's; loss diff: the largest relative difference of any step's loss; logs in $LOGS)"
