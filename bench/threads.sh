@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # bench/threads.sh: Parallax against PyTorch on the same GPT (d_model 256, 4 layers,
 # vocabulary 1024, 64 tokens, 8 samples per rank, AdamW, clip 1.0, fp32), the same
-# weights and batches: one process under the thread settings a user may have in the
+# batches and the same initial weights (written once by bench_zero_step, loaded by the
+# peer), on the same LibTorch and BLAS (Debian's 1.13 with OpenBLAS on both sides: the
+# thread settings below are OpenBLAS's; bench/zero.sh, tp.sh and pipeline.sh face
+# PyTorch 2.11): one process under the thread settings a user may have in the
 # environment, then data parallelism on 2 and 4 ranks (bench_zero_step against
 # bench/peers/torch_zero.py --mode ddp). Runs alternate between the two, REPEAT times;
 # each cell is the median of the runs' median step times, printed with the ratio
@@ -31,6 +34,10 @@ BENCH="$(bench_binary bench_zero_step)"
 PYTHON_TORCH="$(python_with_torch)"
 [[ -n "$PYTHON_TORCH" ]] || { echo "error: no python3 here imports torch (apt-get install python3-torch)" >&2; exit 1; }
 LOGS="$(mktemp -d "${TMPDIR:-/tmp}/bench_threads.XXXXXX")"
+WEIGHTS="$LOGS/initial_weights.pt"
+OMP_NUM_THREADS=1 timeout "$RUN_TIMEOUT_S" "$BENCH" "${ARGS[@]}" --set train.global_batch_size=8 --set train.steps=3 \
+  --write-initial-weights "$WEIGHTS" >"$LOGS/weights.log" 2>&1 ||
+  { echo "error: writing the initial weights failed (log: $LOGS/weights.log)" >&2; exit 1; }
 
 # median_ms RANKS ENV... -- COMMAND...: one run's median step time (ms), or "failed".
 median_ms() {
@@ -69,7 +76,7 @@ row() {
   for ((i = 0; i < REPEAT; ++i)); do
     ours+=" $(median_ms "$ranks" "$@" -- "$BENCH" "${ARGS[@]}" "${batch[@]}")"
     theirs+=" $(median_ms "$ranks" "$@" -- "$PYTHON_TORCH" bench/peers/torch_zero.py --mode ddp \
-      --rendezvous "$LOGS/rdzv.$RANDOM" "${ARGS[@]}" "${batch[@]}")"
+      --rendezvous "$LOGS/rdzv.$RANDOM" --initial-weights "$WEIGHTS" "${ARGS[@]}" "${batch[@]}")"
   done
   local a b y="-"
   a="$(median_of <<<"${ours//failed/}")"
