@@ -86,7 +86,7 @@ awk "$BENCH_AWK_FUNCTIONS"'
     next
   }
   {
-    name[NR] = $1; rest = $0; sub(/^[^ ]+ /, "", rest); text[NR] = rest
+    name[NR] = $1; rest = $0; sub(/^[^ ]+ /, "", rest); text[NR] = rest; row[$1] = NR
     if (rest ~ /^\{/) {
       ms[NR] = field(rest, "median_step_ms"); rss[NR] = ($1 in memory) ? memory[$1] : ""
       state[NR] = list_max(rest, "model_state_bytes"); loss[NR] = field(rest, "final_loss")
@@ -107,6 +107,15 @@ awk "$BENCH_AWK_FUNCTIONS"'
              ratio(state[i], base_state), host[i] == "" ? "-" : sprintf("%.0f", host[i]),
              nvme[i] == "" ? "-" : sprintf("%.0f", nvme[i]), loss[i] == "null" ? "n/a" : sprintf("%.4f", loss[i]),
              loss_gap(text[i])
+    }
+    # The same cell on both sides: Parallax over its PyTorch peer.
+    printf "\n%-32s %10s %12s %18s\n", "Parallax / PyTorch, same cell", "step ms", "max RSS MiB", "device state/rank"
+    split("parallax-zero0 torch-ddp parallax-zero1 torch-zero1 parallax-zero3 torch-fsdp2", pair, " ")
+    for (k = 1; k <= 6; k += 2) {
+      a = row[pair[k]]; b = row[pair[k + 1]]
+      if (!a || !b || text[a] !~ /^\{/ || text[b] !~ /^\{/) continue
+      printf "%-32s %10s %12s %18s\n", pair[k] " / " pair[k + 1], ratio(ms[a], ms[b]),
+             (rss[a] == "" || rss[b] == "") ? "n/a" : ratio(rss[a], rss[b]), ratio(state[a], state[b])
     }
   }
 ' "$MEMORY" "$RESULTS"

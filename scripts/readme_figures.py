@@ -65,7 +65,7 @@ FIGURES = {
     "tp_equivalence": ctest("tp_equivalence"),
     "pp_equivalence": ctest("pp_equivalence"),
     "matrix_equivalence": ctest("matrix_equivalence"),
-    "bench_zero": Figure(["bench/zero.sh"] + BIG_GPT, env={"TORCH": "wheel"}, keep=r"^(impl/stage|parallax-|torch-|zero\d-)"),
+    "bench_zero": Figure(["bench/zero.sh"] + BIG_GPT, env={"TORCH": "wheel"}, keep=r"^(impl/stage|parallax-|torch-|zero\d-|Parallax / PyTorch)"),
     "bench_offload_step": Figure([str(BUILD_DIR / "bench/bench_offload_step"), "--params", "50"]),
     "bench_cpu_adam": Figure([str(BUILD_DIR / "bench/bench_cpu_adam"), "--threads", "2"]),
     "bench_tp": Figure(["bench/tp.sh"], env={"TORCH": "wheel"}, keep=r"^(layout|tp\d|torch-tp)"),

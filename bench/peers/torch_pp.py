@@ -19,13 +19,7 @@ rate. Prints one JSON line: {"impl": "torch-pipelining", "schedule": ..., "media
   mpirun -np 2 python3 bench/peers/torch_pp.py --config configs/pp.toml \\
       --initial-weights /tmp/w.pt --set pipeline.schedule=\\"1f1b\\"
 """
-import argparse
-import json
 import math
-import os
-import statistics
-import sys
-import tempfile
 import time
 
 import torch
@@ -35,8 +29,8 @@ from torch import nn
 from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
                                           ScheduleInterleaved1F1B)
 
-from torch_zero import (GPT, WARMUP_STEPS, SyntheticTokens, gather, load_config, load_initial_weights,
-                        resolve_batch, scheduled_lr)
+from torch_zero import (GPT, load_config, load_initial_weights, model_and_data, peer_arguments, report_and_exit,
+                        resolve_batch, scheduled_lr, this_rank)
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}
 
@@ -70,18 +64,8 @@ def uniform_boundaries(layers, parts):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", action="append", default=[], help="TOML file (repeatable; later wins)")
-    parser.add_argument("--set", action="append", default=[], dest="overrides", help="key.path=value")
-    parser.add_argument("--initial-weights", required=True, help="parameters by name, as bench_zero_step "
-                        "--write-initial-weights wrote them")
-    args = parser.parse_args()
-
-    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
-    world = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
-    job = os.environ.get("OMPI_MCA_ess_base_jobid", str(os.getppid()))
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    torch.set_num_threads(1)
+    args = peer_arguments(__doc__.splitlines()[0], weights_required=True).parse_args()
+    rank, world, rendezvous = this_rank("torch_pp")
 
     config = load_config(args.config, args.overrides)
     train, parallel, pipe = config.get("train", {}), config.get("parallel", {}), config.get("pipeline", {})
@@ -93,13 +77,10 @@ def main():
                          f"{', '.join(SCHEDULES)} (interleaved with virtual_stages > 1, the others with 1)")
     glob, micro_batch, accum = resolve_batch(train, 1)
     steps, seed = train.get("steps", 100), train.get("seed", 1234)
-    m = {"vocab_size": 64, "block_size": 32, "d_model": 64, "n_layer": 2, "n_head": 4, "d_ff": 0}
-    m.update(config.get("model", {}))
-    data = SyntheticTokens(m["vocab_size"], m["block_size"], seed, config.get("data", {}).get("noise", 0.1))
+    m, data = model_and_data(config, seed)
     opt_cfg, sched_cfg = config.get("optimizer", {}), config.get("scheduler", {})
 
-    dist.init_process_group("gloo", init_method=f"file://{tempfile.gettempdir()}/torch_pp_rdzv_{job}", rank=rank,
-                            world_size=world)
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     gpt = GPT(m)
     load_initial_weights(gpt, args.initial_weights)
     layers = [Embeddings(gpt), *gpt.blocks, Head(gpt)]
@@ -143,17 +124,7 @@ def main():
         dist.all_reduce(loss)
         losses.append(loss.item())
 
-    slowest = gather(step_ms, torch.float64).max(dim=0).values[WARMUP_STEPS:].tolist()
-    if rank == 0:
-        print(json.dumps({"impl": "torch-pipelining", "schedule": kind, "ranks": world,
-                          "median_step_ms": round(statistics.median(slowest), 3),
-                          "final_loss": round(losses[-1], 6) if math.isfinite(losses[-1]) else None,
-                          "losses": [float(f"{x:.9g}") if math.isfinite(x) else -1.0 for x in losses]}),
-              flush=True)
-    dist.barrier()
-    sys.stderr.flush()
-    os._exit(0)
-
+    report_and_exit(rank, {"impl": "torch-pipelining", "schedule": kind, "ranks": world}, step_ms, losses, rendezvous)
 
 if __name__ == "__main__":
     main()

@@ -22,14 +22,8 @@ byte counts: DTensor does not report them).
   mpirun -np 4 python3 bench/peers/torch_tp.py --config configs/tp.toml \\
       --initial-weights /tmp/w.pt --set parallel.tp=2
 """
-import argparse
-import json
 import math
-import os
 import resource
-import statistics
-import sys
-import tempfile
 import time
 
 import torch
@@ -40,8 +34,8 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel, loss_parallel,
                                                parallelize_module)
 
-from torch_zero import (GPT, WARMUP_STEPS, SyntheticTokens, gather, load_config, load_initial_weights,
-                        resolve_batch, scheduled_lr)
+from torch_zero import (GPT, gather, load_config, load_initial_weights, model_and_data, peer_arguments,
+                        report_and_exit, resolve_batch, scheduled_lr, this_rank)
 
 
 def group_heads_by_rank(qkv, tp):
@@ -69,18 +63,8 @@ def local(tensor):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", action="append", default=[], help="TOML file (repeatable; later wins)")
-    parser.add_argument("--set", action="append", default=[], dest="overrides", help="key.path=value")
-    parser.add_argument("--initial-weights", required=True, help="parameters by name, as bench_zero_step "
-                        "--write-initial-weights wrote them")
-    args = parser.parse_args()
-
-    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
-    world = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
-    job = os.environ.get("OMPI_MCA_ess_base_jobid", str(os.getppid()))
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    torch.set_num_threads(1)
+    args = peer_arguments(__doc__.splitlines()[0], weights_required=True).parse_args()
+    rank, world, rendezvous = this_rank("torch_tp")
 
     config = load_config(args.config, args.overrides)
     train, parallel = config.get("train", {}), config.get("parallel", {})
@@ -92,13 +76,10 @@ def main():
     dp = world // tp
     glob, micro_batch, accum = resolve_batch(train, dp)
     steps, seed = train.get("steps", 100), train.get("seed", 1234)
-    m = {"vocab_size": 64, "block_size": 32, "d_model": 64, "n_layer": 2, "n_head": 4, "d_ff": 0}
-    m.update(config.get("model", {}))
-    data = SyntheticTokens(m["vocab_size"], m["block_size"], seed, config.get("data", {}).get("noise", 0.1))
+    m, data = model_and_data(config, seed)
     opt_cfg, sched_cfg = config.get("optimizer", {}), config.get("scheduler", {})
 
-    dist.init_process_group("gloo", init_method=f"file://{tempfile.gettempdir()}/torch_tp_rdzv_{job}", rank=rank,
-                            world_size=world)
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     # Parallax's mesh: tp innermost, so ranks 2k and 2k+1 form a tensor-parallel pair.
     mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
     dp_rank = mesh.get_local_rank("dp")
@@ -160,19 +141,9 @@ def main():
         step_ms.append((time.perf_counter() - start) * 1000.0)
 
     rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    slowest = gather(step_ms, torch.float64).max(dim=0).values[WARMUP_STEPS:].tolist()
     all_rss = gather([rss_mib], torch.float64).view(-1).tolist()
-    if rank == 0:
-        print(json.dumps({"impl": "torch-dtensor", "tp": tp, "ranks": world,
-                          "median_step_ms": round(statistics.median(slowest), 3),
-                          "peak_rss_mib": [round(r, 1) for r in all_rss],
-                          "final_loss": round(losses[-1], 6) if math.isfinite(losses[-1]) else None,
-                          "losses": [float(f"{x:.9g}") if math.isfinite(x) else -1.0 for x in losses]}),
-              flush=True)
-    dist.barrier()
-    sys.stderr.flush()
-    os._exit(0)
-
+    report_and_exit(rank, {"impl": "torch-dtensor", "tp": tp, "ranks": world,
+                           "peak_rss_mib": [round(r, 1) for r in all_rss]}, step_ms, losses, rendezvous)
 
 if __name__ == "__main__":
     main()

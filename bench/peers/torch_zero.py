@@ -265,6 +265,55 @@ def accumulating(model, skip_sync):
     return contextlib.nullcontext()
 
 
+def peer_arguments(description, weights_required=False):
+    """The arguments every peer takes: --config, --set and --initial-weights."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--config", action="append", default=[], help="TOML file (repeatable; later wins)")
+    parser.add_argument("--set", action="append", default=[], dest="overrides", help="key.path=value")
+    parser.add_argument("--initial-weights", required=weights_required, help="parameters by name, as "
+                        "bench_zero_step --write-initial-weights wrote them (torch.load)")
+    return parser
+
+
+def this_rank(name):
+    """(rank, world size, a rendezvous file for this mpirun job) from Open MPI's environment;
+    one intra-op thread, as Parallax's ranks on this machine; gloo over the loopback."""
+    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+    world = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
+    job = os.environ.get("OMPI_MCA_ess_base_jobid", str(os.getppid()))
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    torch.set_num_threads(1)
+    return rank, world, os.path.join(tempfile.gettempdir(), f"{name}_rdzv_{job}")
+
+
+def model_and_data(config, seed):
+    """The [model] options (gpt.cpp's defaults) and the [data] stream."""
+    m = {"vocab_size": 64, "block_size": 32, "d_model": 64, "n_layer": 2, "n_head": 4, "d_ff": 0}
+    m.update(config.get("model", {}))
+    return m, SyntheticTokens(m["vocab_size"], m["block_size"], seed, config.get("data", {}).get("noise", 0.1))
+
+
+def report_and_exit(rank, record, step_ms, losses, rendezvous=None):
+    """Prints `record` with the median of the slowest rank's step times after the warm-up,
+    the final loss and every step's loss, as bench_zero_step's JSON line, on rank 0; then
+    leaves without tearing down: in PyTorch 1.13, DDP's reducer can release the gloo
+    process group at interpreter exit while holding the GIL, joining a worker thread that
+    waits for the GIL to free a tensor, and the rank hangs. The barrier keeps any rank from
+    leaving while a peer still needs it."""
+    slowest = gather(step_ms, torch.float64).max(dim=0).values[WARMUP_STEPS:].tolist()
+    if rank == 0:
+        record = dict(record, median_step_ms=round(statistics.median(slowest), 3),
+                      final_loss=round(losses[-1], 6) if math.isfinite(losses[-1]) else None,
+                      losses=[float(f"{x:.9g}") if math.isfinite(x) else -1.0 for x in losses])
+        print(json.dumps(record), flush=True)
+    dist.barrier()
+    if rank == 0 and rendezvous:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(rendezvous)
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def gather(values, dtype):
     local = torch.tensor(values, dtype=dtype)
     out = [torch.empty_like(local) for _ in range(dist.get_world_size())]
@@ -273,22 +322,13 @@ def gather(values, dtype):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = peer_arguments(__doc__.splitlines()[0])
     parser.add_argument("--mode", choices=("ddp", "zero1", "fsdp2"), required=True)
-    parser.add_argument("--config", action="append", default=[], help="TOML file (repeatable; later wins)")
-    parser.add_argument("--set", action="append", default=[], dest="overrides", help="key.path=value")
-    parser.add_argument("--initial-weights", help="parameters by name, as bench_zero_step "
-                        "--write-initial-weights wrote them (torch.load)")
     parser.add_argument("--rendezvous", help="file for init_method=file:// (must not exist yet); "
                         "default: one per mpirun job in the temp dir")
     args = parser.parse_args()
-
-    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
-    world = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
-    job = os.environ.get("OMPI_MCA_ess_base_jobid", str(os.getppid()))
-    rendezvous = args.rendezvous or os.path.join(tempfile.gettempdir(), f"torch_zero_rdzv_{job}")
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    torch.set_num_threads(1)
+    rank, world, rendezvous = this_rank("torch_zero")
+    rendezvous = args.rendezvous or rendezvous
 
     config = load_config(args.config, args.overrides)
     train, parallel = config.get("train", {}), config.get("parallel", {})
@@ -300,9 +340,7 @@ def main():
     steps, seed = train.get("steps", 100), train.get("seed", 1234)
     if steps <= WARMUP_STEPS:
         raise SystemExit(f"train.steps = {steps}: needs more than {WARMUP_STEPS} warm-up steps")
-    m = {"vocab_size": 64, "block_size": 32, "d_model": 64, "n_layer": 2, "n_head": 4, "d_ff": 0}
-    m.update(config.get("model", {}))
-    data = SyntheticTokens(m["vocab_size"], m["block_size"], seed, config.get("data", {}).get("noise", 0.1))
+    m, data = model_and_data(config, seed)
     opt_cfg, sched_cfg = config.get("optimizer", {}), config.get("scheduler", {})
     bucket_mb = config.get("zero", {}).get("bucket_mb", 25.0)
 
@@ -345,27 +383,11 @@ def main():
     state = sum(local_bytes(p) for p in params)
     state += sum(local_bytes(p.grad) for p in params if p.grad is not None)
     state += state_bytes(optimizer)
-    slowest = gather(step_ms, torch.float64).max(dim=0).values[WARMUP_STEPS:].tolist()
     all_rss = gather([rss_mib], torch.float64).view(-1).tolist()
     all_state = gather([state], torch.int64).view(-1).tolist()
-    if rank == 0:
-        print(json.dumps({"impl": f"torch-{args.mode}", "zero_stage": {"ddp": 0, "zero1": 1, "fsdp2": 3}[args.mode],
-                          "ranks": world, "median_step_ms": round(statistics.median(slowest), 3),
-                          "peak_rss_mib": [round(r, 1) for r in all_rss], "model_state_bytes": all_state,
-                          "final_loss": round(loss, 6) if math.isfinite(loss) else None,
-                          "losses": [float(f"{x:.9g}") if math.isfinite(x) else -1.0 for x in losses]}),
-              flush=True)
-    # Leave without tearing down: in PyTorch 1.13, DDP's reducer can release the gloo
-    # process group at interpreter exit while holding the GIL, joining a worker thread
-    # that waits for the GIL to free a tensor, and the rank hangs. The barrier keeps any
-    # rank from leaving while a peer still needs it.
-    dist.barrier()
-    if rank == 0:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(rendezvous)
-    sys.stderr.flush()
-    os._exit(0)
-
+    report_and_exit(rank, {"impl": f"torch-{args.mode}", "zero_stage": {"ddp": 0, "zero1": 1, "fsdp2": 3}[args.mode],
+                           "ranks": world, "peak_rss_mib": [round(r, 1) for r in all_rss],
+                           "model_state_bytes": all_state}, step_ms, losses, rendezvous)
 
 if __name__ == "__main__":
     main()
