@@ -14,26 +14,38 @@ namespace {
 
 constexpr c10::DispatchKey kInterceptKey = c10::DispatchKey::TESTING_ONLY_GenericMode;
 
-void report_use(const c10::IValue& value) {
-  detail::for_each_tensor(value, [](const at::Tensor& tensor) {
+void report_use(const c10::IValue& value, bool in_step) {
+  detail::for_each_tensor(value, [in_step](const at::Tensor& tensor) {
     if (!tensor.has_storage()) return;
     const auto entry = ParameterRegistry::instance().find(tensor.storage().unsafeGetStorageImpl());
-    if (entry.listener != nullptr) entry.listener->on_parameter_use(entry.unit);
+    if (entry.listener != nullptr) entry.listener->on_parameter_use(entry.unit, in_step);
   });
 }
 
 // Operators the caller called directly are at depth 0; those they call internally are
 // deeper. Deferred construction acts on depth 0 only (see deferred_construction.h).
 thread_local int tls_depth = 0;
+// ParameterUseScopes open on this thread, and whether the thread is watched between them.
+thread_local int tls_open_scopes = 0;
+thread_local bool tls_watching = false;
 
 void intercept(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
   const std::size_t arguments = op.schema().arguments().size();
   const bool top = tls_depth == 0;
+  const bool in_step = tls_open_scopes > 0 || detail::constructing();
+  if (!in_step && tls_watching && ParameterRegistry::instance().empty()) {
+    // Every watched model is gone (perhaps destroyed on another thread): the watch ends
+    // here, on its own thread, and this thread's operators cost nothing from now on.
+    tls_watching = false;
+    c10::impl::tls_set_dispatch_key_included(kInterceptKey, false);
+    op.redispatchBoxed(keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kInterceptKey), stack);
+    return;
+  }
   {
     // The listeners work with ordinary operators: they must not come back here.
     c10::impl::ExcludeDispatchKeyGuard paused(kInterceptKey);
     if (top) detail::before_operator(op, *stack);
-    for (std::size_t i = stack->size() - arguments; i < stack->size(); ++i) report_use((*stack)[i]);
+    for (std::size_t i = stack->size() - arguments; i < stack->size(); ++i) report_use((*stack)[i], in_step);
   }
   ++tls_depth;
   try {
@@ -90,7 +102,15 @@ bool ParameterRegistry::empty() const {
   return impl_->entries.empty();
 }
 
+void watch_parameter_use_on_this_thread() {
+  if (tls_watching) return;
+  tls_watching = true;
+  c10::impl::tls_set_dispatch_key_included(kInterceptKey, true);
+}
+
 struct ParameterUseScope::Guard {
+  Guard() { ++tls_open_scopes; }
+  ~Guard() { --tls_open_scopes; }
   c10::impl::IncludeDispatchKeyGuard include{kInterceptKey};
 };
 

@@ -8,14 +8,21 @@
 // to a registered unit, the unit's owner is told (and gathers it) before the operator
 // runs. Views of a parameter (`weight.t()`) share its storage, so they are caught too.
 // Autograd carries the scope into backward (the dispatch-key state is part of the
-// thread-local state autograd propagates).
+// thread-local state autograd propagates; CPU backward runs on the calling thread).
+//
+// Between steps a thread may also be *watched* (watch_parameter_use_on_this_thread): a
+// use outside any scope is reported with in_step = false, so the owner can refuse it
+// with a clear error instead of letting an operator read a released parameter. A watch
+// is no guard object: it needs no end on the thread that began it, and it ends itself
+// at the thread's next operator once no listener is registered, so a model may be
+// destroyed on any thread.
 //
 // Cost: one boxed call and a hash lookup per tensor argument per operator while a
 // scope is open. The fallback sits on c10's TESTING_ONLY_GenericMode key, the only
 // out-of-tree "mode" key LibTorch 1.13 and 2.x both offer; no other library in the
 // process may register a fallback on it.
 //
-//   struct Owner : ParameterUseListener { void on_parameter_use(std::size_t unit) override; };
+//   struct Owner : ParameterUseListener { void on_parameter_use(std::size_t unit, bool in_step) override; };
 //   ParameterRegistry::instance().add(storage, &owner, unit);
 //   { ParameterUseScope scope; model->forward(x); }   // owner hears about each use
 #pragma once
@@ -34,8 +41,10 @@ class ParameterUseListener {
   virtual ~ParameterUseListener() = default;
   /// An operator is about to read a tensor on `unit`'s storage. Called on the thread
   /// running the operator, with interception paused (operators called here run
-  /// normally). May throw: the exception propagates out of the operator.
-  virtual void on_parameter_use(std::size_t unit) = 0;
+  /// normally). `in_step`: a ParameterUseScope (or DeferredConstruction) is open on the
+  /// thread; false when only the thread's watch saw the use. May throw: the exception
+  /// propagates out of the operator.
+  virtual void on_parameter_use(std::size_t unit, bool in_step) = 0;
 };
 
 /// Storage → (listener, unit). Process-wide because the dispatcher is; thread-safe.
@@ -61,8 +70,14 @@ class ParameterRegistry {
   std::unique_ptr<Impl> impl_;
 };
 
+/// From now until no listener is registered, operators this thread runs outside any
+/// scope report uses of registered storages with in_step = false. Call outside scopes
+/// (a scope that ends restores the thread's earlier state). Idempotent.
+void watch_parameter_use_on_this_thread();
+
 /// While alive, operators on this thread (and the autograd work it starts) report
-/// parameter uses. Nesting is allowed. Inactive when constructed with `enabled` false.
+/// parameter uses with in_step = true. Nesting is allowed. Inactive when constructed with
+/// `enabled` false. Ends on the thread that opened it.
 class ParameterUseScope {
  public:
   explicit ParameterUseScope(bool enabled = true);

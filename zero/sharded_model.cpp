@@ -90,10 +90,8 @@ struct ShardedModel::State {
   std::unique_ptr<torch::optim::Optimizer> optimizer;  ///< unless offloaded
   std::unique_ptr<offload::OffloadedAdam> offloaded;   ///< [offload] optimizer != none
   std::unique_ptr<GradientHooks> hooks;
-  /// Stage 3: the constructing thread watches parameter use for the model's life, so a
-  /// parameter read outside engine.forward (a print, a direct model->forward) gathers
-  /// its unit instead of reading released memory.
-  std::unique_ptr<ParameterUseScope> owner_thread_watch;
+  /// Stage 3: each unit named by its first parameter, for messages.
+  std::vector<std::string> unit_names;
 
   std::mutex mutex;  ///< hooks and parameter uses may come from autograd threads
   bool reduce_this_micro_step = false;
@@ -311,12 +309,24 @@ ShardedModel::ShardedModel(torch::nn::Module& model,
   s.reductions.resize(s.groups.size());
 
   s.hooks = std::make_unique<GradientHooks>(s.params, [this](std::size_t i) { on_gradient_ready(i); });
-  if (!s.unit_groups.empty()) s.owner_thread_watch = std::make_unique<ParameterUseScope>(true);
+  if (!s.unit_groups.empty()) {
+    // A parameter read between steps on the constructing thread (a print, a direct
+    // model->forward) is refused clearly instead of reading released memory.
+    std::unordered_map<const void*, std::string> names;
+    for (const auto& item : model.named_parameters()) names.emplace(item.value().unsafeGetTensorImpl(), item.key());
+    for (std::size_t g : s.unit_groups) {
+      const std::vector<torch::Tensor>& members = s.groups[g]->params();
+      const auto found = names.find(members.front().unsafeGetTensorImpl());
+      std::string name = found == names.end() ? "a parameter" : "'" + found->second + "'";
+      if (members.size() > 1) name += " and " + std::to_string(members.size() - 1) + " more";
+      s.unit_names.push_back(std::move(name));
+    }
+    watch_parameter_use_on_this_thread();
+  }
 }
 
 ShardedModel::~ShardedModel() {
   State& s = *state_;
-  s.owner_thread_watch.reset();
   ParameterRegistry::instance().remove(this);
   s.hooks.reset();
   // Never free buffers a collective still reads; never throw from a destructor.
@@ -347,9 +357,16 @@ void ShardedModel::on_gradient_ready(std::size_t i) {
   }
 }
 
-void ShardedModel::on_parameter_use(std::size_t unit) {
+void ShardedModel::on_parameter_use(std::size_t unit, bool in_step) {
   State& s = *state_;
   std::lock_guard<std::mutex> lock(s.mutex);
+  if (!in_step) {
+    if (s.schedule->gathered(unit)) return;  // still held (e.g. between backward and step)
+    throw UsageError("zero.stage = 3: an operator read " + s.unit_names[unit] + " (unit " + std::to_string(unit) +
+                     ") outside a step, where this rank holds only its shard of it; read the weights between steps "
+                     "with engine.master_parameters() (collective: every rank calls it), and run the model "
+                     "through engine.forward()");
+  }
   const auto phase = s.in_backward ? GatherSchedule::Phase::kBackward : GatherSchedule::Phase::kForward;
   const bool gathered_before = s.schedule->gathered(unit);
   if (!gathered_before) ++s.gathers_on_use;

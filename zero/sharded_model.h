@@ -11,10 +11,11 @@
 //     master shards only. Stage 3 then keeps just this rank's shards.
 //  2. Forward (stage 3): the engine opens a ParameterUseScope; the first operator to
 //     use a unit's parameter gathers the unit (all_gather), prefetching and releasing
-//     per GatherSchedule. The thread that constructed the model watches parameter use
-//     for the model's whole life, so on that thread reading a parameter between steps
-//     gathers its unit too — a collective: every rank must read it. On other threads,
-//     outside a scope, a released parameter has no data (read gather_masters()).
+//     per GatherSchedule. Between steps a released parameter holds no data: the thread
+//     that constructed the model is watched (parameter_interception.h), and an operator
+//     there that reads one throws UsageError naming it (read gather_masters(), a
+//     collective, instead). On other threads nothing is watched outside a scope. The
+//     model may be destroyed on any thread.
 //  3. begin_backward(last): stage 3's forward is over (reshard). Backward runs; as each
 //     parameter's gradient is accumulated its hook adds it (fp32) to its group's full
 //     gradient buffer and drops the parameter's .grad. A group whose gradients are
@@ -178,7 +179,7 @@ class ShardedModel final : private ParameterUseListener {
 
  private:
   struct State;
-  void on_parameter_use(std::size_t unit) override;
+  void on_parameter_use(std::size_t unit, bool in_step) override;
   void on_gradient_ready(std::size_t param_index);
   std::unique_ptr<State> state_;
   ZeroOptions options_;

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <map>
 #include <set>
 
 #include "figures.h"
@@ -58,7 +59,7 @@ PipelineRun train_pipeline(parallax::Config config) {
     run.losses.push_back(engine.train_batch([&] { return micro_batch(step, micro++); }));
     run.metrics.push_back(engine.last_metrics());
   }
-  // Before reading the parameters below: at ZeRO-3 a read on this thread gathers them.
+  // Parameters are read through the masters below: at ZeRO-3 a released one holds no data.
   run.held = engine.model_state_bytes();
   run.formula =
       parallax::model_state_formula(engine.gradient_bytes() / 4, engine.gradient_padding_bytes() / 4, dp, c.zero.stage,
@@ -68,10 +69,10 @@ PipelineRun train_pipeline(parallax::Config config) {
   // a weight two chunks share counted once, as the engine keeps them.
   const std::vector<torch::Tensor> masters = engine.master_parameters();
   std::size_t next_master = 0;
-  std::set<const void*> seen;
+  std::map<const void*, torch::Tensor> master_of;  // by parameter
   for (const auto& chunk : engine.chunks()) {
     for (const auto& item : chunk->named_parameters()) {
-      if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
+      if (master_of.count(item.value().unsafeGetTensorImpl())) continue;
       const std::string& key = item.key();
       const auto dot = key.find('.');
       const std::int64_t layer = std::stoll(key.substr(0, dot));
@@ -81,11 +82,13 @@ PipelineRun train_pipeline(parallax::Config config) {
       const torch::Tensor& master = masters.at(next_master++);
       EXPECT_EQ(master.sizes(), item.value().sizes()) << key;
       run.params[name] = master.detach().clone();
+      master_of[item.value().unsafeGetTensorImpl()] = run.params[name];
     }
   }
   EXPECT_EQ(next_master, masters.size());
   for (const auto& chunk : engine.chunks()) {
-    for (const auto& [key, tensor] : chunk->tied_parameters()) run.tied.push_back(tensor.detach().clone());
+    for (const auto& [key, tensor] : chunk->tied_parameters())
+      run.tied.push_back(master_of.at(tensor.unsafeGetTensorImpl()));
   }
   run.group_bytes = traffic.bytes_since();
   const parallax::MeshLayout& placed = rt.mesh().layout();

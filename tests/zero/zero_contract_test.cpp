@@ -9,10 +9,12 @@
 #include <torch/torch.h>
 
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/version.h>
 
 #include <atomic>
 #include <cstdio>
+#include <thread>
 #include <tuple>
 
 #include "figures.h"
@@ -270,7 +272,12 @@ TEST(ZeroStage3, PrefetchLaunchesTheNextUnitsGatherBeforeItsUse) {
       static_cast<long long>(on_use.gathers_on_use));
 }
 
-TEST(ZeroStage3, ReadingParametersBetweenStepsGathersThemOnTheBuildingThread) {
+// Between steps a released parameter holds no data: reading it on the thread that built
+// the engine is a UsageError naming the parameter and the way to read weights (not a
+// read of released memory, not a collective only some ranks would join);
+// master_parameters() is that way. Mutant caught: the former model-lifetime scope,
+// under which the read gathers the unit as a collective and returns no error.
+TEST(ZeroStage3, ReadingAReleasedParameterBetweenStepsIsAClearError) {
   Runtime rt(awkward_config(3, 1), kQuiet);
   torch::manual_seed(5);
   auto model = std::make_shared<Awkward>();
@@ -278,12 +285,57 @@ TEST(ZeroStage3, ReadingParametersBetweenStepsGathersThemOnTheBuildingThread) {
   const std::int64_t micro = rt.config().train.micro_batch_size;
   engine.backward(loss_of(engine.forward(batch(0).narrow(0, rt.mesh().coord().dp * micro, micro))));
   ASSERT_TRUE(engine.step());
-  const auto masters = engine.master_parameters();
   const auto params = unique_parameters(*model);
-  // Every rank reads every parameter in the same order: each read gathers its unit.
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    EXPECT_TRUE(torch::equal(params[i].detach().clone(), masters[i])) << "parameter " << i;
+  std::string what;
+  try {
+    (void)params.front().sum();
+  } catch (const parallax::UsageError& e) {
+    what = e.what();
   }
+  EXPECT_NE(what.find("outside a step"), std::string::npos) << what;
+  EXPECT_NE(what.find("master_parameters()"), std::string::npos) << what;
+  EXPECT_NE(what.find("'"), std::string::npos) << "names the parameter: " << what;
+  // The explicit way still reads every weight, and training goes on.
+  EXPECT_EQ(engine.master_parameters().size(), params.size());
+  engine.backward(loss_of(engine.forward(batch(1).narrow(0, rt.mesh().coord().dp * micro, micro))));
+  EXPECT_TRUE(engine.step());
+}
+
+// The engine may end on another thread than the one that built it: neither thread's
+// dispatch state is left changed (the building thread's watch ends itself at its next
+// operator), and a new engine then trains on the first thread. Mutant caught: a watch
+// that does not end itself (the building thread would intercept every operator
+// forever). Not observable here: the former model-lifetime key guard, whose destructor
+// on the other thread wrote the building thread's key set through the pointer c10's
+// guard keeps (a data race, not a wrong final state).
+TEST(ZeroStage3, TheEngineCanBeDestroyedOnAnotherThread) {
+  constexpr auto kKey = c10::DispatchKey::TESTING_ONLY_GenericMode;
+  Runtime rt(awkward_config(3, 1), kQuiet);
+  const std::int64_t micro = rt.config().train.micro_batch_size;
+  auto train_one_step = [&](auto& engine) {
+    engine.backward(loss_of(engine.forward(batch(0).narrow(0, rt.mesh().coord().dp * micro, micro))));
+    return engine.step();
+  };
+  torch::manual_seed(5);
+  auto model = std::make_shared<Awkward>();
+  auto engine = std::make_unique<decltype(rt.engine(model, OptimizerSpec::from(rt.config())))>(
+      rt.engine(model, OptimizerSpec::from(rt.config())));
+  ASSERT_TRUE(train_one_step(*engine));
+  bool other_before = true;
+  bool other_after = true;
+  std::thread([&] {
+    other_before = c10::impl::tls_is_dispatch_key_included(kKey);
+    engine.reset();
+    other_after = c10::impl::tls_is_dispatch_key_included(kKey);
+  }).join();
+  EXPECT_FALSE(other_before);
+  EXPECT_FALSE(other_after);
+  (void)torch::ones({2}).sum();  // the building thread's next operator ends its watch
+  EXPECT_FALSE(c10::impl::tls_is_dispatch_key_included(kKey));
+  torch::manual_seed(5);
+  auto second = std::make_shared<Awkward>();
+  auto again = rt.engine(second, OptimizerSpec::from(rt.config()));
+  EXPECT_TRUE(train_one_step(again));
 }
 
 // Two layers applied in an order that alternates between steps: stage 3 re-records the
