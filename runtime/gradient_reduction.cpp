@@ -74,7 +74,7 @@ class ReplicatedReduction final : public GradientReduction {
     optimizer_ = make_optimizer(optimizer, optimized(), AdamKernel::kFusedCpu);
   }
 
-  zero::ParameterUseScope use_scope() const override { return zero::ParameterUseScope(false); }
+  zero::ParameterUseScope use_scope() const override { return zero::ParameterUseScope(); }
 
   void run_backward(pipeline::WeightGradients writes, const std::function<void()>& backward) override {
     if (writes == pipeline::WeightGradients::kLast) buckets_->arm();

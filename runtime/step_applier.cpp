@@ -257,8 +257,7 @@ ForwardScope StepApplier::forward_scope() {
 }
 
 ModelScope StepApplier::model_scope() const {
-  return ModelScope{reduction_->use_scope(),
-                    split_ ? split_->scope() : tensor_parallel::ParallelizedModel::Scope(false)};
+  return ModelScope{reduction_->use_scope(), split_ ? split_->scope() : tensor_parallel::ParallelizedModel::Scope()};
 }
 
 torch::Tensor StepApplier::prepare_input(const torch::Tensor& input) {

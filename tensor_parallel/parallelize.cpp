@@ -1,8 +1,6 @@
 #include "parallax/tensor_parallel/parallelize.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
-#include <torch/library.h>
 #include <torch/nn/functional/embedding.h>
 #include <torch/nn/functional/linear.h>
 #include <torch/nn/modules/embedding.h>
@@ -16,6 +14,7 @@
 
 #include "parallax/core/config_loader.h"
 #include "parallax/core/error.h"
+#include "parallax/core/operator_interception.h"
 #include "parallax/tensor_parallel/parallel_blocks.h"
 #include "parallax/tensor_parallel/parallel_linear.h"
 #include "parallax/tensor_parallel/regions.h"
@@ -24,7 +23,7 @@
 namespace parallax::tensor_parallel {
 namespace {
 
-constexpr c10::DispatchKey kRewriteKey = c10::DispatchKey::TESTING_ONLY_GenericWrapper;
+constexpr interception::Layer kLayer = interception::Layer::kTensorParallel;
 
 // One planned module: what the operators that use its weight become.
 struct PlannedLayer {
@@ -42,13 +41,9 @@ struct PlannedLayer {
 
 // (Weight storage, offset) → its planned layer: a use may be the weight or a view of it
 // (weight.t()), and ZeRO may have moved the weight into a flat buffer shared with other
-// parameters. Process-wide because the dispatcher is.
+// parameters. One per ParallelizedModel; its scopes lend it to the handler.
 class PlannedWeights {
  public:
-  static PlannedWeights& instance() {
-    static PlannedWeights weights;
-    return weights;
-  }
   /// Registers `layer` under its weight's current place, replacing a stale entry.
   void key(const PlannedLayer* layer) {
     const Place place = place_of(layer->weight);
@@ -94,6 +89,15 @@ class PlannedWeights {
   std::unordered_map<Place, const PlannedLayer*, PlaceHash> layers_;
   std::unordered_map<const PlannedLayer*, Place> places_;
 };
+
+// What a Scope lends the handler: its model's weights and its enclosing scopes'.
+struct RewriteState final : interception::ScopeState {
+  std::vector<std::shared_ptr<const PlannedWeights>> weights;
+};
+
+const RewriteState* open_scope() {
+  return static_cast<const RewriteState*>(interception::current(kLayer));
+}
 
 torch::Tensor entering_region(const PlannedLayer& layer, const torch::Tensor& input) {
   return layer.sequence_parallel ? gather_from_sequence_region(input, *layer.tp, layer.sequence_dim)
@@ -212,15 +216,19 @@ torch::Tensor run_parallel(const Use& use, const PlannedLayer& layer, const torc
 void rewrite(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
   const Use use = use_of(op.operator_name());
   const PlannedLayer* layer = nullptr;
-  if (use.kind != WeightUse::kNone) {
-    layer = PlannedWeights::instance().find((*stack)[stack->size() - use.arguments + use.weight]);
+  const RewriteState* scope = open_scope();
+  if (use.kind != WeightUse::kNone && scope != nullptr) {
+    const c10::IValue& weight = (*stack)[stack->size() - use.arguments + use.weight];
+    for (const auto& weights : scope->weights) {
+      if ((layer = weights->find(weight)) != nullptr) break;
+    }
   }
   // A replicated layer changes only its embedding (under sequence parallelism).
   if (layer == nullptr || (layer->style == TpStyle::kReplicate && use.kind != WeightUse::kEmbedding)) {
-    op.redispatchBoxed(keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kRewriteKey), stack);
+    interception::call_below(kLayer, op, keys, stack);
     return;
   }
-  c10::impl::ExcludeDispatchKeyGuard paused(kRewriteKey);
+  interception::Paused paused(kLayer);
   torch::Tensor out = run_parallel(use, *layer, *stack);
   torch::jit::drop(*stack, use.arguments);
   torch::jit::push(*stack, std::move(out));
@@ -254,14 +262,11 @@ torch::Tensor column_part(const torch::Tensor& t, std::int64_t parts, const Comm
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(_, TESTING_ONLY_GenericWrapper, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&rewrite>());
-}
-
 struct ParallelizedModel::State {
   Communicator* tp = nullptr;
   bool planned = false;
   std::vector<std::unique_ptr<PlannedLayer>> layers;
+  std::shared_ptr<PlannedWeights> weights = std::make_shared<PlannedWeights>();
   std::unordered_map<const c10::TensorImpl*, std::int64_t> copies;  ///< absent: tp (replicated)
   /// Replicated biases added after a gathered output: complete gradients even under
   /// sequence parallelism.
@@ -272,7 +277,8 @@ struct ParallelizedModel::State {
   std::vector<std::string> description;
 
   ~State() {
-    for (const auto& layer : layers) PlannedWeights::instance().remove(layer.get());
+    // A scope still open elsewhere may keep the weights: they must no longer name our layers.
+    for (const auto& layer : layers) weights->remove(layer.get());
   }
 };
 
@@ -310,6 +316,7 @@ ParallelizedModel::ParallelizedModel(torch::nn::Module& model,
   State& s = *state_;
   s.tp = &tp;
   s.planned = !options.plan.empty();
+  if (s.planned) interception::claim(kLayer, &rewrite);
   const auto modules = model.named_modules("", /*include_self=*/false);
 
   if (!s.planned) {
@@ -487,7 +494,7 @@ ParallelizedModel::ParallelizedModel(torch::nn::Module& model,
     }
     if (rule.style != TpStyle::kReplicate) s.copies[weight.unsafeGetTensorImpl()] = 1;
     layer->weight = weight;
-    PlannedWeights::instance().key(layer.get());
+    s.weights->key(layer.get());
     s.layers.push_back(std::move(layer));
   }
 
@@ -514,20 +521,24 @@ ParallelizedModel::ParallelizedModel(ParallelizedModel&&) noexcept = default;
 ParallelizedModel& ParallelizedModel::operator=(ParallelizedModel&&) noexcept = default;
 ParallelizedModel::~ParallelizedModel() = default;
 
-struct ParallelizedModel::Scope::Guard {
-  c10::impl::IncludeDispatchKeyGuard include{kRewriteKey};
+struct ParallelizedModel::Scope::Open {
+  explicit Open(std::shared_ptr<RewriteState> state) : scope(kLayer, std::move(state)) {}
+  interception::Scope scope;
 };
 
-ParallelizedModel::Scope::Scope(bool enabled) {
-  if (enabled) guard_ = std::make_unique<Guard>();
-}
+ParallelizedModel::Scope::Scope() = default;
+ParallelizedModel::Scope::Scope(std::unique_ptr<Open> open) : open_(std::move(open)) {}
 ParallelizedModel::Scope::Scope(Scope&&) noexcept = default;
 ParallelizedModel::Scope::~Scope() = default;
 
 ParallelizedModel::Scope ParallelizedModel::scope() const {
+  if (state_->layers.empty()) return Scope();
   // A cast (model->to(bf16)) or ZeRO's flat buffers move the weights: key them afresh.
-  for (const auto& layer : state_->layers) PlannedWeights::instance().key(layer.get());
-  return Scope(!state_->layers.empty());
+  for (const auto& layer : state_->layers) state_->weights->key(layer.get());
+  auto state = std::make_shared<RewriteState>();
+  if (const RewriteState* enclosing = open_scope()) state->weights = enclosing->weights;
+  state->weights.push_back(state_->weights);
+  return Scope(std::make_unique<Scope::Open>(std::move(state)));
 }
 
 std::int64_t ParallelizedModel::copies(const torch::Tensor& parameter) const {

@@ -23,9 +23,10 @@
 // bias). Those calls are aten::linear (LibTorch 2.x's F::linear), aten::addmm and
 // aten::matmul on the transposed weight (1.13's F::linear) and aten::embedding; a weight
 // is recognised by its storage, offset and size, so views of it and ZeRO's flat buffers
-// are followed. Any other operator runs untouched. The fallback sits on c10's
-// TESTING_ONLY_GenericWrapper key, used here as a mode key (ZeRO's parameter
-// interception uses TESTING_ONLY_GenericMode, one above it, so both can be open).
+// are followed. Any other operator runs untouched. The fallback is the kTensorParallel
+// layer of core/operator_interception.h (below ZeRO's, so both can be open); the
+// registered weights belong to the ParallelizedModel, lent to the handler by its Scope.
+// A planned model claims the layer when built: UsageError if another library holds it.
 //
 // With sequence parallelism, activations outside the tensor-parallel regions are split
 // along the sequence (TensorParallelOptions::sequence_dim): column layers all-gather
@@ -93,20 +94,23 @@ class ParallelizedModel {
   /// Unregisters the planned weights: their modules then compute their local part only.
   ~ParallelizedModel();
 
-  /// While alive, planned modules' operators on this thread run their parallel versions
-  /// (every planned model's: the rewrite is process-wide). Open it around forward;
-  /// backward needs none (the parallel versions' own autograd functions communicate).
-  /// Nesting is allowed.
+  /// While alive, this model's planned modules' operators on this thread (and in the
+  /// work LibTorch carries its state to: autograd's device threads, at::launch) run
+  /// their parallel versions, as do those of enclosing scopes' models. Open it around
+  /// forward; backward needs none (the parallel versions' own autograd functions
+  /// communicate). Nesting is allowed; a default-constructed Scope does nothing.
   class Scope {
    public:
-    explicit Scope(bool enabled);
+    Scope();
     Scope(Scope&&) noexcept;
     Scope& operator=(Scope&&) = delete;
     ~Scope();
 
    private:
-    struct Guard;
-    std::unique_ptr<Guard> guard_;
+    friend class ParallelizedModel;
+    struct Open;
+    explicit Scope(std::unique_ptr<Open> open);
+    std::unique_ptr<Open> open_;
   };
   Scope scope() const;
 

@@ -2,21 +2,20 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/StorageImpl.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/utils.h>
 
-#include <atomic>
-#include <mutex>
-#include <unordered_map>
+#include <algorithm>
 #include <vector>
 
 #include "parallax/core/error.h"
+#include "parallax/core/operator_interception.h"
 #include "parallax/zero/deferred_internal.h"
+#include "parallax/zero/parameter_interception.h"
 
 namespace parallax::zero {
 namespace {
 
-constexpr c10::DispatchKey kInterceptKey = c10::DispatchKey::TESTING_ONLY_GenericMode;
+constexpr interception::Layer kLayer = interception::Layer::kParameters;
 
 // One recorded write: the operator, its arguments, where in the storage its target
 // view sat, and the generator state just before it ran.
@@ -28,20 +27,76 @@ struct Write {
   at::Tensor generator_state;
 };
 
+// A deferred tensor's record. It is owned by the tensor's storage: the storage's DataPtr
+// has the record as its context and delete_record as its deleter, so the storage says
+// by itself whether it is deferred, and the record goes when the storage goes. Its data
+// pointer is the record's own allocation while live and null while sealed.
 struct Record {
+  Record(const at::Tensor& result, Write factory, std::shared_ptr<DeferredBytes> bytes)
+      : tensor(result.getIntrusivePtr()),
+        storage(result.storage().unsafeGetStorageImpl()),
+        factory(std::move(factory)),
+        nbytes(static_cast<std::int64_t>(storage->nbytes())),
+        bytes(std::move(bytes)) {}
+
   // The factory's result, held weakly: a strong reference would make torch::empty's
   // make_variable copy the TensorImpl, and the parameter would not be this tensor.
   c10::weak_intrusive_ptr<c10::TensorImpl> tensor;
-  c10::Storage storage;  // keeps the key of records_ from being reused
-  Write factory;         // re-run, its result copied into the storage
+  c10::StorageImpl* storage = nullptr;  ///< the owner
+  at::DataPtr data;                     ///< the allocation; empty while sealed
+  Write factory;                        ///< re-run, its result copied into the storage
   std::vector<Write> writes;
-  bool live = true;
+  std::int64_t nbytes = 0;  ///< the storage's
+  std::shared_ptr<DeferredBytes> bytes;
+  std::mutex mutex;  ///< guards data and writes
+
+  bool live() const { return data.get() != nullptr; }
 };
 
-thread_local std::int64_t tls_min_elements = -1;  // >= 0 while constructing on this thread
+// One open DeferredConstruction on this thread: what it defers, and the tensor being
+// written (the only live one; the previous is sealed when another one starts).
+struct Construction {
+  std::int64_t min_elements = 0;
+  Record* current = nullptr;
+  std::shared_ptr<DeferredBytes> bytes = std::make_shared<DeferredBytes>();
+  Construction* enclosing = nullptr;
+};
+
+thread_local Construction* tls_construction = nullptr;
 // A top-level operator without tensor arguments, seen before it runs: if it returns a
 // large enough tensor, that tensor is deferred with this as its factory.
 thread_local std::unique_ptr<Write> tls_pending_factory;
+
+void delete_record(void* context) {
+  auto* record = static_cast<Record*>(context);
+  for (Construction* c = tls_construction; c != nullptr; c = c->enclosing) {
+    if (c->current == record) c->current = nullptr;
+  }
+  if (record->live()) record->bytes->add(-record->nbytes);
+  delete record;
+}
+
+Record* record_of(const at::Tensor& tensor) {
+  if (!tensor.defined() || !tensor.has_storage()) return nullptr;
+  const at::DataPtr& pointer =
+      static_cast<const c10::StorageImpl*>(tensor.storage().unsafeGetStorageImpl())->data_ptr();
+  return pointer.get_deleter() == &delete_record ? static_cast<Record*>(pointer.get_context()) : nullptr;
+}
+
+// Points the record's storage at `data` (null: sealed), the record staying its context.
+void retag(Record& record, void* data) {
+  at::DataPtr previous =
+      record.storage->set_data_ptr(at::DataPtr(data, &record, &delete_record, record.storage->device()));
+  (void)previous.release_context();  // the same record: it must not be deleted
+}
+
+// Gives the storage back its allocation, untagged; deletes the record.
+void forget(Record& record) {
+  at::DataPtr allocation = std::move(record.data);
+  record.data = at::DataPtr();  // a moved-from DataPtr may still report its pointer
+  at::DataPtr tag = record.storage->set_data_ptr(std::move(allocation));
+  // `tag` goes out of scope here: its deleter deletes the record.
+}
 
 bool has_tensor(const c10::IValue& value) {
   bool found = false;
@@ -49,157 +104,50 @@ bool has_tensor(const c10::IValue& value) {
   return found;
 }
 
-class DeferredTensors {
- public:
-  static DeferredTensors& instance() {
-    static DeferredTensors tensors;
-    return tensors;
-  }
+std::vector<Record*> records_in(const c10::IValue& value) {
+  std::vector<Record*> found;
+  detail::for_each_tensor(value, [&found](const at::Tensor& tensor) {
+    if (Record* record = record_of(tensor)) found.push_back(record);
+  });
+  return found;
+}
 
-  void after_factory(Write factory, const at::Tensor& result) {
-    if (!result.defined() || result.numel() < tls_min_elements || !result.has_storage() || !result.is_contiguous() ||
-        result.storage_offset() != 0) {
-      return;
-    }
-    std::lock_guard<std::mutex> lock(mutex_);
-    seal_current_locked();
-    const c10::StorageImpl* storage = result.storage().unsafeGetStorageImpl();
-    records_.erase(storage);
-    records_.emplace(storage, Record{c10::weak_intrusive_ptr<c10::TensorImpl>(result.getIntrusivePtr()),
-                                     result.storage(),
-                                     std::move(factory),
-                                     {},
-                                     true});
-    record_count_.store(records_.size(), std::memory_order_release);
-    current_ = storage;
-    add_live_locked(result.storage().nbytes());
-  }
-
-  // Before an operator: sealed arguments come back; a write into a deferred tensor is
-  // recorded (while constructing) before it happens.
-  void before(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
-    const auto& schema = op.schema();
-    const std::size_t count = schema.arguments().size();
-    // Every operator of a stage-3 forward passes here: skip the lock when nothing is deferred.
-    if (record_count_.load(std::memory_order_acquire) == 0) return;
-    std::lock_guard<std::mutex> lock(mutex_);
-    std::vector<const c10::StorageImpl*> touched;
-    for (std::size_t i = stack.size() - count; i < stack.size(); ++i) collect(stack[i], touched);
-    for (const c10::StorageImpl* storage : touched) ensure_live_locked(storage);
-    if (tls_min_elements < 0 || touched.empty()) return;
-    // A write: argument 0 marked (a!) whose storage is deferred.
-    const auto* alias = schema.arguments().empty() ? nullptr : schema.arguments()[0].alias_info();
-    const c10::IValue& target = stack[stack.size() - count];
-    if (alias == nullptr || !alias->isWrite() || !target.isTensor()) return;
-    const at::Tensor& tensor = target.toTensor();
-    const auto found = records_.find(tensor.storage().unsafeGetStorageImpl());
-    if (found == records_.end()) return;
-    Write write{op,
-                {},
-                tensor.sizes().vec(),
-                tensor.strides().vec(),
-                tensor.storage_offset(),
-                at::detail::getDefaultCPUGenerator().get_state()};
-    for (std::size_t i = stack.size() - count + 1; i < stack.size(); ++i) {
-      std::vector<const c10::StorageImpl*> other;
-      collect(stack[i], other);
-      PARALLAX_CHECK(other.empty(), UsageError, "deferred construction: ", schema.name(),
-                     " writes into a deferred tensor from another deferred tensor; construct this model without "
-                     "DeferredConstruction, or raise its min_elements above the tensors involved");
-      write.arguments.push_back(stack[i]);
-    }
-    found->second.writes.push_back(std::move(write));
-    if (current_ != found->first) {
-      seal_current_locked();
-      current_ = found->first;
+// Frees the data of the construction's current tensor. Only parameters are sealed: a
+// tensor that does not require grad may have been filled through data_ptr()
+// (torch::tensor does), which no record can replay, so it stays an ordinary tensor.
+void seal_current(Construction& c) {
+  Record* record = c.current;
+  if (record == nullptr) return;
+  c.current = nullptr;
+  bool replayable = false;
+  {
+    std::lock_guard<std::mutex> lock(record->mutex);
+    if (!record->live()) return;
+    const auto tensor = record->tensor.lock();
+    replayable = tensor && at::Tensor(tensor).requires_grad();
+    record->bytes->add(-record->nbytes);
+    if (replayable) {
+      retag(*record, nullptr);
+      record->data = at::DataPtr();
     }
   }
+  if (!replayable) forget(*record);  // the record goes with its tag: not under its lock
+}
 
-  void seal_current() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    seal_current_locked();
-  }
-
-  bool contains(const at::Tensor& tensor) {
-    if (!tensor.defined() || !tensor.has_storage()) return false;
-    std::lock_guard<std::mutex> lock(mutex_);
-    return records_.count(tensor.storage().unsafeGetStorageImpl()) > 0;
-  }
-
-  void materialize(const at::Tensor& tensor) {
-    if (!tensor.defined() || !tensor.has_storage()) return;
-    std::lock_guard<std::mutex> lock(mutex_);
-    const auto found = records_.find(tensor.storage().unsafeGetStorageImpl());
-    if (found == records_.end()) return;
-    ensure_live_locked(found->first);
-    if (current_ == found->first) current_ = nullptr;
-    live_bytes_ -= static_cast<std::int64_t>(tensor.storage().nbytes());
-    records_.erase(found);
-    record_count_.store(records_.size(), std::memory_order_release);
-  }
-
-  std::int64_t live_bytes() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return live_bytes_;
-  }
-  std::int64_t peak_live_bytes() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return peak_live_bytes_;
-  }
-  void reset_peak() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    peak_live_bytes_ = live_bytes_;
-  }
-
- private:
-  void collect(const c10::IValue& value, std::vector<const c10::StorageImpl*>& out) const {
-    detail::for_each_tensor(value, [&](const at::Tensor& tensor) {
-      if (!tensor.has_storage()) return;
-      const c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
-      if (records_.count(storage)) out.push_back(storage);
-    });
-  }
-
-  void add_live_locked(std::size_t bytes) {
-    live_bytes_ += static_cast<std::int64_t>(bytes);
-    peak_live_bytes_ = std::max(peak_live_bytes_, live_bytes_);
-  }
-
-  // Frees the current tensor's data. Only parameters are sealed: a tensor that does not
-  // require grad may have been filled through data_ptr() (torch::tensor does), which no
-  // record can replay, so it stays an ordinary tensor and its record is dropped.
-  void seal_current_locked() {
-    if (current_ == nullptr) return;
-    const auto found = records_.find(current_);
-    current_ = nullptr;
-    Record& record = found->second;
-    if (!record.live) return;
-    c10::StorageImpl* storage = record.storage.unsafeGetStorageImpl();
-    live_bytes_ -= static_cast<std::int64_t>(storage->nbytes());
-    const auto tensor = record.tensor.lock();
-    if (!tensor || !at::Tensor(tensor).requires_grad()) {
-      records_.erase(found);
-      record_count_.store(records_.size(), std::memory_order_release);
-      return;
-    }
-    storage->set_data_ptr_noswap(at::DataPtr(nullptr, record.storage.device()));
-    record.live = false;
-  }
-
-  // Allocates a sealed record's storage in place and replays its writes with the
-  // generator states they saw; the generator is left as it was.
-  void ensure_live_locked(const c10::StorageImpl* key) {
-    Record& record = records_.at(key);
-    if (record.live) return;
-    c10::impl::ExcludeDispatchKeyGuard no_intercept(kInterceptKey);
+// Allocates a sealed record's storage in place and replays its writes with the
+// generator states they saw; the generator is left as it was.
+void ensure_live(Record& record) {
+  {
+    std::lock_guard<std::mutex> lock(record.mutex);
+    if (record.live()) return;
+    interception::Paused paused(kLayer);
     torch::NoGradGuard no_grad;
     const auto strong = record.tensor.lock();
     PARALLAX_CHECK(strong, UsageError, "deferred construction: a view outlived the parameter it was taken from");
     const at::Tensor base(strong);
-    c10::StorageImpl* storage = record.storage.unsafeGetStorageImpl();
-    storage->set_data_ptr_noswap(storage->allocator()->allocate(storage->nbytes()));
-    add_live_locked(storage->nbytes());
-    record.live = true;
+    record.data = record.storage->allocator()->allocate(record.storage->nbytes());
+    retag(record, record.data.get());
+    record.bytes->add(record.nbytes);
     at::Generator generator = at::detail::getDefaultCPUGenerator();
     const at::Tensor saved = generator.get_state();
     {
@@ -216,63 +164,129 @@ class DeferredTensors {
       write.op.callBoxed(&stack);
     }
     generator.set_state(saved);
-    // A model that keeps reading a sealed tensor keeps it live: it is the current one.
-    if (current_ != key) {
-      seal_current_locked();
-      if (tls_min_elements >= 0) current_ = key;
-    }
   }
+  // A construction that keeps reading a sealed tensor keeps it live: it is the current one.
+  if (Construction* c = tls_construction; c != nullptr && c->current != &record) {
+    seal_current(*c);
+    c->current = &record;
+  }
+}
 
-  std::mutex mutex_;
-  std::unordered_map<const c10::StorageImpl*, Record> records_;
-  std::atomic<std::size_t> record_count_{0};  ///< records_.size(), readable without the lock
-  const c10::StorageImpl* current_ = nullptr;
-  std::int64_t live_bytes_ = 0;
-  std::int64_t peak_live_bytes_ = 0;
-};
+// A write by `op` into a deferred tensor (argument 0 marked (a!)) while constructing is
+// recorded before it happens.
+void record_write(Construction& c, const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  const auto& schema = op.schema();
+  const std::size_t count = schema.arguments().size();
+  const auto* alias = schema.arguments().empty() ? nullptr : schema.arguments()[0].alias_info();
+  const c10::IValue& target = stack[stack.size() - count];
+  if (alias == nullptr || !alias->isWrite() || !target.isTensor()) return;
+  const at::Tensor& tensor = target.toTensor();
+  Record* record = record_of(tensor);
+  if (record == nullptr) return;
+  Write write{op,
+              {},
+              tensor.sizes().vec(),
+              tensor.strides().vec(),
+              tensor.storage_offset(),
+              at::detail::getDefaultCPUGenerator().get_state()};
+  for (std::size_t i = stack.size() - count + 1; i < stack.size(); ++i) {
+    PARALLAX_CHECK(records_in(stack[i]).empty(), UsageError, "deferred construction: ", schema.name(),
+                   " writes into a deferred tensor from another deferred tensor; construct this model without "
+                   "DeferredConstruction, or raise its min_elements above the tensors involved");
+    write.arguments.push_back(stack[i]);
+  }
+  {
+    std::lock_guard<std::mutex> lock(record->mutex);
+    record->writes.push_back(std::move(write));
+  }
+  if (c.current != record) {
+    seal_current(c);
+    c.current = record;
+  }
+}
+
+void defer(Construction& c, Write factory, const at::Tensor& result) {
+  if (!result.defined() || result.numel() < c.min_elements || !result.has_storage() || !result.is_contiguous() ||
+      result.storage_offset() != 0 || record_of(result) != nullptr) {
+    return;
+  }
+  seal_current(c);
+  auto* record = new Record(result, std::move(factory), c.bytes);
+  void* data = record->storage->data_ptr().get();
+  record->data = record->storage->set_data_ptr(at::DataPtr(data, record, &delete_record, record->storage->device()));
+  record->bytes->add(record->nbytes);
+  c.current = record;
+}
 
 }  // namespace
 
-struct DeferredConstruction::Guard {
-  c10::impl::IncludeDispatchKeyGuard include{kInterceptKey};
-  std::int64_t previous_min = tls_min_elements;
+std::int64_t DeferredBytes::live() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return live_;
+}
+std::int64_t DeferredBytes::peak() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return peak_;
+}
+void DeferredBytes::add(std::int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  live_ += bytes;
+  peak_ = std::max(peak_, live_);
+}
+
+struct DeferredConstruction::Open {
+  Construction construction;
+  std::unique_ptr<interception::Scope> scope;  ///< includes the key; lends no state
 };
 
-DeferredConstruction::DeferredConstruction(std::int64_t min_elements) : guard_(std::make_unique<Guard>()) {
+DeferredConstruction::DeferredConstruction(std::int64_t min_elements) : open_(std::make_unique<Open>()) {
   PARALLAX_CHECK(min_elements >= 1, UsageError, "DeferredConstruction: min_elements must be >= 1, got ", min_elements);
-  tls_min_elements = min_elements;
+  claim_parameter_interception();
+  open_->construction.min_elements = min_elements;
+  open_->construction.enclosing = tls_construction;
+  open_->scope = std::make_unique<interception::Scope>(kLayer, nullptr);
+  tls_construction = &open_->construction;
 }
 
 DeferredConstruction::~DeferredConstruction() {
-  DeferredTensors::instance().seal_current();
-  tls_min_elements = guard_->previous_min;
+  seal_current(open_->construction);
+  tls_construction = open_->construction.enclosing;
+}
+
+std::shared_ptr<const DeferredBytes> DeferredConstruction::bytes() const {
+  return open_->construction.bytes;
 }
 
 bool is_deferred(const torch::Tensor& tensor) {
-  return DeferredTensors::instance().contains(tensor);
+  return record_of(tensor) != nullptr;
 }
+
 void materialize(const torch::Tensor& tensor) {
-  DeferredTensors::instance().materialize(tensor);
-}
-std::int64_t deferred_live_bytes() {
-  return DeferredTensors::instance().live_bytes();
-}
-std::int64_t deferred_peak_live_bytes() {
-  return DeferredTensors::instance().peak_live_bytes();
-}
-void reset_deferred_peak_live_bytes() {
-  DeferredTensors::instance().reset_peak();
+  Record* record = record_of(tensor);
+  if (record == nullptr) return;
+  ensure_live(*record);
+  for (Construction* c = tls_construction; c != nullptr; c = c->enclosing) {
+    if (c->current == record) c->current = nullptr;
+  }
+  record->bytes->add(-record->nbytes);
+  forget(*record);  // the storage keeps the data; the record is gone
 }
 
 namespace detail {
 
 void before_operator(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
-  DeferredTensors::instance().before(op, stack);
-  tls_pending_factory.reset();
-  if (tls_min_elements < 0) return;
   const std::size_t count = op.schema().arguments().size();
+  bool any_tensor = false;
   for (std::size_t i = stack.size() - count; i < stack.size(); ++i) {
-    if (has_tensor(stack[i])) return;
+    any_tensor = any_tensor || has_tensor(stack[i]);
+    for (Record* record : records_in(stack[i])) ensure_live(*record);
+  }
+  tls_pending_factory.reset();
+  Construction* c = tls_construction;
+  if (c == nullptr) return;
+  if (any_tensor) {
+    record_write(*c, op, stack);
+    return;
   }
   tls_pending_factory = std::make_unique<Write>(Write{op,
                                                       std::vector<c10::IValue>(stack.end() - count, stack.end()),
@@ -285,12 +299,12 @@ void before_operator(const c10::OperatorHandle& op, const torch::jit::Stack& sta
 void after_operator(const c10::OperatorHandle& /*op*/, const torch::jit::Stack& stack) {
   if (!tls_pending_factory) return;
   std::unique_ptr<Write> factory = std::move(tls_pending_factory);
-  if (stack.empty() || !stack.back().isTensor()) return;
-  DeferredTensors::instance().after_factory(std::move(*factory), stack.back().toTensor());
+  if (tls_construction == nullptr || stack.empty() || !stack.back().isTensor()) return;
+  defer(*tls_construction, std::move(*factory), stack.back().toTensor());
 }
 
 bool constructing() {
-  return tls_min_elements >= 0;
+  return tls_construction != nullptr;
 }
 
 }  // namespace detail

@@ -35,32 +35,49 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 
 namespace parallax::zero {
+
+/// Bytes held by the data of one construction's deferred tensors: now, and the most
+/// at once, counted from the construction's start until every tensor it deferred is
+/// materialized or destroyed. Thread-safe.
+class DeferredBytes {
+ public:
+  std::int64_t live() const;
+  std::int64_t peak() const;
+  /// Adds (or, negative, removes) held bytes. Internal to deferred construction.
+  void add(std::int64_t bytes);
+
+ private:
+  mutable std::mutex mutex_;
+  std::int64_t live_ = 0;
+  std::int64_t peak_ = 0;
+};
 
 class DeferredConstruction {
  public:
   /// Tensors smaller than `min_elements` are created normally (biases, small tables).
+  /// Throws UsageError when another library holds the interception's dispatch key.
   explicit DeferredConstruction(std::int64_t min_elements = 4096);
   DeferredConstruction(const DeferredConstruction&) = delete;
   DeferredConstruction& operator=(const DeferredConstruction&) = delete;
   /// Seals the last deferred tensor.
   ~DeferredConstruction();
 
+  /// This construction's byte count; it stays valid, and counting, after the scope ends.
+  std::shared_ptr<const DeferredBytes> bytes() const;
+
  private:
-  struct Guard;
-  std::unique_ptr<Guard> guard_;
+  struct Open;
+  std::unique_ptr<Open> open_;
 };
 
 /// True while `tensor`'s storage is deferred (sealed or materialized but not forgotten).
+/// A deferred tensor's record lives in its storage: it goes when the storage goes.
 bool is_deferred(const torch::Tensor& tensor);
 /// Allocates `tensor`'s storage in place and replays its recorded writes, then forgets
 /// the record: the tensor is an ordinary tensor afterwards. No-op for other tensors.
 void materialize(const torch::Tensor& tensor);
-/// Bytes of deferred tensors whose data is held now, and the most ever held at once.
-std::int64_t deferred_live_bytes();
-std::int64_t deferred_peak_live_bytes();
-/// Starts a new peak: deferred_peak_live_bytes() = deferred_live_bytes().
-void reset_deferred_peak_live_bytes();
 
 }  // namespace parallax::zero

@@ -1,71 +1,98 @@
 #include "parallax/zero/parameter_interception.h"
 
+#include "parallax/core/operator_interception.h"
 #include "parallax/zero/deferred_internal.h"
 
-#include <ATen/core/dispatch/Dispatcher.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
-#include <torch/library.h>
-
+#include <algorithm>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 namespace parallax::zero {
 namespace {
 
-constexpr c10::DispatchKey kInterceptKey = c10::DispatchKey::TESTING_ONLY_GenericMode;
+constexpr interception::Layer kLayer = interception::Layer::kParameters;
 
-void report_use(const c10::IValue& value, bool in_step) {
-  detail::for_each_tensor(value, [in_step](const at::Tensor& tensor) {
-    if (!tensor.has_storage()) return;
-    const auto entry = ParameterRegistry::instance().find(tensor.storage().unsafeGetStorageImpl());
-    if (entry.listener != nullptr) entry.listener->on_parameter_use(entry.unit, in_step);
-  });
+// What a ParameterUseScope lends the fallback: its registry and its enclosing scopes'.
+struct UseScopeState final : interception::ScopeState {
+  std::vector<std::shared_ptr<ParameterRegistry>> registries;
+};
+
+const UseScopeState* open_scope() {
+  return static_cast<const UseScopeState*>(interception::current(kLayer));
 }
 
 // Operators the caller called directly are at depth 0; those they call internally are
 // deeper. Deferred construction acts on depth 0 only (see deferred_construction.h).
 thread_local int tls_depth = 0;
-// ParameterUseScopes open on this thread, and whether the thread is watched between them.
-thread_local int tls_open_scopes = 0;
-thread_local bool tls_watching = false;
+// The registries this thread watches between steps; empty when it watches none.
+thread_local std::vector<std::weak_ptr<ParameterRegistry>> tls_watched;
+
+bool report_use_in(const ParameterRegistry& registry, const c10::StorageImpl* storage, bool in_step) {
+  const auto entry = registry.find(storage);
+  if (entry.listener == nullptr) return false;
+  entry.listener->on_parameter_use(entry.unit, in_step);
+  return true;
+}
+
+void report_use(const c10::IValue& value, const UseScopeState* scope) {
+  detail::for_each_tensor(value, [scope](const at::Tensor& tensor) {
+    if (!tensor.has_storage()) return;
+    const c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+    if (scope != nullptr) {
+      for (const auto& registry : scope->registries) {
+        if (report_use_in(*registry, storage, true)) return;
+      }
+      return;
+    }
+    for (const auto& watched : tls_watched) {
+      const auto registry = watched.lock();
+      if (registry && report_use_in(*registry, storage, false)) return;
+    }
+  });
+}
+
+// Forgets watched registries that are gone; true while some are left.
+bool still_watching() {
+  tls_watched.erase(std::remove_if(tls_watched.begin(), tls_watched.end(),
+                                   [](const std::weak_ptr<ParameterRegistry>& r) { return r.expired(); }),
+                    tls_watched.end());
+  return !tls_watched.empty();
+}
 
 void intercept(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
   const std::size_t arguments = op.schema().arguments().size();
   const bool top = tls_depth == 0;
-  const bool in_step = tls_open_scopes > 0 || detail::constructing();
-  if (!in_step && tls_watching && ParameterRegistry::instance().empty()) {
+  const UseScopeState* scope = open_scope();
+  const bool in_step = scope != nullptr || detail::constructing();
+  if (!in_step && !still_watching()) {
     // Every watched model is gone (perhaps destroyed on another thread): the watch ends
     // here, on its own thread, and this thread's operators cost nothing from now on.
-    tls_watching = false;
-    c10::impl::tls_set_dispatch_key_included(kInterceptKey, false);
-    op.redispatchBoxed(keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kInterceptKey), stack);
+    interception::set_included_on_this_thread(kLayer, false);
+    interception::call_below(kLayer, op, keys, stack);
     return;
   }
   {
     // The listeners work with ordinary operators: they must not come back here.
-    c10::impl::ExcludeDispatchKeyGuard paused(kInterceptKey);
+    interception::Paused paused(kLayer);
     if (top) detail::before_operator(op, *stack);
-    for (std::size_t i = stack->size() - arguments; i < stack->size(); ++i) report_use((*stack)[i], in_step);
+    for (std::size_t i = stack->size() - arguments; i < stack->size(); ++i) report_use((*stack)[i], scope);
   }
   ++tls_depth;
   try {
-    op.redispatchBoxed(keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kInterceptKey), stack);
+    interception::call_below(kLayer, op, keys, stack);
   } catch (...) {
     --tls_depth;
     throw;
   }
   --tls_depth;
   if (top) {
-    c10::impl::ExcludeDispatchKeyGuard paused(kInterceptKey);
+    interception::Paused paused(kLayer);
     detail::after_operator(op, *stack);
   }
 }
 
 }  // namespace
-
-TORCH_LIBRARY_IMPL(_, TESTING_ONLY_GenericMode, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&intercept>());
-}
 
 struct ParameterRegistry::Impl {
   mutable std::mutex mutex;
@@ -73,22 +100,16 @@ struct ParameterRegistry::Impl {
 };
 
 ParameterRegistry::ParameterRegistry() : impl_(std::make_unique<Impl>()) {}
-
-ParameterRegistry& ParameterRegistry::instance() {
-  static ParameterRegistry registry;
-  return registry;
-}
+ParameterRegistry::~ParameterRegistry() = default;
 
 void ParameterRegistry::add(const c10::StorageImpl* storage, ParameterUseListener* listener, std::size_t unit) {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   impl_->entries[storage] = Entry{listener, unit};
 }
 
-void ParameterRegistry::remove(const ParameterUseListener* listener) {
+void ParameterRegistry::clear() {
   std::lock_guard<std::mutex> lock(impl_->mutex);
-  for (auto it = impl_->entries.begin(); it != impl_->entries.end();) {
-    it = it->second.listener == listener ? impl_->entries.erase(it) : std::next(it);
-  }
+  impl_->entries.clear();
 }
 
 ParameterRegistry::Entry ParameterRegistry::find(const c10::StorageImpl* storage) const {
@@ -97,26 +118,34 @@ ParameterRegistry::Entry ParameterRegistry::find(const c10::StorageImpl* storage
   return found == impl_->entries.end() ? Entry{} : found->second;
 }
 
-bool ParameterRegistry::empty() const {
-  std::lock_guard<std::mutex> lock(impl_->mutex);
-  return impl_->entries.empty();
+void claim_parameter_interception() {
+  interception::claim(kLayer, &intercept);
 }
 
-void watch_parameter_use_on_this_thread() {
-  if (tls_watching) return;
-  tls_watching = true;
-  c10::impl::tls_set_dispatch_key_included(kInterceptKey, true);
+void watch_parameter_use_on_this_thread(const std::shared_ptr<ParameterRegistry>& registry) {
+  still_watching();  // forget the dead first
+  for (const auto& watched : tls_watched) {
+    if (watched.lock() == registry) return;
+  }
+  tls_watched.push_back(registry);
+  interception::set_included_on_this_thread(kLayer, true);
 }
 
-struct ParameterUseScope::Guard {
-  Guard() { ++tls_open_scopes; }
-  ~Guard() { --tls_open_scopes; }
-  c10::impl::IncludeDispatchKeyGuard include{kInterceptKey};
+struct ParameterUseScope::Open {
+  explicit Open(std::shared_ptr<UseScopeState> state) : scope(kLayer, std::move(state)) {}
+  interception::Scope scope;
 };
 
-ParameterUseScope::ParameterUseScope(bool enabled) {
-  if (enabled) guard_ = std::make_unique<Guard>();
+ParameterUseScope::ParameterUseScope() = default;
+
+ParameterUseScope::ParameterUseScope(std::shared_ptr<ParameterRegistry> registry) {
+  if (!registry) return;
+  auto state = std::make_shared<UseScopeState>();
+  if (const UseScopeState* enclosing = open_scope()) state->registries = enclosing->registries;
+  state->registries.push_back(std::move(registry));
+  open_ = std::make_unique<Open>(std::move(state));
 }
+
 ParameterUseScope::ParameterUseScope(ParameterUseScope&&) noexcept = default;
 ParameterUseScope::~ParameterUseScope() = default;
 

@@ -2,29 +2,32 @@
 //
 // LibTorch's C++ modules have no forward hooks, and a user's forward reads its
 // parameters directly (`torch::linear(x, weight_, bias_)`). Parallax therefore watches
-// at the operator dispatcher: while a ParameterUseScope is alive on a thread (the
-// engine opens one around forward and backward), every operator first passes a
-// fallback that looks up the storage of each tensor argument; if the storage belongs
-// to a registered unit, the unit's owner is told (and gathers it) before the operator
-// runs. Views of a parameter (`weight.t()`) share its storage, so they are caught too.
-// Autograd carries the scope into backward (the dispatch-key state is part of the
-// thread-local state autograd propagates; CPU backward runs on the calling thread).
+// at the operator dispatcher, on the kParameters layer of core/operator_interception.h:
+// while a ParameterUseScope is open, every operator first passes a fallback that looks
+// up the storage of each tensor argument in the scope's registries; if the storage
+// belongs to a registered unit, the unit's owner is told (and gathers it) before the
+// operator runs. Views of a parameter (`weight.t()`) share its storage, so they are
+// caught too. The scope travels with LibTorch's thread-local state, so backward on
+// autograd's device threads (and at::launch tasks) is seen like the forward.
 //
-// Between steps a thread may also be *watched* (watch_parameter_use_on_this_thread): a
-// use outside any scope is reported with in_step = false, so the owner can refuse it
+// A registry belongs to the model whose units it lists (held by shared_ptr: an open
+// scope keeps it alive); nothing is process-wide but the fallback's registration.
+//
+// Between steps a thread may also *watch* a registry (watch_parameter_use_on_this_thread):
+// a use outside any scope is reported with in_step = false, so the owner can refuse it
 // with a clear error instead of letting an operator read a released parameter. A watch
-// is no guard object: it needs no end on the thread that began it, and it ends itself
-// at the thread's next operator once no listener is registered, so a model may be
-// destroyed on any thread.
+// is no guard object: it holds its registries weakly, needs no end on the thread that
+// began it, and ends itself at the thread's next operator once every registry it
+// watches is destroyed, so a model may be destroyed on any thread.
 //
 // Cost: one boxed call and a hash lookup per tensor argument per operator while a
-// scope is open. The fallback sits on c10's TESTING_ONLY_GenericMode key, the only
-// out-of-tree "mode" key LibTorch 1.13 and 2.x both offer; no other library in the
-// process may register a fallback on it.
+// scope is open.
 //
 //   struct Owner : ParameterUseListener { void on_parameter_use(std::size_t unit, bool in_step) override; };
-//   ParameterRegistry::instance().add(storage, &owner, unit);
-//   { ParameterUseScope scope; model->forward(x); }   // owner hears about each use
+//   claim_parameter_interception();                        // at start: the key must be free
+//   auto registry = std::make_shared<ParameterRegistry>();
+//   registry->add(storage, &owner, unit);
+//   { ParameterUseScope scope(registry); model->forward(x); }   // owner hears about each use
 #pragma once
 
 #include <cstddef>
@@ -47,14 +50,18 @@ class ParameterUseListener {
   virtual void on_parameter_use(std::size_t unit, bool in_step) = 0;
 };
 
-/// Storage → (listener, unit). Process-wide because the dispatcher is; thread-safe.
+/// Storage → (listener, unit) for one model's units. Thread-safe.
 class ParameterRegistry {
  public:
-  static ParameterRegistry& instance();
+  ParameterRegistry();
+  ~ParameterRegistry();
+  ParameterRegistry(const ParameterRegistry&) = delete;
+  ParameterRegistry& operator=(const ParameterRegistry&) = delete;
+
   /// `storage` must stay registered only while it and `listener` live.
   void add(const c10::StorageImpl* storage, ParameterUseListener* listener, std::size_t unit);
-  /// Removes every storage of `listener`.
-  void remove(const ParameterUseListener* listener);
+  /// Forgets every storage: a listener about to be destroyed calls it first.
+  void clear();
 
   struct Entry {
     ParameterUseListener* listener = nullptr;
@@ -62,33 +69,38 @@ class ParameterRegistry {
   };
   /// The entry for `storage`, or one with a null listener.
   Entry find(const c10::StorageImpl* storage) const;
-  bool empty() const;
 
  private:
   struct Impl;
-  ParameterRegistry();
   std::unique_ptr<Impl> impl_;
 };
 
-/// From now until no listener is registered, operators this thread runs outside any
-/// scope report uses of registered storages with in_step = false. Call outside scopes
-/// (a scope that ends restores the thread's earlier state). Idempotent.
-void watch_parameter_use_on_this_thread();
+/// Makes the interception usable in this process. Throws UsageError when another
+/// library holds its dispatch key (see core/operator_interception.h). Call at start,
+/// before any scope or watch; idempotent.
+void claim_parameter_interception();
 
-/// While alive, operators on this thread (and the autograd work it starts) report
-/// parameter uses with in_step = true. Nesting is allowed. Inactive when constructed with
-/// `enabled` false. Ends on the thread that opened it.
+/// From now until `registry` is destroyed, operators this thread runs outside any scope
+/// report uses of its storages with in_step = false. Call outside scopes (a scope that
+/// ends restores the thread's earlier state). Watching the same registry twice is one watch.
+void watch_parameter_use_on_this_thread(const std::shared_ptr<ParameterRegistry>& registry);
+
+/// While alive, operators on this thread (and the work LibTorch carries its state to:
+/// autograd's device threads, at::launch) report uses of `registry`'s storages, and of
+/// the registries of enclosing scopes, with in_step = true. Inactive without a
+/// registry. Ends on the thread that opened it. Claim first.
 class ParameterUseScope {
  public:
-  explicit ParameterUseScope(bool enabled = true);
+  ParameterUseScope();
+  explicit ParameterUseScope(std::shared_ptr<ParameterRegistry> registry);
   ParameterUseScope(ParameterUseScope&&) noexcept;
   ParameterUseScope& operator=(ParameterUseScope&&) = delete;
   ParameterUseScope(const ParameterUseScope&) = delete;
   ~ParameterUseScope();
 
  private:
-  struct Guard;
-  std::unique_ptr<Guard> guard_;
+  struct Open;
+  std::unique_ptr<Open> open_;
 };
 
 }  // namespace parallax::zero

@@ -92,6 +92,8 @@ struct ShardedModel::State {
   std::unique_ptr<GradientHooks> hooks;
   /// Stage 3: each unit named by its first parameter, for messages.
   std::vector<std::string> unit_names;
+  /// Stage 3: the units' storages, for the scopes and the watch (null otherwise).
+  std::shared_ptr<ParameterRegistry> registry;
 
   std::mutex mutex;  ///< hooks and parameter uses may come from autograd threads
   bool reduce_this_micro_step = false;
@@ -157,6 +159,7 @@ ShardedModel::ShardedModel(torch::nn::Module& model,
   PARALLAX_CHECK(options_.stage >= 1 && options_.stage <= 3, ConfigError, "zero.stage = ", options_.stage,
                  ": a sharded model needs stage 1, 2 or 3");
   PARALLAX_CHECK(options_.bucket_bytes() > 0, ConfigError, "zero.bucket_mb must be > 0");
+  if (options_.stage == 3) claim_parameter_interception();
   s.dp = &dp;
   s.tracer = &tracer;
   s.params = std::move(params);
@@ -265,8 +268,9 @@ ShardedModel::ShardedModel(torch::nn::Module& model,
     s.schedule = std::make_unique<GatherSchedule>(unit_bytes, options_.prefetch_bytes(), options_.max_live_bytes(),
                                                   options_.reshard_after_forward, options_.reshard_after_backward);
     s.gathers.resize(s.unit_groups.size());
+    s.registry = std::make_shared<ParameterRegistry>();
     for (std::size_t u = 0; u < s.unit_groups.size(); ++u) {
-      ParameterRegistry::instance().add(s.groups[s.unit_groups[u]]->storage(), this, u);
+      s.registry->add(s.groups[s.unit_groups[u]]->storage(), this, u);
     }
   }
 
@@ -321,13 +325,18 @@ ShardedModel::ShardedModel(torch::nn::Module& model,
       if (members.size() > 1) name += " and " + std::to_string(members.size() - 1) + " more";
       s.unit_names.push_back(std::move(name));
     }
-    watch_parameter_use_on_this_thread();
+    watch_parameter_use_on_this_thread(s.registry);
   }
+}
+
+ParameterUseScope ShardedModel::use_scope() const {
+  return state_->registry ? ParameterUseScope(state_->registry) : ParameterUseScope();
 }
 
 ShardedModel::~ShardedModel() {
   State& s = *state_;
-  ParameterRegistry::instance().remove(this);
+  // A scope still open elsewhere may keep the registry: it must no longer name us.
+  if (s.registry) s.registry->clear();
   s.hooks.reset();
   // Never free buffers a collective still reads; never throw from a destructor.
   for (auto* works : {&s.reductions, &s.gathers}) {

@@ -115,7 +115,7 @@ class ShardedModel final : private ParameterUseListener {
 
   int stage() const { return options_.stage; }
   /// Stage 3: parameter uses are watched while the scope lives; otherwise inert.
-  ParameterUseScope use_scope() const { return ParameterUseScope(options_.stage == 3); }
+  ParameterUseScope use_scope() const;
 
   /// Step 3 of the protocol. With `reduce_untouched` false (a pipeline chunk's backward,
   /// which writes only that chunk's gradients), stages 2–3 reduce only the groups this

@@ -32,17 +32,18 @@ TEST(DeferredConstruction, MaterializesExactlyTheEagerValuesHoldingAtMostTwoPara
   const double eager_next = torch::rand({1}).item<double>();
 
   torch::manual_seed(42);
-  parallax::zero::reset_deferred_peak_live_bytes();
   std::shared_ptr<gpt::GPTImpl> deferred;
+  std::shared_ptr<const parallax::zero::DeferredBytes> held;
   {
     parallax::zero::DeferredConstruction scope(/*min_elements=*/256);
+    held = scope.bytes();
     deferred = gpt::GPT(options).ptr();
   }
   // The generator advanced exactly as in the eager construction.
   EXPECT_EQ(torch::rand({1}).item<double>(), eager_next);
   const std::int64_t largest = largest_parameter_bytes(*deferred);
-  EXPECT_LE(parallax::zero::deferred_peak_live_bytes(), 2 * largest);
-  EXPECT_EQ(parallax::zero::deferred_live_bytes(), 0);
+  EXPECT_LE(held->peak(), 2 * largest);
+  EXPECT_EQ(held->live(), 0);
 
   const auto want = eager->parameters();
   const auto got = deferred->parameters();
@@ -63,7 +64,7 @@ TEST(DeferredConstruction, MaterializesExactlyTheEagerValuesHoldingAtMostTwoPara
   parallax_test::print_figure(
       "deferred %zu of %zu parameters (%lld of %lld bytes); peak held while building %lld bytes\n", deferred_count,
       got.size(), static_cast<long long>(deferred_bytes), static_cast<long long>(total_bytes),
-      static_cast<long long>(parallax::zero::deferred_peak_live_bytes()));
+      static_cast<long long>(held->peak()));
 }
 
 // A buffer written through data_ptr() (torch::tensor does) is no parameter: it stays
@@ -122,17 +123,18 @@ TEST(DeferredConstruction, TrainsUnderStage3LikeTheReferenceWithoutEverHoldingTh
   const auto options = gpt::GPTOptions::from_table(c.app_table("model"));
   const gpt::SyntheticTokens data(options.vocab_size, options.block_size, c.train.seed);
   torch::manual_seed(c.train.seed);  // as the reference; the same on every rank
-  parallax::zero::reset_deferred_peak_live_bytes();
   std::shared_ptr<gpt::GPTImpl> model;
+  std::shared_ptr<const parallax::zero::DeferredBytes> held;
   {
     parallax::zero::DeferredConstruction scope(/*min_elements=*/256);
+    held = scope.bytes();
     model = gpt::GPT(options, static_cast<std::uint64_t>(c.train.seed)).ptr();
   }
   const std::int64_t largest_parameter = largest_parameter_bytes(*model);
   auto engine = rt.engine(model, parallax::OptimizerSpec::from(c));
   // Built and sharded: at most two parameters and one unit were ever held at once.
-  EXPECT_EQ(parallax::zero::deferred_live_bytes(), 0);
-  EXPECT_LE(parallax::zero::deferred_peak_live_bytes(), 2 * largest_parameter);
+  EXPECT_EQ(held->live(), 0);
+  EXPECT_LE(held->peak(), 2 * largest_parameter);
 
   const int dp_rank = rt.mesh().coord().dp, dp = rt.mesh().degrees().dp;
   Trajectory got;

@@ -9,14 +9,13 @@
 #include <torch/torch.h>
 
 #include <c10/core/CPUAllocator.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/version.h>
 
 #include <atomic>
 #include <cstdio>
-#include <thread>
 #include <tuple>
 
+#include "awkward_model.h"
 #include "figures.h"
 #include "parallax/core/config_loader.h"
 #include "parallax/runtime/parallax.h"
@@ -25,62 +24,7 @@
 namespace parallax {
 namespace {
 
-const InitOptions kQuiet{{}, /*print_summary=*/false};
-constexpr std::int64_t kGlobalBatch = 8;
-constexpr std::int64_t kSteps = 6;
-
-Config awkward_config(int stage, std::int64_t grad_accum, const std::vector<std::string>& extra = {}) {
-  ConfigSources sources;
-  sources.overrides = {"train.global_batch_size=" + std::to_string(kGlobalBatch),
-                       "train.grad_accum=" + std::to_string(grad_accum), "train.steps=" + std::to_string(kSteps),
-                       "optimizer.type=\"adamw\"", "optimizer.lr=0.01",
-                       // Decoupled decay would shrink the unused parameter here (its
-                       // gradient is a zero in a flat buffer) but not in the reference.
-                       "optimizer.weight_decay=0", "optimizer.grad_clip=0.5", "zero.stage=" + std::to_string(stage),
-                       "zero.bucket_mb=0.001",  // 262 fp32 elements: `big` is larger than a bucket
-                       "zero.wrap=[\"Linear\"]", "logging.every=0"};
-  for (const auto& e : extra) sources.overrides.push_back(e);
-  return load_config(sources);
-}
-
-// 48 + 2408 + 2 + 3 elements: sizes that do not divide by 4, a 2-element scale (fewer
-// elements than 4 ranks), `first.weight` also registered as `tied`, `unused` never read.
-struct Awkward : torch::nn::Module {
-  Awkward() {
-    first = register_module("first", torch::nn::Linear(7, 6));
-    big = register_module("big", torch::nn::Linear(7, 301));
-    scale = register_parameter("scale", torch::tensor({1.5f, 0.25f}));
-    unused = register_parameter("unused", torch::randn({3}));
-    register_parameter("tied", first->weight);
-  }
-  torch::Tensor forward(const torch::Tensor& x) {
-    auto h = torch::relu(first(x)) * scale[0] + scale[1];          // [B, 6]
-    auto z = torch::nn::functional::linear(h, first->weight.t());  // [B, 7], the shared weight again
-    return big(z);                                                 // [B, 301]
-  }
-  torch::nn::Linear first{nullptr}, big{nullptr};
-  torch::Tensor scale, unused;
-};
-
-torch::Tensor batch(std::int64_t step) {
-  torch::manual_seed(100 + step);
-  return torch::randn({kGlobalBatch, 7});
-}
-
-torch::Tensor loss_of(const torch::Tensor& out) {
-  return out.to(torch::kFloat32).pow(2).mean();
-}
-
-// The trainable parameters once each, in registration order (as the engine sees them).
-std::vector<torch::Tensor> unique_parameters(torch::nn::Module& module) {
-  std::vector<torch::Tensor> out;
-  for (const auto& p : module.parameters()) {
-    bool seen = false;
-    for (const auto& q : out) seen = seen || q.is_same(p);
-    if (!seen) out.push_back(p);
-  }
-  return out;
-}
+using namespace zero_test;
 
 struct Run {
   std::vector<double> losses;
@@ -270,72 +214,6 @@ TEST(ZeroStage3, PrefetchLaunchesTheNextUnitsGatherBeforeItsUse) {
       static_cast<long long>(kSteps), static_cast<long long>(ahead.prefetched_uses),
       static_cast<long long>(ahead.gathers_on_use), static_cast<long long>(on_use.prefetched_uses),
       static_cast<long long>(on_use.gathers_on_use));
-}
-
-// Between steps a released parameter holds no data: reading it on the thread that built
-// the engine is a UsageError naming the parameter and the way to read weights (not a
-// read of released memory, not a collective only some ranks would join);
-// master_parameters() is that way. Mutant caught: the former model-lifetime scope,
-// under which the read gathers the unit as a collective and returns no error.
-TEST(ZeroStage3, ReadingAReleasedParameterBetweenStepsIsAClearError) {
-  Runtime rt(awkward_config(3, 1), kQuiet);
-  torch::manual_seed(5);
-  auto model = std::make_shared<Awkward>();
-  auto engine = rt.engine(model, OptimizerSpec::from(rt.config()));
-  const std::int64_t micro = rt.config().train.micro_batch_size;
-  engine.backward(loss_of(engine.forward(batch(0).narrow(0, rt.mesh().coord().dp * micro, micro))));
-  ASSERT_TRUE(engine.step());
-  const auto params = unique_parameters(*model);
-  std::string what;
-  try {
-    (void)params.front().sum();
-  } catch (const parallax::UsageError& e) {
-    what = e.what();
-  }
-  EXPECT_NE(what.find("outside a step"), std::string::npos) << what;
-  EXPECT_NE(what.find("master_parameters()"), std::string::npos) << what;
-  EXPECT_NE(what.find("'"), std::string::npos) << "names the parameter: " << what;
-  // The explicit way still reads every weight, and training goes on.
-  EXPECT_EQ(engine.master_parameters().size(), params.size());
-  engine.backward(loss_of(engine.forward(batch(1).narrow(0, rt.mesh().coord().dp * micro, micro))));
-  EXPECT_TRUE(engine.step());
-}
-
-// The engine may end on another thread than the one that built it: neither thread's
-// dispatch state is left changed (the building thread's watch ends itself at its next
-// operator), and a new engine then trains on the first thread. Mutant caught: a watch
-// that does not end itself (the building thread would intercept every operator
-// forever). Not observable here: the former model-lifetime key guard, whose destructor
-// on the other thread wrote the building thread's key set through the pointer c10's
-// guard keeps (a data race, not a wrong final state).
-TEST(ZeroStage3, TheEngineCanBeDestroyedOnAnotherThread) {
-  constexpr auto kKey = c10::DispatchKey::TESTING_ONLY_GenericMode;
-  Runtime rt(awkward_config(3, 1), kQuiet);
-  const std::int64_t micro = rt.config().train.micro_batch_size;
-  auto train_one_step = [&](auto& engine) {
-    engine.backward(loss_of(engine.forward(batch(0).narrow(0, rt.mesh().coord().dp * micro, micro))));
-    return engine.step();
-  };
-  torch::manual_seed(5);
-  auto model = std::make_shared<Awkward>();
-  auto engine = std::make_unique<decltype(rt.engine(model, OptimizerSpec::from(rt.config())))>(
-      rt.engine(model, OptimizerSpec::from(rt.config())));
-  ASSERT_TRUE(train_one_step(*engine));
-  bool other_before = true;
-  bool other_after = true;
-  std::thread([&] {
-    other_before = c10::impl::tls_is_dispatch_key_included(kKey);
-    engine.reset();
-    other_after = c10::impl::tls_is_dispatch_key_included(kKey);
-  }).join();
-  EXPECT_FALSE(other_before);
-  EXPECT_FALSE(other_after);
-  (void)torch::ones({2}).sum();  // the building thread's next operator ends its watch
-  EXPECT_FALSE(c10::impl::tls_is_dispatch_key_included(kKey));
-  torch::manual_seed(5);
-  auto second = std::make_shared<Awkward>();
-  auto again = rt.engine(second, OptimizerSpec::from(rt.config()));
-  EXPECT_TRUE(train_one_step(again));
 }
 
 // Two layers applied in an order that alternates between steps: stage 3 re-records the
