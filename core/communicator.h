@@ -19,7 +19,8 @@
 //
 // Backends: MpiCommunicator (host tensors; always built) and NcclCommunicator (CUDA
 // tensors; built with PARALLAX_WITH_NCCL). Create them with the factory functions in
-// mpi_communicator.h / nccl_communicator.h, or let the Mesh create them.
+// mpi_communicator.h / nccl_communicator.h, or let the Mesh create them. A group that
+// carries both kinds routes each tensor to one of them (device_routed_communicator.h).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -123,7 +124,7 @@ class Communicator {
   virtual std::unique_ptr<Communicator> split(int color, int key, const std::string& name) = 0;
 
   /// A consistent copy of this communicator's counters. Thread-safe.
-  CommCounters counters() const;
+  virtual CommCounters counters() const;
 
   /// The training step that error messages of later operations name ("at step 12"),
   /// so a timeout says where in training it happened; -1 (the default) names none.

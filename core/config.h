@@ -19,6 +19,8 @@ namespace parallax {
 /// [train]: batch arithmetic and run length.
 /// global_batch_size = micro_batch_size × grad_accum × dp, exactly; one may be omitted
 /// (0 here) and is inferred by Config::resolve.
+enum class TrainDevice { kCpu, kCuda };
+
 struct TrainOptions {
   /// Samples per optimizer step over all data-parallel ranks, e.g. 32. Default: inferred.
   std::int64_t global_batch_size = 0;
@@ -32,6 +34,11 @@ struct TrainOptions {
   /// models built after init start identical; data order is the application's.
   /// Default: 1234.
   std::int64_t seed = 1234;
+  /// cpu | cuda: where the engine trains the model (it moves the model there, and each
+  /// input). cuda: each rank takes its GPU (the one hwloc places nearest its cores when
+  /// the node shows GPUs, else local rank order) and its groups carry CUDA tensors over
+  /// NCCL, host tensors over MPI. Default: cpu.
+  TrainDevice device = TrainDevice::kCpu;
 };
 
 enum class OptimizerType { kSgd, kAdam, kAdamW };

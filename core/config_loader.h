@@ -92,6 +92,7 @@ const char* to_string(AxisOrder order);
 const char* to_string(OffloadTarget target);
 const char* to_string(TpStyle style);
 const char* to_string(CommBackend backend);
+const char* to_string(TrainDevice device);
 const char* to_string(LauncherOrder order);
 
 }  // namespace parallax

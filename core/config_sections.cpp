@@ -26,6 +26,7 @@ constexpr EnumName<OffloadTarget> kOffloadNames[] = {
     {OffloadTarget::kNone, "none"}, {OffloadTarget::kCpu, "cpu"}, {OffloadTarget::kNvme, "nvme"}};
 constexpr EnumName<LauncherOrder> kLauncherOrderNames[] = {{LauncherOrder::kBlock, "block"},
                                                            {LauncherOrder::kRoundRobin, "round_robin"}};
+constexpr EnumName<TrainDevice> kDeviceNames[] = {{TrainDevice::kCpu, "cpu"}, {TrainDevice::kCuda, "cuda"}};
 constexpr EnumName<CommBackend> kBackendNames[] = {
     {CommBackend::kAuto, "auto"}, {CommBackend::kMpi, "mpi"}, {CommBackend::kNccl, "nccl"}};
 constexpr EnumName<PipelineSchedule> kScheduleNames[] = {{PipelineSchedule::kGPipe, "gpipe"},
@@ -78,6 +79,8 @@ void train_fields(FieldVisitor& v, Config& c) {
   v.integer_or_inferred("grad_accum", c.train.grad_accum, kCount);
   v.integer("steps", c.train.steps, kCount);
   v.integer("seed", c.train.seed, kAnyInteger);
+  // "cuda" is accepted here; whether this build and this node have one is the runtime's.
+  v.choice("device", c.train.device, kDeviceNames);
 }
 
 void optimizer_fields(FieldVisitor& v, Config& c) {
@@ -366,6 +369,9 @@ const char* to_string(Recompute recompute) {
 }
 const char* to_string(CommBackend backend) {
   return detail::name_of(detail::kBackendNames, backend);
+}
+const char* to_string(TrainDevice device) {
+  return detail::name_of(detail::kDeviceNames, device);
 }
 
 std::string to_toml(const Config& config) {

@@ -24,6 +24,7 @@ void Engine::backward(const torch::Tensor& loss) {
   ++micro_step_;
   const bool last = micro_step_ == grad_accum_;
   auto span = applier_->tracer().span("backward", "compute");
+  if (loss_sum_.device() != loss.device()) loss_sum_ = torch::zeros({}, loss.options().dtype(torch::kFloat64));
   loss_sum_ += loss.detach().to(torch::kFloat64);
   const double scale = applier_->loss_scale() / static_cast<double>(grad_accum_);
   applier_->reduction().run_backward(last ? pipeline::WeightGradients::kLast : pipeline::WeightGradients::kSome,

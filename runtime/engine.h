@@ -98,7 +98,8 @@ class Engine {
   /// `logits` is this rank's part and the loss is computed vocab-parallel, never
   /// gathering them (collective over the tensor-parallel group); otherwise it is the
   /// dense loss. (A model written with a vocabulary-split head of its own calls
-  /// tensor_parallel::vocab_parallel_cross_entropy itself.)
+  /// tensor_parallel::vocab_parallel_cross_entropy itself.) `targets` may sit on the
+  /// host: they are moved to the logits' device.
   torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets) const;
 
   /// Completed optimizer steps.

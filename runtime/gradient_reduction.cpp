@@ -217,7 +217,7 @@ class ShardedReduction final : public GradientReduction {
     torch::NoGradGuard no_grad;
     std::int64_t total = 0;
     for (std::size_t i : indices) total += params_.at(i).numel();
-    torch::Tensor flat = torch::zeros({total}, torch::kFloat32);
+    torch::Tensor flat = torch::zeros({total}, params_.at(indices.front()).options().dtype(torch::kFloat32));
     std::vector<torch::Tensor> whole;
     std::vector<std::optional<zero::GradientPart>> parts;
     std::int64_t base = 0;

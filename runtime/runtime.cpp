@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/cuda.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -11,11 +13,15 @@
 
 #include "parallax/core/config_loader.h"
 #include "parallax/core/cpu_binding.h"
+#include "parallax/core/device_routed_communicator.h"
 #include "parallax/core/error.h"
 #include "parallax/core/mesh.h"
 #include "parallax/core/metrics.h"
 #include "parallax/core/topology.h"
 #include "parallax/core/world.h"
+#if PARALLAX_WITH_NCCL
+#include "parallax/core/nccl_communicator.h"
+#endif
 #include "parallax/runtime/blas_info.h"
 #include "parallax/runtime/plan.h"
 #include "parallax/runtime/thread_budget.h"
@@ -31,6 +37,10 @@ struct Runtime::State {
   std::vector<std::string> args;
   Logger logger;
   std::unique_ptr<Tracer> tracer;
+  c10::Device device{c10::kCPU};
+  /// train.device = "cuda": the world over MPI and NCCL the mesh is split from (it
+  /// outlives the mesh: NCCL before 2.18 splits by bootstrapping through it).
+  std::unique_ptr<Communicator> device_world;
   std::unique_ptr<Mesh> mesh;
   std::unique_ptr<Communicator> telemetry;
   std::unique_ptr<MetricsWriter> metrics;
@@ -92,6 +102,49 @@ struct Runtime::State {
 namespace {
 
 void check_same_config(World& world, const Config& config);
+
+// train.device = "cuda": the GPU hwloc placed nearest this rank's cores ("gpuN", when
+// the node shows GPUs and N is a visible CUDA device), else local rank order; made the
+// current device. ConfigError where none is visible.
+c10::Device choose_cuda_device(const std::string& placed, int local_rank, int local_size, const std::string& where) {
+  const auto visible = static_cast<int>(torch::cuda::device_count());
+  PARALLAX_CHECK(visible > 0, ConfigError, "train.device = \"cuda\"", where,
+                 ": no CUDA device is visible to this process",
+                 torch::cuda::is_available() ? "" : " (this LibTorch has no CUDA, or no GPU/driver is present)",
+                 "; use train.device = \"cpu\" here");
+  PARALLAX_CHECK(local_size <= visible, ConfigError, "train.device = \"cuda\"", where, ": ", local_size,
+                 " ranks on this node but ", visible,
+                 " visible CUDA device(s); NCCL needs one GPU per rank (start one rank per GPU)");
+  int index = local_rank;
+  if (placed.rfind("gpu", 0) == 0) {
+    const int nearest = std::atoi(placed.c_str() + 3);
+    if (nearest >= 0 && nearest < visible) index = nearest;
+  }
+  const c10::Device device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
+  c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->setDevice(device);
+  return device;
+}
+
+// The world whose groups carry CUDA tensors over NCCL and host tensors over MPI.
+std::unique_ptr<Communicator> cuda_world(Communicator& mpi_world, const c10::Device& device) {
+#if PARALLAX_WITH_NCCL
+  std::unique_ptr<Communicator> nccl;
+  run_everywhere(mpi_world, "creating the NCCL communicator",
+                 [&] { nccl = create_nccl_communicator(mpi_world, device.index(), "world"); });
+  auto host = mpi_world.split(0, mpi_world.rank(), "world");
+  auto routed = route_by_device(std::move(host), std::move(nccl));
+  routed->set_default_timeout(mpi_world.default_timeout());
+  return routed;
+#else
+  (void)device;
+  run_everywhere(mpi_world, "creating the NCCL communicator", [] {
+    throw ConfigError(
+        "train.device = \"cuda\": this build has no NCCL communicator (LibTorch without CUDA, or "
+        "PARALLAX_WITH_NCCL=OFF); build against a CUDA LibTorch (TORCH=wheel scripts/test.sh)");
+  });
+  return nullptr;
+#endif
+}
 
 // Step 2 of init: load on every rank, agree, then compare what was loaded.
 Config load_config_everywhere(World& world, const ConfigSources& sources, const InitOptions& options) {
@@ -167,8 +220,17 @@ void Runtime::start(const InitOptions& options) {
   // rank holds the same config and cluster, so every rank refuses a strategy the same
   // way, before anything is printed or built.
   s.plan = make_plan(s.config, cluster, emulated);
+  Communicator* mesh_world = &s.world->communicator();
+  if (s.config.train.device == TrainDevice::kCuda) {
+    run_everywhere(s.world->communicator(), "choosing this rank's GPU", [&] {
+      s.device = choose_cuda_device(s.plan.ranks(s.world->rank()).device(), s.world->local_rank(),
+                                    s.world->local_size(), s.config.position_of("train.device"));
+    });
+    s.device_world = cuda_world(s.world->communicator(), s.device);
+    mesh_world = s.device_world.get();
+  }
   const ParallelOptions& p = s.config.parallel;
-  s.mesh = std::make_unique<Mesh>(s.world->communicator(), std::move(cluster), MeshDegrees{p.tp, p.pp, p.dp}, p.order);
+  s.mesh = std::make_unique<Mesh>(*mesh_world, std::move(cluster), MeshDegrees{p.tp, p.pp, p.dp}, p.order);
   // Dropout on split activations draws per tensor-parallel rank (Megatron's seed offset).
   s.rng.add(tensor_parallel::kSplitStream,
             static_cast<std::uint64_t>(s.config.train.seed) + 2718 + static_cast<std::uint64_t>(s.mesh->coord().tp));
@@ -208,6 +270,9 @@ Runtime::~Runtime() = default;
 
 const Config& Runtime::config() const {
   return state_->config;
+}
+c10::Device Runtime::device() const {
+  return state_->device;
 }
 World& Runtime::world() {
   return *state_->world;

@@ -27,6 +27,8 @@
 #include <string>
 #include <vector>
 
+#include <c10/core/Device.h>
+
 #include "parallax/core/config.h"
 #include "parallax/core/logging.h"
 #include "parallax/core/trace.h"
@@ -83,6 +85,9 @@ class Runtime {
   const Config& config() const;
   World& world();
   Mesh& mesh();
+  /// Where the engines train (train.device): the CPU, or this rank's GPU (current
+  /// device from start on).
+  c10::Device device() const;
   const Cluster& cluster() const;
   const Logger& logger() const;
   Tracer& tracer();

@@ -159,6 +159,17 @@ StepApplier::StepApplier(Runtime& runtime,
     if (seen.insert(p.unsafeGetTensorImpl()).second) unique.push_back(p);
   }
   PARALLAX_CHECK(!unique.empty(), UsageError, "the model has no parameters to train");
+  device_ = runtime.device();
+  if (device_.is_cuda()) {
+    // Every later step (the tensor-parallel split, the broadcasts, ZeRO's flat buffers)
+    // then works on the GPU; Module::to keeps each parameter's identity.
+    for (const auto& p : unique) {
+      PARALLAX_CHECK(!zero::is_deferred(p), ConfigError,
+                     "train.device = \"cuda\": a model built under DeferredConstruction cannot be moved to the GPU "
+                     "in this build; build it eagerly, or train on the CPU");
+    }
+    model_->to(device_);
+  }
   if (plan.degrees().tp() > 1) {
     // A plan slices the dense model each rank holds: make them the same one first.
     Communicator& tp = runtime.mesh().tp();
@@ -265,8 +276,9 @@ torch::Tensor StepApplier::prepare_input(const torch::Tensor& input) {
     input_checked_ = true;
     check_same_input(runtime_->mesh().tp(), input);
   }
-  if (input.is_floating_point() && input.scalar_type() != dtype_) return input.to(dtype_);
-  return input;
+  torch::Tensor placed = input.device() == device_ ? input : input.to(device_);
+  if (placed.is_floating_point() && placed.scalar_type() != dtype_) return placed.to(dtype_);
+  return placed;
 }
 
 void StepApplier::apply_step(double local_loss) {
@@ -293,7 +305,9 @@ std::size_t StepApplier::parameter_index(const torch::Tensor& param) const {
   throw UsageError("parameter_index: the tensor is not a trained parameter of this engine");
 }
 
-torch::Tensor StepApplier::cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets) const {
+torch::Tensor StepApplier::cross_entropy(const torch::Tensor& logits, const torch::Tensor& raw_targets) const {
+  // Targets come from the trainer's data, on the host: they go where the logits are.
+  const torch::Tensor targets = raw_targets.device() == logits.device() ? raw_targets : raw_targets.to(logits.device());
   const std::int64_t vocabulary = split_ ? split_->split_output_vocabulary() : 0;
   if (vocabulary > 0) {
     return tensor_parallel::vocab_parallel_cross_entropy(logits, targets, vocabulary, runtime_->mesh().tp());

@@ -125,6 +125,7 @@ class StepApplier {
   std::shared_ptr<torch::nn::Module> model_;
   OptimizerSpec spec_;
   torch::ScalarType dtype_ = torch::kFloat32;
+  torch::Device device_{torch::kCPU};                          ///< the runtime's: the model and every input go there
   std::vector<torch::Tensor> params_;                          ///< the model's trainable ones (compute dtype)
   std::unique_ptr<tensor_parallel::ParallelizedModel> split_;  ///< parallel.tp > 1
   std::unique_ptr<GradientReduction> reduction_;

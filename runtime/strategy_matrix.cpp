@@ -66,10 +66,22 @@ std::vector<Refusal> strategy_refusals(const Config& c) {
                         "the automatic planner is not available in this build yet",
                         "parallel.mode = \"manual\" with parallel.tp, pp and dp set"});
   }
-  if (c.comm.backend == CommBackend::kNccl) {
-    refusals.push_back({{key(c, "comm.backend", quoted("nccl"))},
-                        "this engine trains on CPU tensors, which NCCL cannot carry",
-                        "comm.backend = \"auto\" or \"mpi\""});
+  const bool cuda = c.train.device == TrainDevice::kCuda;
+  if (c.comm.backend == CommBackend::kNccl && !cuda) {
+    refusals.push_back({{key(c, "comm.backend", quoted("nccl")), key(c, "train.device", quoted("cpu"))},
+                        "the engine trains on CPU tensors, which NCCL cannot carry",
+                        "comm.backend = \"auto\" or \"mpi\", or train.device = \"cuda\""});
+  }
+  if (cuda && c.comm.backend == CommBackend::kMpi) {
+    refusals.push_back({{key(c, "train.device", quoted("cuda")), key(c, "comm.backend", quoted("mpi"))},
+                        "the MPI backend carries host memory only (CUDA-aware MPI is not assumed)",
+                        "comm.backend = \"auto\" (NCCL for CUDA tensors, MPI for host ones)"});
+  }
+  if (cuda && c.parallel.pp > 1) {
+    refusals.push_back({{key(c, "train.device", quoted("cuda")), key(c, "parallel.pp", std::to_string(c.parallel.pp))},
+                        "pipeline stages on GPUs are not in this build yet (activations between stages over NCCL "
+                        "send/recv)",
+                        "train.device = \"cpu\", or parallel.pp = 1"});
   }
   if (c.parallel.tp > 1 && c.tensor_parallel.sequence_parallel && c.tensor_parallel.plan.empty()) {
     refusals.push_back({{key(c, "tensor_parallel.sequence_parallel", "true"), key(c, "parallel.tp", tp)},

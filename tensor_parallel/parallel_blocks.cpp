@@ -118,7 +118,7 @@ torch::Tensor ParallelCausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   const torch::Tensor k = heads(kv[0]).repeat_interleave(group, 1);
   const torch::Tensor v = heads(kv[1]).repeat_interleave(group, 1);
   const torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim_));
-  const torch::Tensor future = torch::ones({seq, seq}, torch::TensorOptions().dtype(torch::kBool)).triu(1);
+  const torch::Tensor future = torch::ones({seq, seq}, scores.options().dtype(torch::kBool)).triu(1);
   torch::Tensor attention = torch::softmax(scores.masked_fill(future, -std::numeric_limits<double>::infinity()), -1);
   if (dropout_ > 0.0 && is_training()) {
     auto split = rng_->fork(kSplitStream);  // these are this rank's heads only

@@ -473,7 +473,9 @@ StepOutcome ShardedModel::step(double gradient_scale, double clip_norm, bool ski
     if (gradient_scale != 1.0) group->gradient_shard().mul_(gradient_scale);
   }
   if (clip_norm > 0 || skip_non_finite) {
-    torch::Tensor sum_of_squares = torch::zeros({1}, torch::kFloat64);
+    // On the gradients' device: the reduction then stays there (NCCL for CUDA shards).
+    torch::Tensor sum_of_squares =
+        torch::zeros({1}, s.groups.front()->gradient_shard().options().dtype(torch::kFloat64));
     for (const auto& group : s.groups) {
       sum_of_squares += group->gradient_shard().to(torch::kFloat64).pow(2).sum();
     }

@@ -61,7 +61,7 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
   auto heads = [&](const torch::Tensor& t) { return t.view({batch, seq, -1, head_dim}).transpose(1, 2); };
   auto q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
   auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim));
-  auto future = torch::ones({seq, seq}, torch::TensorOptions().dtype(torch::kBool)).triu(1);
+  auto future = torch::ones({seq, seq}, scores.options().dtype(torch::kBool)).triu(1);
   auto attention = torch::softmax(scores.masked_fill(future, -INFINITY), -1);
   auto y = torch::matmul(attention, v).transpose(1, 2).reshape({batch, seq, -1});
   auto h = x + attn_proj_->forward(y);
@@ -88,7 +88,7 @@ EmbeddingsImpl::EmbeddingsImpl(const GPTOptions& o) {
 }
 
 torch::Tensor EmbeddingsImpl::forward(const torch::Tensor& tokens) {
-  auto positions = torch::arange(tokens.size(1), torch::TensorOptions().dtype(torch::kLong));
+  auto positions = torch::arange(tokens.size(1), tokens.options().dtype(torch::kLong));
   return token_embedding->forward(tokens) + position_embedding->forward(positions).unsqueeze(0);
 }
 

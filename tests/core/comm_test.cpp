@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "parallax/core/communicator.h"
+#include "parallax/core/device_routed_communicator.h"
 #include "parallax/core/error.h"
 #include "parallax/core/mpi_communicator.h"
 
@@ -292,6 +293,41 @@ TEST_F(CommTest, CountersAreExact) {
   EXPECT_EQ(delta[CommOp::kAllReduce].calls, 1);
   EXPECT_EQ(delta[CommOp::kAllReduce].bytes, 4000);
   EXPECT_EQ(delta[CommOp::kBroadcast].calls, 0);
+}
+
+// A group over two backends sends each tensor to the backend of its device: host
+// tensors to the host communicator, with exact results; its splits route alike, and its
+// counters are both backends'. Here both halves are MPI groups (no CUDA tensor exists
+// on this machine), so the CUDA half must stay untouched. Mutant caught: routing by
+// anything but the tensor's device (every op would land on the CUDA half).
+TEST_F(CommTest, ARoutedGroupSendsHostTensorsToItsHostBackend) {
+  auto host_half = world_->split(0, rank(), "host half");
+  auto cuda_half = world_->split(0, rank(), "cuda half");
+  Communicator* host = host_half.get();
+  Communicator* cuda = cuda_half.get();
+  auto routed = route_by_device(std::move(host_half), std::move(cuda_half));
+  EXPECT_STREQ(routed->backend(), "mpi+mpi");
+  EXPECT_EQ(routed->name(), "host half");
+  at::Tensor values = pattern(10, 4).mul(rank() + 1);
+  routed->all_reduce(values)->wait();
+  EXPECT_TRUE(same_values(values, pattern(10, 4).mul(rank_sum())));
+  at::Tensor gathered = at::zeros({size() * 3}, at::kLong);
+  routed->all_gather(gathered, at::full({3}, rank(), at::kLong))->wait();
+  for (int r = 0; r < size(); ++r) EXPECT_EQ(gathered[r * 3].item<std::int64_t>(), r);
+  routed->barrier()->wait();
+  EXPECT_EQ(host->counters()[CommOp::kAllReduce].calls, 1);
+  EXPECT_EQ(host->counters()[CommOp::kAllGather].calls, 1);
+  EXPECT_EQ(cuda->counters()[CommOp::kAllReduce].calls + cuda->counters()[CommOp::kAllGather].calls +
+                cuda->counters()[CommOp::kBarrier].calls,
+            0);
+  EXPECT_EQ(routed->counters()[CommOp::kAllReduce].bytes, host->counters()[CommOp::kAllReduce].bytes);
+
+  auto pair = routed->split(rank() / 2, rank(), "pair");
+  EXPECT_STREQ(pair->backend(), "mpi+mpi");
+  at::Tensor one = at::ones({5});
+  pair->all_reduce(one)->wait();
+  EXPECT_EQ(one[0].item<float>(), static_cast<float>(std::min(2, size() - (rank() / 2) * 2)));
+  EXPECT_EQ(pair->counters()[CommOp::kAllReduce].calls, 1);
 }
 
 TEST_F(CommTest, BadArgumentsThrow) {

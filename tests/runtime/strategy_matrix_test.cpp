@@ -69,7 +69,20 @@ TEST(StrategyMatrix, EveryRefusalIsListed) {
   EXPECT_CONTAINS(error, "automatic planner is not available");
   EXPECT_CONTAINS(error, "comm.backend = \"nccl\" at ");
   EXPECT_CONTAINS(error, "NCCL cannot carry");
+  EXPECT_CONTAINS(error, "train.device = \"cpu\"");
   EXPECT_CONTAINS(error, "\n  - tensor_parallel.sequence_parallel = true at ");
+}
+
+// The lines continue the file's [train] table (see resolved()).
+TEST(StrategyMatrix, CudaTrainingTakesNcclForCudaTensorsAndNoPipelineYet) {
+  EXPECT_TRUE(parallax::strategy_refusals(resolved("device = \"cuda\"\n[parallel]\ntp = 2\n", 4)).empty());
+  EXPECT_TRUE(
+      parallax::strategy_refusals(resolved("device = \"cuda\"\n[comm]\nbackend = \"nccl\"\n[zero]\nstage = 3\n", 2))
+          .empty());
+  EXPECT_CONTAINS(refusal_of(resolved("device = \"cuda\"\n[comm]\nbackend = \"mpi\"\n", 2)),
+                  "carries host memory only");
+  EXPECT_CONTAINS(refusal_of(resolved("device = \"cuda\"\n[parallel]\npp = 2\n", 2)),
+                  "pipeline stages on GPUs are not in this build yet");
 }
 
 TEST(StrategyMatrix, SequenceParallelismNeedsAPlan) {
