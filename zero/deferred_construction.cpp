@@ -98,17 +98,9 @@ void forget(Record& record) {
   // `tag` goes out of scope here: its deleter deletes the record.
 }
 
-bool has_tensor(const c10::IValue& value) {
+bool holds_deferred(const c10::IValue& value) {
   bool found = false;
-  detail::for_each_tensor(value, [&found](const at::Tensor&) { found = true; });
-  return found;
-}
-
-std::vector<Record*> records_in(const c10::IValue& value) {
-  std::vector<Record*> found;
-  detail::for_each_tensor(value, [&found](const at::Tensor& tensor) {
-    if (Record* record = record_of(tensor)) found.push_back(record);
-  });
+  detail::for_each_tensor(value, [&found](const at::Tensor& tensor) { found = found || record_of(tensor) != nullptr; });
   return found;
 }
 
@@ -190,7 +182,7 @@ void record_write(Construction& c, const c10::OperatorHandle& op, const torch::j
               tensor.storage_offset(),
               at::detail::getDefaultCPUGenerator().get_state()};
   for (std::size_t i = stack.size() - count + 1; i < stack.size(); ++i) {
-    PARALLAX_CHECK(records_in(stack[i]).empty(), UsageError, "deferred construction: ", schema.name(),
+    PARALLAX_CHECK(!holds_deferred(stack[i]), UsageError, "deferred construction: ", schema.name(),
                    " writes into a deferred tensor from another deferred tensor; construct this model without "
                    "DeferredConstruction, or raise its min_elements above the tensors involved");
     write.arguments.push_back(stack[i]);
@@ -278,8 +270,10 @@ void before_operator(const c10::OperatorHandle& op, const torch::jit::Stack& sta
   const std::size_t count = op.schema().arguments().size();
   bool any_tensor = false;
   for (std::size_t i = stack.size() - count; i < stack.size(); ++i) {
-    any_tensor = any_tensor || has_tensor(stack[i]);
-    for (Record* record : records_in(stack[i])) ensure_live(*record);
+    detail::for_each_tensor(stack[i], [&any_tensor](const at::Tensor& tensor) {
+      any_tensor = true;
+      if (Record* record = record_of(tensor)) ensure_live(*record);
+    });
   }
   tls_pending_factory.reset();
   Construction* c = tls_construction;

@@ -13,9 +13,7 @@ void for_each_tensor(const c10::IValue& value, const Visit& visit) {
   if (value.isTensor()) {
     const at::Tensor& tensor = value.toTensor();
     if (tensor.defined()) visit(tensor);
-  } else if (value.isTensorList()) {
-    for (const at::Tensor& tensor : value.toTensorList()) for_each_tensor(c10::IValue(tensor), visit);
-  } else if (value.isList()) {
+  } else if (value.isList()) {  // tensor lists included: no copy of the list or its tensors
     for (const c10::IValue& element : value.toListRef()) for_each_tensor(element, visit);
   }
 }
