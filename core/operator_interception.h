@@ -33,6 +33,7 @@
 #include <c10/util/ThreadLocalDebugInfo.h>
 
 #include <memory>
+#include <vector>
 
 namespace parallax::interception {
 
@@ -60,6 +61,26 @@ void call_below(Layer layer, const c10::OperatorHandle& op, c10::DispatchKeySet 
 /// What a scope lends its layer's handler; each layer's owner derives its own.
 class ScopeState : public c10::DebugInfoBase {};
 
+/// The usual state: the registries of one scope and of every enclosing scope of the
+/// same layer (innermost last), so an inner engine's scope still sees the outer's.
+/// Each layer's owner picks its Registry type; a layer has one owner, so current()
+/// of that layer is always its StackedState.
+template <typename Registry>
+class StackedState final : public ScopeState {
+ public:
+  using Registries = std::vector<std::shared_ptr<Registry>>;
+
+  /// A state holding the enclosing scope's registries of `layer` plus `innermost`.
+  static std::shared_ptr<StackedState> pushed(Layer layer, std::shared_ptr<Registry> innermost);
+  /// The innermost open scope's state of `layer` on this thread, or null.
+  static const StackedState* open(Layer layer);
+
+  const Registries& registries() const { return registries_; }
+
+ private:
+  Registries registries_;
+};
+
 /// While alive: operators on this thread, and the work LibTorch carries this thread's
 /// state to, pass `layer`'s handler, and current(layer) is `state`. Nests (the inner
 /// state is current until it ends); ends on the thread that opened it, in LIFO order.
@@ -80,6 +101,20 @@ class Scope {
 /// The state of the innermost Scope of `layer` whose thread-local state this thread
 /// carries, or null.
 ScopeState* current(Layer layer);
+
+template <typename Registry>
+std::shared_ptr<StackedState<Registry>> StackedState<Registry>::pushed(Layer layer,
+                                                                       std::shared_ptr<Registry> innermost) {
+  auto state = std::make_shared<StackedState>();
+  if (const StackedState* enclosing = open(layer)) state->registries_ = enclosing->registries_;
+  state->registries_.push_back(std::move(innermost));
+  return state;
+}
+
+template <typename Registry>
+const StackedState<Registry>* StackedState<Registry>::open(Layer layer) {
+  return static_cast<const StackedState*>(current(layer));
+}
 
 /// While alive, `layer`'s handler is skipped on this thread (a handler's own operators
 /// run normally).

@@ -91,13 +91,7 @@ class PlannedWeights {
 };
 
 // What a Scope lends the handler: its model's weights and its enclosing scopes'.
-struct RewriteState final : interception::ScopeState {
-  std::vector<std::shared_ptr<const PlannedWeights>> weights;
-};
-
-const RewriteState* open_scope() {
-  return static_cast<const RewriteState*>(interception::current(kLayer));
-}
+using RewriteState = interception::StackedState<const PlannedWeights>;
 
 torch::Tensor entering_region(const PlannedLayer& layer, const torch::Tensor& input) {
   return layer.sequence_parallel ? gather_from_sequence_region(input, *layer.tp, layer.sequence_dim)
@@ -216,10 +210,10 @@ torch::Tensor run_parallel(const Use& use, const PlannedLayer& layer, const torc
 void rewrite(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
   const Use use = use_of(op.operator_name());
   const PlannedLayer* layer = nullptr;
-  const RewriteState* scope = open_scope();
+  const RewriteState* scope = RewriteState::open(kLayer);
   if (use.kind != WeightUse::kNone && scope != nullptr) {
     const c10::IValue& weight = (*stack)[stack->size() - use.arguments + use.weight];
-    for (const auto& weights : scope->weights) {
+    for (const auto& weights : scope->registries()) {
       if ((layer = weights->find(weight)) != nullptr) break;
     }
   }
@@ -535,10 +529,7 @@ ParallelizedModel::Scope ParallelizedModel::scope() const {
   if (state_->layers.empty()) return Scope();
   // A cast (model->to(bf16)) or ZeRO's flat buffers move the weights: key them afresh.
   for (const auto& layer : state_->layers) state_->weights->key(layer.get());
-  auto state = std::make_shared<RewriteState>();
-  if (const RewriteState* enclosing = open_scope()) state->weights = enclosing->weights;
-  state->weights.push_back(state_->weights);
-  return Scope(std::make_unique<Scope::Open>(std::move(state)));
+  return Scope(std::make_unique<Scope::Open>(RewriteState::pushed(kLayer, state_->weights)));
 }
 
 std::int64_t ParallelizedModel::copies(const torch::Tensor& parameter) const {

@@ -14,13 +14,7 @@ namespace {
 constexpr interception::Layer kLayer = interception::Layer::kParameters;
 
 // What a ParameterUseScope lends the fallback: its registry and its enclosing scopes'.
-struct UseScopeState final : interception::ScopeState {
-  std::vector<std::shared_ptr<ParameterRegistry>> registries;
-};
-
-const UseScopeState* open_scope() {
-  return static_cast<const UseScopeState*>(interception::current(kLayer));
-}
+using UseScopeState = interception::StackedState<ParameterRegistry>;
 
 // Operators the caller called directly are at depth 0; those they call internally are
 // deeper. Deferred construction acts on depth 0 only (see deferred_construction.h).
@@ -40,7 +34,7 @@ void report_use(const c10::IValue& value, const UseScopeState* scope) {
     if (!tensor.has_storage()) return;
     const c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
     if (scope != nullptr) {
-      for (const auto& registry : scope->registries) {
+      for (const auto& registry : scope->registries()) {
         if (report_use_in(*registry, storage, true)) return;
       }
       return;
@@ -63,7 +57,7 @@ bool still_watching() {
 void intercept(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
   const std::size_t arguments = op.schema().arguments().size();
   const bool top = tls_depth == 0;
-  const UseScopeState* scope = open_scope();
+  const UseScopeState* scope = UseScopeState::open(kLayer);
   const bool in_step = scope != nullptr || detail::constructing();
   if (!in_step && !still_watching()) {
     // Every watched model is gone (perhaps destroyed on another thread): the watch ends
@@ -140,10 +134,7 @@ ParameterUseScope::ParameterUseScope() = default;
 
 ParameterUseScope::ParameterUseScope(std::shared_ptr<ParameterRegistry> registry) {
   if (!registry) return;
-  auto state = std::make_shared<UseScopeState>();
-  if (const UseScopeState* enclosing = open_scope()) state->registries = enclosing->registries;
-  state->registries.push_back(std::move(registry));
-  open_ = std::make_unique<Open>(std::move(state));
+  open_ = std::make_unique<Open>(UseScopeState::pushed(kLayer, std::move(registry)));
 }
 
 ParameterUseScope::ParameterUseScope(ParameterUseScope&&) noexcept = default;
