@@ -58,6 +58,27 @@ inline torch::Tensor loss_of(const torch::Tensor& out) {
   return out.to(torch::kFloat32).pow(2).mean();
 }
 
+// An Awkward model with the weights every test starts from, and its engine on `rt`.
+struct SeededEngine {
+  explicit SeededEngine(Runtime& rt)
+      : model((torch::manual_seed(5), std::make_shared<Awkward>())),
+        engine(rt.engine(model, OptimizerSpec::from(rt.config()))) {}
+  std::shared_ptr<Awkward> model;
+  ModuleEngine<Awkward> engine;
+};
+
+// This rank's micro-batch of step `step`'s global batch (grad_accum 1).
+inline torch::Tensor local_batch(Runtime& rt, std::int64_t step) {
+  const std::int64_t micro = rt.config().train.micro_batch_size;
+  return batch(step).narrow(0, rt.mesh().coord().dp * micro, micro);
+}
+
+// One forward, backward and step on this rank's part of step `step`'s batch.
+inline bool train_step(Runtime& rt, ModuleEngine<Awkward>& engine, std::int64_t step) {
+  engine.backward(loss_of(engine.forward(local_batch(rt, step))));
+  return engine.step();
+}
+
 // The trainable parameters once each, in registration order (as the engine sees them).
 inline std::vector<torch::Tensor> unique_parameters(torch::nn::Module& module) {
   std::vector<torch::Tensor> out;

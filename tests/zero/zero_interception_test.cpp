@@ -27,13 +27,10 @@ using namespace zero_test;
 // under which the read gathers the unit as a collective and returns no error.
 TEST(ZeroStage3, ReadingAReleasedParameterBetweenStepsIsAClearError) {
   Runtime rt(awkward_config(3, 1), kQuiet);
-  torch::manual_seed(5);
-  auto model = std::make_shared<Awkward>();
-  auto engine = rt.engine(model, OptimizerSpec::from(rt.config()));
-  const std::int64_t micro = rt.config().train.micro_batch_size;
-  engine.backward(loss_of(engine.forward(batch(0).narrow(0, rt.mesh().coord().dp * micro, micro))));
-  ASSERT_TRUE(engine.step());
-  const auto params = unique_parameters(*model);
+  SeededEngine seeded(rt);
+  auto& engine = seeded.engine;
+  ASSERT_TRUE(train_step(rt, engine, 0));
+  const auto params = unique_parameters(*seeded.model);
   std::string what;
   try {
     (void)params.front().sum();
@@ -45,8 +42,7 @@ TEST(ZeroStage3, ReadingAReleasedParameterBetweenStepsIsAClearError) {
   EXPECT_NE(what.find("'"), std::string::npos) << "names the parameter: " << what;
   // The explicit way still reads every weight, and training goes on.
   EXPECT_EQ(engine.master_parameters().size(), params.size());
-  engine.backward(loss_of(engine.forward(batch(1).narrow(0, rt.mesh().coord().dp * micro, micro))));
-  EXPECT_TRUE(engine.step());
+  EXPECT_TRUE(train_step(rt, engine, 1));
 }
 
 // The engine may end on another thread than the one that built it: neither thread's
@@ -59,31 +55,21 @@ TEST(ZeroStage3, ReadingAReleasedParameterBetweenStepsIsAClearError) {
 TEST(ZeroStage3, TheEngineCanBeDestroyedOnAnotherThread) {
   constexpr auto kKey = c10::DispatchKey::TESTING_ONLY_GenericMode;
   Runtime rt(awkward_config(3, 1), kQuiet);
-  const std::int64_t micro = rt.config().train.micro_batch_size;
-  auto train_one_step = [&](auto& engine) {
-    engine.backward(loss_of(engine.forward(batch(0).narrow(0, rt.mesh().coord().dp * micro, micro))));
-    return engine.step();
-  };
-  torch::manual_seed(5);
-  auto model = std::make_shared<Awkward>();
-  auto engine = std::make_unique<decltype(rt.engine(model, OptimizerSpec::from(rt.config())))>(
-      rt.engine(model, OptimizerSpec::from(rt.config())));
-  ASSERT_TRUE(train_one_step(*engine));
+  auto seeded = std::make_unique<SeededEngine>(rt);
+  ASSERT_TRUE(train_step(rt, seeded->engine, 0));
   bool other_before = true;
   bool other_after = true;
   std::thread([&] {
     other_before = c10::impl::tls_is_dispatch_key_included(kKey);
-    engine.reset();
+    seeded.reset();
     other_after = c10::impl::tls_is_dispatch_key_included(kKey);
   }).join();
   EXPECT_FALSE(other_before);
   EXPECT_FALSE(other_after);
   (void)torch::ones({2}).sum();  // the building thread's next operator ends its watch
   EXPECT_FALSE(c10::impl::tls_is_dispatch_key_included(kKey));
-  torch::manual_seed(5);
-  auto second = std::make_shared<Awkward>();
-  auto again = rt.engine(second, OptimizerSpec::from(rt.config()));
-  EXPECT_TRUE(train_one_step(again));
+  SeededEngine again(rt);
+  EXPECT_TRUE(train_step(rt, again.engine, 0));
 }
 
 // A step's operators may run on threads its own thread starts (at::launch here; on a
@@ -93,11 +79,10 @@ TEST(ZeroStage3, TheEngineCanBeDestroyedOnAnotherThread) {
 // reads the parameters as if between steps and gets that UsageError).
 TEST(ZeroStage3, AForwardOnWorkLaunchedFromTheStepGathersAsOnTheStepsThread) {
   Runtime rt(awkward_config(3, 1), kQuiet);
-  torch::manual_seed(5);
-  auto model = std::make_shared<Awkward>();
-  auto engine = rt.engine(model, OptimizerSpec::from(rt.config()));
-  const std::int64_t micro = rt.config().train.micro_batch_size;
-  const torch::Tensor x = batch(0).narrow(0, rt.mesh().coord().dp * micro, micro);
+  SeededEngine seeded(rt);
+  auto& model = seeded.model;  // captured below: not a structured binding (C++17)
+  auto& engine = seeded.engine;
+  const torch::Tensor x = local_batch(rt, 0);
   // The same weights, whole, in a plain copy of the model.
   auto whole = std::make_shared<Awkward>();
   {
