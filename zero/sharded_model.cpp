@@ -1,10 +1,7 @@
 #include "parallax/zero/sharded_model.h"
 
 #include <cmath>
-#include <limits>
 #include <mutex>
-#include <unordered_map>
-#include <unordered_set>
 
 #include <unistd.h>
 
@@ -13,26 +10,10 @@
 #include "parallax/zero/flat_group.h"
 #include "parallax/zero/gather_schedule.h"
 #include "parallax/zero/gradient_hooks.h"
+#include "parallax/zero/group_plan.h"
 
 namespace parallax::zero {
 namespace {
-
-// "BlockImpl" is matched by "Block" and "BlockImpl"; "torch::nn::LinearImpl" also by
-// "Linear", "LinearImpl" and "torch::nn::Linear".
-bool type_matches(const std::string& type, const std::string& wanted) {
-  for (const std::string& candidate : {wanted, wanted + "Impl"}) {
-    if (type == candidate) return true;
-    if (type.size() > candidate.size() + 2 &&
-        type.compare(type.size() - candidate.size(), candidate.size(), candidate) == 0 &&
-        type.compare(type.size() - candidate.size() - 2, 2, "::") == 0) {
-      return true;
-    }
-  }
-  return false;
-}
-
-// One collective carries at most INT_MAX elements (MPI counts in an int).
-constexpr std::int64_t kMaxGroupElements = std::numeric_limits<int>::max();
 
 offload::OffloadedAdamOptions offloaded_adam_options(const OffloadOptions& offload,
                                                      const OptimizerOptions& optimizer,
@@ -170,74 +151,7 @@ ShardedModel::ShardedModel(torch::nn::Module& model,
     PARALLAX_CHECK(p.numel() <= kMaxGroupElements, UsageError, "parameter ", i, " has ", p.numel(),
                    " elements; one collective carries at most ", kMaxGroupElements);
   }
-  std::unordered_map<const void*, std::size_t> index_of;
-  for (std::size_t i = 0; i < s.params.size(); ++i) index_of[s.params[i].unsafeGetTensorImpl()] = i;
-
-  // Parameters (indices into s.params) for each group to build, in reduction order.
-  std::vector<std::vector<std::size_t>> sharded_sets;
-  std::vector<std::size_t> replicated;
-  if (options_.stage == 3) {
-    // Units: modules in reverse pre-order (children before their parents, later
-    // blocks first, close to the order backward finishes them); each claims its
-    // parameters not yet claimed. The root unit takes what is left.
-    std::unordered_set<std::size_t> claimed;
-    for (std::size_t i = 0; i < s.params.size(); ++i) {
-      if (s.params[i].numel() <= options_.persistence_threshold) {
-        replicated.push_back(i);
-        claimed.insert(i);
-      }
-    }
-    auto modules = model.modules(/*include_self=*/false);
-    std::vector<bool> wrap_used(options_.wrap.size(), false);
-    for (auto it = modules.rbegin(); it != modules.rend(); ++it) {
-      std::vector<std::size_t> unclaimed;
-      for (const auto& p : (*it)->parameters()) {
-        const auto found = index_of.find(p.unsafeGetTensorImpl());
-        if (found != index_of.end() && !claimed.count(found->second)) unclaimed.push_back(found->second);
-      }
-      if (unclaimed.empty()) continue;
-      bool wrap = false;
-      for (std::size_t w = 0; w < options_.wrap.size(); ++w) {
-        if (type_matches((*it)->name(), options_.wrap[w])) wrap = wrap_used[w] = true;
-      }
-      std::int64_t count = 0;
-      for (std::size_t i : unclaimed) count += s.params[i].numel();
-      if (options_.wrap_min_params > 0 && count >= options_.wrap_min_params) wrap = true;
-      if (!wrap) continue;
-      std::unordered_set<std::size_t> seen;
-      std::vector<std::size_t> unit;
-      for (std::size_t i : unclaimed) {
-        if (seen.insert(i).second) unit.push_back(i);
-      }
-      for (std::size_t i : unit) claimed.insert(i);
-      sharded_sets.push_back(std::move(unit));
-    }
-    for (std::size_t w = 0; w < options_.wrap.size(); ++w) {
-      PARALLAX_CHECK(wrap_used[w], ConfigError, "zero.wrap: no module of type \"", options_.wrap[w],
-                     "\" holds trainable parameters (the root module is ", model.name(),
-                     "); name a type from the model, e.g. the one of its repeated blocks");
-    }
-    std::vector<std::size_t> root;
-    for (std::size_t i = 0; i < s.params.size(); ++i) {
-      if (!claimed.count(i)) root.push_back(i);
-    }
-    if (!root.empty()) sharded_sets.push_back(std::move(root));
-  } else {
-    for (std::size_t i = s.params.size(); i-- > 0;) replicated.push_back(i);
-  }
-
-  // Replicated parameters in buckets of bucket_bytes (of fp32 gradient).
-  std::vector<std::vector<std::size_t>> replicated_sets;
-  {
-    std::vector<std::int64_t> bytes;
-    for (std::size_t i : replicated) bytes.push_back(s.params[i].numel() * 4);
-    const std::int64_t cap = std::min(options_.bucket_bytes(), kMaxGroupElements * 4);
-    for (const auto& members : group_by_bytes(bytes, cap)) {
-      std::vector<std::size_t> set;
-      for (std::size_t m : members) set.push_back(replicated[m]);
-      replicated_sets.push_back(std::move(set));
-    }
-  }
+  const GroupPlan plan = plan_groups(model, s.params, options_);
 
   s.group_of_param.assign(s.params.size(), 0);
   s.index_in_group.assign(s.params.size(), 0);
@@ -253,11 +167,11 @@ ShardedModel::ShardedModel(torch::nn::Module& model,
     s.groups.push_back(std::make_unique<FlatGroup>(std::move(tensors), rank, ranks, residency,
                                                    /*keep_full_gradients=*/options_.stage == 1));
   };
-  for (const auto& set : sharded_sets) {
+  for (const auto& set : plan.units) {
     s.unit_groups.push_back(s.groups.size());
     add_group(set, Residency::kSharded);
   }
-  for (const auto& set : replicated_sets) add_group(set, Residency::kReplicated);
+  for (const auto& set : plan.replicated) add_group(set, Residency::kReplicated);
   s.unit_of_group.assign(s.groups.size(), -1);
   for (std::size_t u = 0; u < s.unit_groups.size(); ++u)
     s.unit_of_group[s.unit_groups[u]] = static_cast<std::ptrdiff_t>(u);
@@ -316,15 +230,7 @@ ShardedModel::ShardedModel(torch::nn::Module& model,
   if (!s.unit_groups.empty()) {
     // A parameter read between steps on the constructing thread (a print, a direct
     // model->forward) is refused clearly instead of reading released memory.
-    std::unordered_map<const void*, std::string> names;
-    for (const auto& item : model.named_parameters()) names.emplace(item.value().unsafeGetTensorImpl(), item.key());
-    for (std::size_t g : s.unit_groups) {
-      const std::vector<torch::Tensor>& members = s.groups[g]->params();
-      const auto found = names.find(members.front().unsafeGetTensorImpl());
-      std::string name = found == names.end() ? "a parameter" : "'" + found->second + "'";
-      if (members.size() > 1) name += " and " + std::to_string(members.size() - 1) + " more";
-      s.unit_names.push_back(std::move(name));
-    }
+    s.unit_names = plan.unit_names;
     watch_parameter_use_on_this_thread(s.registry);
   }
 }
