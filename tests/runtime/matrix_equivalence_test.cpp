@@ -104,8 +104,9 @@ INSTANTIATE_TEST_SUITE_P(
 // and masters rounded to bf16 after each step would miss by 1.6e-2. Tensor parallelism
 // sums its split matrix products in bf16 and in another order than the dense model, so
 // the tp cells differ at bf16's own resolution (measured worst: loss 1.41e-4 relative,
-// masters 2.03e-2): their bounds (10x the loss, 2.5x the masters) catch a broken split,
-// not a missing master.
+// masters 2.03e-2): their bounds (10x the loss, 2.5x the masters) catch a broken split.
+// A missing master is caught in every bf16 cell by the masters' own bits: nearly all
+// their elements must lie between bf16 values (expect_pipeline_matches_reference).
 INSTANTIATE_TEST_SUITE_P(
     Bf16,
     MatrixEquivalence,
