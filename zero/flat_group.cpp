@@ -43,11 +43,12 @@ FlatGroup::FlatGroup(
     release();
   }
   master_ = shard_.scalar_type() == torch::kFloat32 ? shard_.detach() : shard_.to(torch::kFloat32);
+  gradient_options_ = options.dtype(torch::kFloat32);
   if (keep_full_gradients_) {
-    grad_full_ = torch::zeros({layout_.padded_numel()}, options.dtype(torch::kFloat32));
+    grad_full_ = torch::zeros({layout_.padded_numel()}, gradient_options_);
     grad_shard_ = grad_full_.narrow(0, rank_ * shard, shard);
   } else {
-    grad_shard_ = torch::zeros({shard}, options.dtype(torch::kFloat32));
+    grad_shard_ = torch::zeros({shard}, gradient_options_);
   }
   master_.mutable_grad() = grad_shard_;
 }
@@ -69,6 +70,7 @@ void FlatGroup::allocate_full() {
 WorkPtr FlatGroup::gather(Communicator& comm) {
   PARALLAX_ASSERT(residency_ == Residency::kSharded && !full_live_, "gather of a group that is not released");
   allocate_full();
+  pending_update_.order_current_stream();
   if (!fetch_) return comm.all_gather(full_, shard_);
   const std::int64_t shard = layout_.shard_numel();
   torch::Tensor own = full_.narrow(0, rank_ * shard, shard);
@@ -79,12 +81,25 @@ WorkPtr FlatGroup::gather(Communicator& comm) {
   return comm.all_gather(full_, own);  // in place: this rank's part is already there
 }
 
-void FlatGroup::use_host_gradient(torch::Tensor gradient) {
-  PARALLAX_ASSERT(gradient.numel() == layout_.shard_numel() && gradient.scalar_type() == torch::kFloat32,
-                  "a host gradient shard must hold the shard's elements in fp32");
+void FlatGroup::use_host_gradient(torch::Tensor gradient, offload::SideStreamCopies& copies) {
+  PARALLAX_ASSERT(
+      gradient.numel() == layout_.shard_numel() && gradient.scalar_type() == torch::kFloat32 && gradient.is_cpu(),
+      "a host gradient shard must hold the shard's elements in fp32 on the host");
   master_ = torch::Tensor();
   grad_shard_ = std::move(gradient);
   host_gradient_ = true;
+  copies_ = &copies;
+}
+
+void FlatGroup::finish_host_gradient() {
+  if (!host_gradient_) return;
+  to_host_.wait();
+  to_host_ = offload::HostCopy();
+  if (staged_.defined()) {
+    torch::NoGradGuard no_grad;
+    grad_shard_.add_(staged_);
+    staged_ = torch::Tensor();
+  }
 }
 
 void FlatGroup::fetch_shard_from(std::function<void(const torch::Tensor& slot)> fetch) {
@@ -104,22 +119,33 @@ void FlatGroup::release() {
 
 bool FlatGroup::add_gradient(std::size_t i, const torch::Tensor& grad) {
   torch::NoGradGuard no_grad;
-  if (!grad_full_.defined()) grad_full_ = torch::zeros({layout_.padded_numel()}, grad_shard_.options());
+  if (!grad_full_.defined()) grad_full_ = torch::zeros({layout_.padded_numel()}, gradient_options_);
   grad_full_.narrow(0, layout_.offset(i), layout_.numel(i)).add_(grad.reshape({-1}));
   return ++reported_ == params_.size();
 }
 
 WorkPtr FlatGroup::reduce(Communicator& comm) {
-  if (!grad_full_.defined()) grad_full_ = torch::zeros({layout_.padded_numel()}, grad_shard_.options());
-  received_ = torch::empty({layout_.shard_numel()}, grad_shard_.options());
+  if (!grad_full_.defined()) grad_full_ = torch::zeros({layout_.padded_numel()}, gradient_options_);
+  received_ = torch::empty({layout_.shard_numel()}, gradient_options_);
   return comm.reduce_scatter(received_, grad_full_);
 }
 
 void FlatGroup::complete_reduction() {
   torch::NoGradGuard no_grad;
-  // An offloaded optimizer's host shard: bring the reduced shard over first.
-  if (received_.device() != grad_shard_.device()) received_ = received_.to(grad_shard_.device());
-  if (keep_full_gradients_) {
+  if (host_gradient_ && !received_.is_cpu()) {
+    // From the device to the offloaded optimizer's host shard, on the side stream: the
+    // copy (or, once the shard holds an earlier micro-step's gradient, a staging copy
+    // added by finish_host_gradient) overlaps the rest of backward.
+    if (keep_full_gradients_ || !host_shard_written_) {
+      to_host_ = copies_->copy(grad_shard_, received_);
+    } else {
+      PARALLAX_ASSERT(!staged_.defined(), "a group reduced twice before finish_host_gradient");
+      staged_ = copies_->host_buffer(layout_.shard_numel(), torch::kFloat32);
+      to_host_ = copies_->copy(staged_, received_);
+    }
+    host_shard_written_ = true;
+    if (!keep_full_gradients_) grad_full_ = torch::Tensor();
+  } else if (keep_full_gradients_) {
     grad_shard_.copy_(received_);  // the rest of the full buffer is zeroed with the step
   } else {
     grad_shard_.add_(received_);
@@ -136,6 +162,7 @@ void FlatGroup::zero_gradients() {
     grad_shard_.zero_();
   }
   reported_ = 0;
+  host_shard_written_ = false;
 }
 
 void FlatGroup::write_back_master() {
@@ -146,6 +173,7 @@ void FlatGroup::write_back_master() {
 
 WorkPtr FlatGroup::gather_updated(Communicator& comm) {
   PARALLAX_ASSERT(residency_ == Residency::kReplicated, "only a replicated group gathers after an update");
+  pending_update_.order_current_stream();
   return comm.all_gather(full_, shard_);
 }
 

@@ -13,11 +13,14 @@
 //     any view autograd saved of them see the data again after a new gather.
 // The fp32 master shard is the shard itself when parameters are fp32, else a copy.
 // Gradients: each backward's gradient of a parameter is added (in fp32) into a full
-// gradient buffer; reduce_scatter leaves this rank's reduced shard in the gradient
-// shard (the master's .grad). With an offloaded optimizer (use_host_gradient) the
-// master and the gradient shard are the optimizer's host buffers instead, and with
-// parameter offload (fetch_shard_from) a sharded group keeps no shard at all: each
-// gather fills this rank's part of the full buffer from the host first.
+// gradient buffer on the parameters' device; reduce_scatter leaves this rank's reduced
+// shard in the gradient shard (the master's .grad). With an offloaded optimizer
+// (use_host_gradient) the master and the gradient shard are the optimizer's host
+// buffers instead: from a device, the reduced shard goes there on the side stream while
+// backward goes on (finish_host_gradient waits for it), and the updated shard comes back
+// the same way (set_pending_update). With parameter offload (fetch_shard_from) a sharded
+// group keeps no shard at all: each gather fills this rank's part of the full buffer
+// from the host first.
 // With `keep_full_gradients` (stage 1) the full buffer
 // lives across micro-steps and the shard is its view; otherwise (stages 2–3) the full
 // buffer exists only from a micro-step's first gradient to its reduce-scatter.
@@ -30,6 +33,7 @@
 #include <vector>
 
 #include "parallax/core/communicator.h"
+#include "parallax/offload/side_stream.h"
 #include "parallax/zero/shard_layout.h"
 
 namespace c10 {
@@ -80,8 +84,16 @@ class FlatGroup {
 
   // ---- offloading ----
   /// The optimizer is offloaded: the reduced gradient shard goes into `gradient`
-  /// (host fp32, shard_numel elements) and the group keeps no master of its own.
-  void use_host_gradient(torch::Tensor gradient);
+  /// (host fp32, shard_numel elements; pinned for the copy from a device to overlap)
+  /// through `copies`, which outlives the group, and the group keeps no master of its own.
+  void use_host_gradient(torch::Tensor gradient, offload::SideStreamCopies& copies);
+  /// Offloaded: blocks until the reduced shards copied from the device are in the host
+  /// gradient shard (added to what earlier micro-steps left there). Before the host
+  /// reads it; at once on a CPU device.
+  void finish_host_gradient();
+  /// Offloaded: the updated compute-dtype shard is being copied in by `update`; the next
+  /// collective that reads the shard is ordered after it.
+  void set_pending_update(offload::HostCopy update) { pending_update_ = std::move(update); }
   /// Parameter offload (sharded groups, released): frees the compute-dtype shard; every
   /// gather() first calls `fetch(slot)` to fill this rank's part of the full buffer.
   void fetch_shard_from(std::function<void(const torch::Tensor& slot)> fetch);
@@ -118,13 +130,19 @@ class FlatGroup {
   bool keep_full_gradients_;
   torch::Tensor full_;  ///< [padded], compute dtype; storage freed while released
   bool full_live_ = true;
-  torch::Tensor shard_;       ///< [S], compute dtype
-  torch::Tensor master_;      ///< [S], fp32 (aliases shard_ when compute is fp32)
-  torch::Tensor grad_full_;   ///< [padded], fp32; see the class comment for its life
-  torch::Tensor grad_shard_;  ///< [S], fp32
-  torch::Tensor received_;    ///< reduce-scatter output in flight
+  torch::Tensor shard_;                    ///< [S], compute dtype
+  torch::Tensor master_;                   ///< [S], fp32 (aliases shard_ when compute is fp32)
+  torch::Tensor grad_full_;                ///< [padded], fp32; see the class comment for its life
+  torch::Tensor grad_shard_;               ///< [S], fp32
+  torch::Tensor received_;                 ///< reduce-scatter output in flight
+  torch::TensorOptions gradient_options_;  ///< fp32 on the parameters' device
   std::size_t reported_ = 0;
-  bool host_gradient_ = false;  ///< grad_shard_ is the offloaded optimizer's
+  bool host_gradient_ = false;                   ///< grad_shard_ is the offloaded optimizer's
+  offload::SideStreamCopies* copies_ = nullptr;  ///< offloaded: device <-> host
+  bool host_shard_written_ = false;              ///< offloaded: the host shard holds a gradient since it was zeroed
+  offload::HostCopy to_host_;                    ///< offloaded: the last reduced shard on its way to the host
+  torch::Tensor staged_;                         ///< ... into here, to be added, when the host shard already holds one
+  offload::HostCopy pending_update_;             ///< offloaded: the updated shard on its way from the host
   std::function<void(const torch::Tensor&)> fetch_;
 };
 

@@ -7,6 +7,7 @@
 
 #include "parallax/core/error.h"
 #include "parallax/offload/offloaded_adam.h"
+#include "parallax/offload/side_stream.h"
 #include "parallax/zero/flat_group.h"
 #include "parallax/zero/gather_schedule.h"
 #include "parallax/zero/gradient_hooks.h"
@@ -70,6 +71,7 @@ struct ShardedModel::State {
   std::int64_t gathers_on_use = 0;                     ///< first uses that had to launch their own gather
   std::unique_ptr<torch::optim::Optimizer> optimizer;  ///< unless offloaded
   std::unique_ptr<offload::OffloadedAdam> offloaded;   ///< [offload] optimizer != none
+  std::unique_ptr<offload::SideStreamCopies> copies;   ///< offloaded: between the device and the host
   std::unique_ptr<GradientHooks> hooks;
   /// Stage 3: each unit named by its first parameter, for messages.
   std::vector<std::string> unit_names;
@@ -113,6 +115,18 @@ struct ShardedModel::State {
     reductions[g].reset();
     groups[g]->complete_reduction();
     next_to_reap = g + 1;
+  }
+
+  /// Offloaded: group g's updated master into `destination` (compute dtype, on the
+  /// device): converted on the host, then copied on the side stream.
+  offload::HostCopy read_master(std::size_t g, const torch::Tensor& destination) {
+    if (destination.is_cpu()) {
+      offloaded->read_master(g, destination);
+      return offload::HostCopy();
+    }
+    const torch::Tensor staging = copies->host_buffer(destination.numel(), destination.scalar_type());
+    offloaded->read_master(g, staging);
+    return copies->copy(destination, staging);  // LibTorch's pinned cache holds `staging` until done
   }
 
   void apply_locked(const GatherSchedule::Actions& actions) {
@@ -210,12 +224,14 @@ ShardedModel::ShardedModel(torch::nn::Module& model,
                    "' could not set up the offloaded optimizer (their own errors give the reason, e.g. "
                    "offload.nvme_path); rank ",
                    dp.rank(), " could");
+    s.copies = std::make_unique<offload::SideStreamCopies>(s.params.front().device());
     for (std::size_t g = 0; g < s.groups.size(); ++g) {
       FlatGroup& group = *s.groups[g];
-      group.use_host_gradient(s.offloaded->gradient(g));
+      group.use_host_gradient(s.offloaded->gradient(g), *s.copies);
       if (offload.param != OffloadTarget::kNone && group.residency() == Residency::kSharded) {
-        offload::OffloadedAdam* host = s.offloaded.get();
-        group.fetch_shard_from([host, g](const torch::Tensor& slot) { host->read_master(g, slot); });
+        State* state = &s;
+        group.fetch_shard_from(
+            [state, g](const torch::Tensor& slot) { state->read_master(g, slot).order_current_stream(); });
       }
     }
   } else {
@@ -253,6 +269,10 @@ ShardedModel::~ShardedModel() {
       } catch (const std::exception&) {
       }
     }
+  }
+  try {
+    if (s.copies) s.copies->wait_all();  // copies into the host buffers about to be freed
+  } catch (const std::exception&) {
   }
 }
 
@@ -322,6 +342,7 @@ void ShardedModel::end_backward() {
     for (std::size_t g = s.next_to_reap; g < s.groups.size(); ++g) {
       if (s.reductions[g]) s.finish_reduction(g);
     }
+    for (const auto& group : s.groups) group->finish_host_gradient();
   }
   std::lock_guard<std::mutex> lock(s.mutex);
   if (s.schedule) s.apply_locked(s.schedule->end_backward());
@@ -415,7 +436,7 @@ StepOutcome ShardedModel::step(double gradient_scale, double clip_norm, bool ski
     if (!s.offloaded) {
       group.write_back_master();
     } else if (group.shard().defined()) {  // else (parameter offload) the next gather fetches it
-      s.offloaded->read_master(g, group.shard());
+      group.set_pending_update(s.read_master(g, group.shard()));
     }
     if (group.residency() == Residency::kReplicated) pending.push_back(group.gather_updated(*s.dp));
   }
