@@ -182,7 +182,8 @@ run() {
   # The tests: every one labelled gpu, and two that prove the carried MPI and hwloc run.
   local targets=()
   mapfile -t targets < <( (cd "$build" && ctest -N -L gpu | sed -n 's/^ *Test *#[0-9]*: //p'
-                           printf '%s\n' comm_test topology_test) | sed 's/\.np[0-9]*$//;s/\.no_gpu$//' | sort -u)
+                           printf '%s\n' comm_test topology_test train_gpt) | sed 's/\.np[0-9]*$//;s/\.no_gpu$//' |
+                           sort -u)
   local build_start=$SECONDS
   cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" >"$build/build.log" 2>&1 || {
     tail -30 "$build/build.log"
@@ -205,13 +206,14 @@ run() {
   report "tests: $(grep -E 'tests passed' "$tests_log" | tr '\n' ';') gtest cases skipped: $skipped"
   grep -E '^ *[0-9]+/[0-9]+ Test|SKIPPED \] [A-Za-z]|\[ figures' "$tests_log" | sort -u | tee -a "$out"
 
-  # The bench: the machine's bf16 matrix-product rate (the floor for model FLOP
-  # utilization), measured by the same torch the build used.
-  local where=()
+  # The bench: the engine's GPT in bf16 (tokens/s, and model FLOP utilization against
+  # the bf16 matrix-product rate the same torch measures in the same run), on the GPU
+  # and with ZeRO-3's optimizer offloaded to the host; --cpu: a tiny model on the CPU.
+  local where=() bench_start=$SECONDS
   ((cpu)) && where=(--cpu)
-  report "bench: $("$python" "$REPO/bench/peers/matmul_rate.py" "${where[@]}")"
-  report "not measured by this script yet: the engine's GPT throughput in bf16 (tokens/s, model FLOP utilization)"
-  report "  and ZeRO-3 with CPU offload on the GPU; gpu_equivalence_test above trains both paths on it"
+  "$python" "$REPO/bench/gpu_gpt.py" --train-gpt "$build/examples/train_gpt" --mpirun "$prefix/usr/bin/mpirun" \
+    --config "$REPO/configs/gpt_base.toml" "${where[@]}" 2>&1 | tee -a "$out" || fail "bench/gpu_gpt.py failed"
+  report "bench: done in $((SECONDS - bench_start)) s"
   report "gpu-check: done in $((SECONDS - started)) s; results in $out"
 }
 
