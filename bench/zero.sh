@@ -7,8 +7,9 @@
 # builds against the same LibTorch 2.11 by default (TORCH=wheel), so both sides run the
 # same kernels, and the peers start from the initial weights Parallax's stage-0 run
 # writes, so every row trains the same model from the same parameters on the same data.
-# Prints a table of median step time, max peak RSS per rank and model-state bytes per
-# rank on the device (and, offloaded, on the host and NVMe), each as a ratio to Parallax
+# Prints a table of median step time, max peak RSS per rank, model-state bytes per rank on
+# the device (and, offloaded, on the host and NVMe) and bytes communicated per rank per
+# step, each as a ratio to Parallax
 # stage 0 measured in the same run, then how far each peer's per-step losses are from
 # the Parallax row at the same ZeRO stage.
 #
@@ -91,31 +92,36 @@ awk "$BENCH_AWK_FUNCTIONS"'
       ms[NR] = field(rest, "median_step_ms"); rss[NR] = ($1 in memory) ? memory[$1] : ""
       state[NR] = list_max(rest, "model_state_bytes"); loss[NR] = field(rest, "final_loss")
       host[NR] = list_max(rest, "host_bytes"); nvme[NR] = list_max(rest, "nvme_bytes")
+      comm[NR] = list_max(rest, "comm_bytes_per_step")
       if ($1 == "parallax-zero0") {
-        base_ms = ms[NR]; base_rss = rss[NR]; base_state = state[NR]; set_reference_losses(rest)
+        base_ms = ms[NR]; base_rss = rss[NR]; base_state = state[NR]; base_comm = comm[NR]; set_reference_losses(rest)
       }
     }
   }
   END {
-    printf "%-16s %10s %7s %12s %7s %18s %7s %12s %12s %10s %10s\n", "impl/stage", "step ms", "ratio", "max RSS MiB",
-           "ratio", "device state/rank", "ratio", "host/rank", "nvme/rank", "final loss", "loss diff"
+    printf "%-16s %10s %7s %12s %7s %18s %7s %12s %12s %14s %7s %10s %10s\n", "impl/stage", "step ms", "ratio",
+           "max RSS MiB", "ratio", "device state/rank", "ratio", "host/rank", "nvme/rank", "comm B/step", "ratio",
+           "final loss", "loss diff"
     for (i = 1; i <= NR; ++i) {
       if (!(i in name)) continue
       if (text[i] !~ /^\{/) { printf "%-16s %s\n", name[i], text[i]; continue }
-      printf "%-16s %10.1f %7s %12s %7s %18.0f %7s %12s %12s %10s %10s\n", name[i], ms[i], ratio(ms[i], base_ms),
-             rss[i] == "" ? "n/a" : sprintf("%.1f", rss[i]), rss[i] == "" ? "n/a" : ratio(rss[i], base_rss), state[i],
-             ratio(state[i], base_state), host[i] == "" ? "-" : sprintf("%.0f", host[i]),
-             nvme[i] == "" ? "-" : sprintf("%.0f", nvme[i]), loss[i] == "null" ? "n/a" : sprintf("%.4f", loss[i]),
-             loss_gap(text[i])
+      printf "%-16s %10.1f %7s %12s %7s %18.0f %7s %12s %12s %14s %7s %10s %10s\n", name[i], ms[i],
+             ratio(ms[i], base_ms), rss[i] == "" ? "n/a" : sprintf("%.1f", rss[i]),
+             rss[i] == "" ? "n/a" : ratio(rss[i], base_rss), state[i], ratio(state[i], base_state),
+             host[i] == "" ? "-" : sprintf("%.0f", host[i]), nvme[i] == "" ? "-" : sprintf("%.0f", nvme[i]),
+             comm[i] == "" ? "-" : sprintf("%.0f", comm[i]), comm[i] == "" ? "-" : ratio(comm[i], base_comm),
+             loss[i] == "null" ? "n/a" : sprintf("%.4f", loss[i]), loss_gap(text[i])
     }
     # The same cell on both sides: Parallax over its PyTorch peer.
-    printf "\n%-32s %10s %12s %18s\n", "Parallax / PyTorch, same cell", "step ms", "max RSS MiB", "device state/rank"
+    printf "\n%-32s %10s %12s %18s %12s\n", "Parallax / PyTorch, same cell", "step ms", "max RSS MiB",
+           "device state/rank", "comm B/step"
     split("parallax-zero0 torch-ddp parallax-zero1 torch-zero1 parallax-zero3 torch-fsdp2", pair, " ")
     for (k = 1; k <= 6; k += 2) {
       a = row[pair[k]]; b = row[pair[k + 1]]
       if (!a || !b || text[a] !~ /^\{/ || text[b] !~ /^\{/) continue
-      printf "%-32s %10s %12s %18s\n", pair[k] " / " pair[k + 1], ratio(ms[a], ms[b]),
-             (rss[a] == "" || rss[b] == "") ? "n/a" : ratio(rss[a], rss[b]), ratio(state[a], state[b])
+      printf "%-32s %10s %12s %18s %12s\n", pair[k] " / " pair[k + 1], ratio(ms[a], ms[b]),
+             (rss[a] == "" || rss[b] == "") ? "n/a" : ratio(rss[a], rss[b]), ratio(state[a], state[b]),
+             (comm[a] == "" || comm[b] == "") ? "n/a" : ratio(comm[a], comm[b])
     }
   }
 ' "$MEMORY" "$RESULTS"
@@ -123,4 +129,7 @@ echo "(bytes/rank and RSS: the largest rank; ratios to parallax-zero0; RSS from 
 echo " MALLOC_MMAP_THRESHOLD_=65536, step times from runs with the normal allocator; loss diff: the largest"
 echo " relative difference of any step's loss from parallax-zero0's, every row starting from its initial weights;"
 echo " on CPU the \"device\" and the host are the same memory, so offloading moves bytes between columns, not"
-echo " out of RSS; logs in $LOGS)"
+echo " out of RSS; comm B/step: one rank's training collectives per step, each counted by its buffer (an"
+echo " all-reduce's tensor, an all-gather's or reduce-scatter's full buffer), Parallax's from its counters, the"
+echo " peers' from torch.profiler in one extra step; FSDP2 over gloo reduces gradients with all-reduces, which"
+echo " move about twice a reduce-scatter's bytes on the wire for the same buffer; logs in $LOGS)"

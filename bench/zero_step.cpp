@@ -17,9 +17,14 @@
 // [offload] moved off it):
 //   {"impl": "parallax", "zero_stage": 0, "offload": "none/none", "ranks": 4,
 //    "median_step_ms": 9.1, "peak_rss_mib": [412.3, ...], "model_state_bytes": [1234567, ...],
-//    "host_bytes": [0, ...], "nvme_bytes": [0, ...], "tp": 1, "sequence_parallel": false,
+//    "host_bytes": [0, ...], "nvme_bytes": [0, ...], "comm_bytes_per_step": [884736, ...],
+//    "comm_calls_per_step": [6.0, ...], "tp": 1, "sequence_parallel": false,
 //    "tp_payload_per_step": {"all_reduce": 0, "all_gather": 0, "reduce_scatter": 0},
 //    "final_loss": 2.1}
+// comm_bytes_per_step / comm_calls_per_step: per rank, the mean over the timed steps of
+// the training groups' collectives (the engine's counters: an all-reduce or broadcast
+// counts its tensor, an all-gather or reduce-scatter the full buffer, a send its message;
+// the metrics' all-gather is not training traffic and is not counted).
 // tp_payload_per_step: rank 0's tensor-parallel group, payload bytes per optimizer step
 // by collective (an all-reduce's tensor, an all-gather's output, a reduce-scatter's input),
 // the same every step.
@@ -128,6 +133,8 @@ int run(parallax::Runtime& rt) {
   std::vector<double> step_ms(static_cast<std::size_t>(train.steps));
   std::vector<double> losses;
   parallax::CommCounters tp_before_timed;
+  double comm_bytes = 0.0;  // this rank's training collectives over the timed steps (the engine's counters)
+  double comm_calls = 0.0;
   for (std::int64_t step = 0; step < train.steps; ++step) {
     if (step == kWarmupSteps) tp_before_timed = rt.mesh().tp().counters();
     std::vector<std::pair<torch::Tensor, torch::Tensor>> micro_batches;
@@ -144,6 +151,12 @@ int run(parallax::Runtime& rt) {
     step_ms[static_cast<std::size_t>(step)] =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     losses.push_back(engine.last_loss());
+    if (step >= kWarmupSteps) {
+      for (const auto& op : engine.last_metrics().comm.at(static_cast<std::size_t>(rt.world().rank())).ops) {
+        comm_bytes += static_cast<double>(op.bytes);
+        comm_calls += static_cast<double>(op.calls);
+      }
+    }
   }
 
   const parallax::CommCounters tp_traffic = rt.mesh().tp().counters().since(tp_before_timed);
@@ -157,6 +170,8 @@ int run(parallax::Runtime& rt) {
       gather(world, torch::tensor({state.params + state.grads + state.optimizer}, torch::kLong)).view({-1});
   const auto all_host = gather(world, torch::tensor({state.host}, torch::kLong)).view({-1});
   const auto all_nvme = gather(world, torch::tensor({state.nvme}, torch::kLong)).view({-1});
+  const auto all_comm_bytes = gather(world, torch::tensor({comm_bytes / timed_steps}, torch::kDouble)).view({-1});
+  const auto all_comm_calls = gather(world, torch::tensor({comm_calls / timed_steps}, torch::kDouble)).view({-1});
 
   const auto slowest = std::get<0>(all_step_ms.max(/*dim=*/0));  // per step, the slowest rank
   const auto timed = slowest.narrow(0, kWarmupSteps, train.steps - kWarmupSteps).contiguous();
@@ -186,7 +201,9 @@ int run(parallax::Runtime& rt) {
                 static_cast<double>(tp_traffic[CommOp::kReduceScatter].bytes) / timed_steps, loss_text);
   rt.logger().summary(
       head, "\"peak_rss_mib\": ", json_list(all_rss, "%.1f"), ", \"model_state_bytes\": ", json_list(all_state, "%.0f"),
-      ", \"host_bytes\": ", json_list(all_host, "%.0f"), ", \"nvme_bytes\": ", json_list(all_nvme, "%.0f"), tail,
+      ", \"host_bytes\": ", json_list(all_host, "%.0f"), ", \"nvme_bytes\": ", json_list(all_nvme, "%.0f"),
+      ", \"comm_bytes_per_step\": ", json_list(all_comm_bytes, "%.0f"), ", \"comm_calls_per_step\": ",
+      json_list(all_comm_calls, "%.1f"), tail,
       json_list(torch::tensor(losses, torch::kDouble).nan_to_num(-1.0), "%.9g"), "}");
   return 0;
 }

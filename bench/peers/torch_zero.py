@@ -16,7 +16,11 @@ optimizer at the scheduled learning rate, the step's mean loss over the global b
 It prints the JSON line bench_zero_step prints (every step's loss in "losses"), with
 "impl" "torch-ddp", "torch-zero1" or "torch-fsdp2": per step the slowest rank's wall time from the first forward to the end
 of the optimizer step, the median after 2 warm-up steps, ru_maxrss per rank in MiB,
-and the parameter, gradient and optimizer-state bytes each rank holds.
+the parameter, gradient and optimizer-state bytes each rank holds, and the bytes and
+calls of one step's collectives per rank (comm_bytes_per_step, comm_calls_per_step:
+counted by torch.profiler in one more step after the timed ones, as Parallax's engine
+counts its own; the loss's all-reduce, which the engine does on its metrics group, is
+left out on both sides).
 
   mpirun -np 4 python3 bench/peers/torch_zero.py --mode ddp --config configs/gpt_base.toml \
       --rendezvous /tmp/x/rdzv --set train.steps=12
@@ -314,6 +318,28 @@ def report_and_exit(rank, record, step_ms, losses, rendezvous=None):
     os._exit(0)
 
 
+def count_collectives(run_step, world):
+    """(bytes, calls) of the gloo collectives `run_step` issues on this rank, counted as
+    Parallax's engine counts them: an all-reduce or broadcast its tensor, an all-gather
+    or reduce-scatter the full buffer (all-gather's input times the group's size), a
+    send its message. From one step under torch.profiler (record_shapes), run after the
+    timed steps so the profiler costs them nothing. The peers run fp32 only: 4 bytes per
+    element."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, acc_events=True) as prof:
+        run_step()
+    total_bytes, calls = 0, 0
+    for event in prof.events():
+        if not event.name.startswith("gloo:"):
+            continue
+        elements = sum(math.prod(shape) for shape in event.input_shapes if shape)
+        if "gather" in event.name:
+            elements *= world
+        total_bytes += 4 * elements
+        calls += 1
+    return total_bytes, calls
+
+
 def gather(values, dtype):
     local = torch.tensor(values, dtype=dtype)
     out = [torch.empty_like(local) for _ in range(dist.get_world_size())]
@@ -357,10 +383,11 @@ def main():
     optimizer = make_optimizer(params, opt_cfg, args.mode == "zero1")
     grad_clip = opt_cfg.get("grad_clip", 0.0)
 
-    step_ms, losses, loss = [], [], 0.0
-    for step in range(steps):
-        batches = [data.batch(step * glob + (i * world + rank) * micro_batch, micro_batch) for i in range(accum)]
-        start = time.perf_counter()
+    def batches_of(step):
+        return [data.batch(step * glob + (i * world + rank) * micro_batch, micro_batch) for i in range(accum)]
+
+    def train_step(step, batches):
+        """One optimizer step; returns the sum of its micro-batches' losses on this rank."""
         loss_sum = torch.zeros(())
         for i, (inputs, targets) in enumerate(batches):
             with accumulating(model, i < accum - 1):
@@ -374,20 +401,31 @@ def main():
             group["lr"] = scheduled_lr(opt_cfg, sched_cfg, steps, step)
         optimizer.step()
         optimizer.zero_grad(set_to_none=False)
-        dist.all_reduce(loss_sum)  # the engine reports the mean over the global batch
+        return loss_sum
+
+    step_ms, losses, loss = [], [], 0.0
+    for step in range(steps):
+        batches = batches_of(step)  # made before the clock starts, as bench_zero_step does
+        start = time.perf_counter()
+        loss_sum = train_step(step, batches)
+        dist.all_reduce(loss_sum)  # the engine reports the mean over the global batch (not counted below)
         loss = loss_sum.item() / (accum * world)
         losses.append(loss)
         step_ms.append((time.perf_counter() - start) * 1000.0)
-
     rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    # One more step, profiled, for the bytes a step communicates (after the figures above).
+    last = batches_of(steps - 1)
+    comm_bytes, comm_calls = count_collectives(lambda: train_step(steps - 1, last), world)
     state = sum(local_bytes(p) for p in params)
     state += sum(local_bytes(p.grad) for p in params if p.grad is not None)
     state += state_bytes(optimizer)
     all_rss = gather([rss_mib], torch.float64).view(-1).tolist()
     all_state = gather([state], torch.int64).view(-1).tolist()
+    all_comm = gather([comm_bytes, comm_calls], torch.float64).tolist()
     report_and_exit(rank, {"impl": f"torch-{args.mode}", "zero_stage": {"ddp": 0, "zero1": 1, "fsdp2": 3}[args.mode],
                            "ranks": world, "peak_rss_mib": [round(r, 1) for r in all_rss],
-                           "model_state_bytes": all_state}, step_ms, losses, rendezvous)
+                           "model_state_bytes": all_state, "comm_bytes_per_step": [round(c[0]) for c in all_comm],
+                           "comm_calls_per_step": [c[1] for c in all_comm]}, step_ms, losses, rendezvous)
 
 if __name__ == "__main__":
     main()
