@@ -41,8 +41,15 @@ GatherSchedule::Actions GatherSchedule::touch(std::size_t unit, Phase phase) {
 GatherSchedule::Actions GatherSchedule::end_forward() {
   Actions actions;
   if (reshard_after_forward_) {
+    // The unit the forward used last is the one backward uses first: releasing it only to
+    // gather it again at once would move its bytes twice for nothing (FSDP2 keeps its root
+    // unit for the same reason).
+    std::size_t last = bytes_.size();
     for (std::size_t u = 0; u < bytes_.size(); ++u) {
-      if (gathered_[u]) release(u, actions);
+      if (gathered_[u] && touched_[u] && (last == bytes_.size() || last_use_[u] > last_use_[last])) last = u;
+    }
+    for (std::size_t u = 0; u < bytes_.size(); ++u) {
+      if (gathered_[u] && u != last) release(u, actions);
     }
   }
   finish_pass(Phase::kForward);

@@ -14,7 +14,8 @@
 //     plus prefetch). Then the units after u in the order recorded in the previous
 //     forward are prefetched while the bytes gathered ahead of use stay within
 //     `prefetch_bytes`.
-//  b. end_forward(): with `reshard_after_forward`, every unit is released; the
+//  b. end_forward(): with `reshard_after_forward`, every unit is released but the one
+//     the forward used last (backward uses it first; it is released as in (c)); the
 //     forward order just seen replaces the recorded one if it differs.
 //  c. Backward: touch(u) as in (a), prefetching along the recorded backward order;
 //     backward_done(u) once every gradient of u is ready releases u.

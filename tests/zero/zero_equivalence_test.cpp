@@ -15,6 +15,7 @@
 #include <tuple>
 
 #include "figures.h"
+#include "gpt.h"
 #include "gpt_training.h"
 #include "parallax/runtime/parallax.h"
 #include "parallax/zero/sharded_model.h"
@@ -28,6 +29,17 @@ std::vector<std::string> zero_overrides(int stage, const std::vector<std::string
   std::vector<std::string> overrides{"zero.stage=" + std::to_string(stage), "zero.wrap=[\"Block\"]"};
   overrides.insert(overrides.end(), extra.begin(), extra.end());
   return overrides;
+}
+
+// Stage 3: the root unit's gathered bytes (every parameter outside the blocks, padded to
+// a multiple of N). The forward uses it last (the head), so it stays gathered into backward.
+std::int64_t root_unit_bytes(const parallax::Config& config, std::int64_t n) {
+  const gpt::GPT model(gpt::GPTOptions::from_table(config.app_table("model")));
+  std::int64_t elements = 0;
+  for (const auto& p : model->named_parameters()) {
+    if (p.key().rfind("blocks.", 0) != 0) elements += p.value().numel();
+  }
+  return 4 * ((elements + n - 1) / n * n);
 }
 
 class ZeroEquivalence : public ::testing::TestWithParam<std::tuple<int, std::int64_t>> {
@@ -74,22 +86,27 @@ TEST_P(ZeroEquivalence, ModelStateBytesFollowTheZeroFormulas) {
 }
 
 TEST_P(ZeroEquivalence, CommunicationPerStepFollowsTheZeroFormulas) {
-  const DistributedRun run = train_distributed(make_config(grad_accum(), zero_overrides(stage())));
+  const auto config = make_config(grad_accum(), zero_overrides(stage()));
+  const DistributedRun run = train_distributed(config);
   const std::int64_t bytes = 4 * (run.parameter_elements + run.padding_bytes / 4);  // 4Ψ', fp32
   const std::int64_t groups = static_cast<std::int64_t>(run.buckets);
   const std::int64_t a = grad_accum();
   // Reduce-scatter: stage 1 once per step, stages 2–3 every micro-step.
   const std::int64_t reductions = stage() == 1 ? 1 : a;
   // All-gather: stages 1–2 the updated parameters once per step; stage 3 every unit
-  // before its forward and again before its backward, every micro-step.
-  const std::int64_t gathers = stage() == 3 ? 2 * a : 1;
+  // before its forward and again before its backward, every micro-step, but the root
+  // unit (used last in forward, first in backward) only once per micro-step. Mutant
+  // caught: end_forward releasing every unit (the root's bytes and one call more).
+  const std::int64_t n = static_cast<std::int64_t>(run.metrics.front().comm.size());
+  const std::int64_t gathered_bytes = stage() == 3 ? a * (2 * bytes - root_unit_bytes(config, n)) : bytes;
+  const std::int64_t gather_calls = stage() == 3 ? a * (2 * groups - 1) : groups;
   for (const auto& m : run.metrics) {
     for (std::size_t r = 0; r < m.comm.size(); ++r) {
       const auto& c = m.comm[r];
       EXPECT_EQ(c[CommOp::kReduceScatter].bytes, reductions * bytes) << "rank " << r;
       EXPECT_EQ(c[CommOp::kReduceScatter].calls, reductions * groups) << "rank " << r;
-      EXPECT_EQ(c[CommOp::kAllGather].bytes, gathers * bytes) << "rank " << r;
-      EXPECT_EQ(c[CommOp::kAllGather].calls, gathers * groups) << "rank " << r;
+      EXPECT_EQ(c[CommOp::kAllGather].bytes, gathered_bytes) << "rank " << r;
+      EXPECT_EQ(c[CommOp::kAllGather].calls, gather_calls) << "rank " << r;
       // grad_clip = 1.0: the global norm is one all-reduce of a float64.
       EXPECT_EQ(c[CommOp::kAllReduce].calls, 1) << "rank " << r;
       EXPECT_EQ(c[CommOp::kAllReduce].bytes, 8) << "rank " << r;
@@ -131,11 +148,13 @@ TEST_P(ZeroBf16, MatchesTheSameRecipeInOneProcess) {
   // without fp32 masters: 7.0e-4 and 1.65e-2.
   const DistributedRun run = train_distributed(config);
   expect_equivalent(run.trajectory, train_reference(config), 1e-4, 3e-3);
-  // bf16 parameters (2 bytes) with fp32 masters and gradients: the gathers move 2Ψ'.
+  // bf16 parameters (2 bytes) with fp32 masters and gradients: the gathers move 2Ψ'
+  // (stage 3: twice, less the root unit kept from forward into backward).
   const std::int64_t padded = run.parameter_elements + run.padding_bytes / 4;
   const std::int64_t n = static_cast<std::int64_t>(run.metrics.front().comm.size());
+  const std::int64_t gathered = GetParam() == 3 ? 2 * 2 * padded - root_unit_bytes(config, n) / 2 : 2 * padded;
   for (const auto& m : run.metrics) {
-    EXPECT_EQ(m.comm[0][CommOp::kAllGather].bytes, (GetParam() == 3 ? 2 : 1) * 2 * padded);
+    EXPECT_EQ(m.comm[0][CommOp::kAllGather].bytes, gathered);
     EXPECT_EQ(m.comm[0][CommOp::kReduceScatter].bytes, 4 * padded);
     EXPECT_EQ(m.model_state_bytes[0].optimizer, 12 * padded / n);  // fp32 master + 2 moments
   }

@@ -69,7 +69,7 @@ TEST(GroupByBytes, FillsInOrderAndGivesAnOversizedItemItsOwnGroup) {
 using Phase = GatherSchedule::Phase;
 using Units = std::vector<std::size_t>;
 
-TEST(GatherSchedule, ReleasesAfterUseWithinTheLiveBudgetAndGathersAgainInBackward) {
+TEST(GatherSchedule, ReleasesAfterUseWithinTheLiveBudgetKeepsTheLastUsedForBackwardAndGathersTheRestAgain) {
   // Units of 100, 100 and 50 bytes; at most 150 bytes live.
   GatherSchedule schedule({100, 100, 50}, /*prefetch=*/0, /*max_live=*/150, /*reshard=*/true);
   EXPECT_EQ(schedule.touch(0, Phase::kForward).gather, Units{0});
@@ -80,7 +80,10 @@ TEST(GatherSchedule, ReleasesAfterUseWithinTheLiveBudgetAndGathersAgainInBackwar
   EXPECT_EQ(third.gather, Units{2});
   EXPECT_EQ(third.release, Units{});                              // 150 fits
   EXPECT_EQ(schedule.touch(1, Phase::kForward).gather, Units{});  // still gathered
-  EXPECT_EQ(schedule.end_forward().release, (Units{1, 2}));
+  // Unit 1, used last, is backward's first: kept (releasing it would gather it again at once).
+  EXPECT_EQ(schedule.end_forward().release, Units{2});
+  EXPECT_EQ(schedule.touch(1, Phase::kBackward).gather, Units{});
+  EXPECT_EQ(schedule.backward_done(1).release, Units{1});
   EXPECT_EQ(schedule.touch(2, Phase::kBackward).gather, Units{2});
   EXPECT_EQ(schedule.backward_done(2).release, Units{2});
   EXPECT_EQ(schedule.backward_done(0).release, Units{});  // its backward needed no parameter
