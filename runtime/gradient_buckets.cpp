@@ -136,12 +136,7 @@ void GradientBuckets::finish() {
     std::lock_guard<std::mutex> lock(mutex_);
     PARALLAX_ASSERT(armed_, "finish() without arm()");
     armed_ = false;  // first: a failed launch below must not leave the window open
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      PARALLAX_CHECK(params_[i].grad().defined() && params_[i].grad().data_ptr() == grad_data_[i], UsageError,
-                     "the .grad of parameter ", i, " (shape ", params_[i].sizes(),
-                     ") was replaced; gradients live in the engine's buckets: do not call zero_grad() on the "
-                     "model or assign .grad (the engine zeroes gradients after each step)");
-    }
+    check_gradient_views();
     // (c) Parameters that took no part in this forward never fired their hook.
     while (next_to_launch_ < buckets_.size()) {
       launch_locked(buckets_[next_to_launch_]);
@@ -154,6 +149,15 @@ void GradientBuckets::finish() {
     bucket.work->wait();
     bucket.work.reset();
     if (comm_.size() > 1) bucket.buffer.mul_(scale);
+  }
+}
+
+void GradientBuckets::check_gradient_views() const {
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    PARALLAX_CHECK(params_[i].grad().defined() && params_[i].grad().data_ptr() == grad_data_[i], UsageError,
+                   "the .grad of parameter ", i, " (shape ", params_[i].sizes(),
+                   ") was replaced; gradients live in the engine's buckets: do not call zero_grad() on the "
+                   "model or assign .grad (the engine zeroes gradients after each step)");
   }
 }
 

@@ -65,6 +65,9 @@ class GradientBuckets {
   /// Completes the reduction started by arm() (see the protocol). Blocks; throws
   /// CommError on a failed or timed-out collective.
   void finish();
+  /// UsageError unless every .grad is still its bucket view (finish() checks it first);
+  /// for a caller that reduces nothing (a group of one).
+  void check_gradient_views() const;
   /// Zeroes every bucket in place.
   void zero();
 

@@ -61,6 +61,9 @@ class ReplicatedReduction final : public GradientReduction {
     const ZeroOptions zero = zero_options(runtime.plan());
     // bf16/fp16 gradients accumulate and are reduced in fp32, straight into the masters' grads.
     const bool keep_masters = dtype != torch::kFloat32;
+    // A data-parallel group of one (a single process, or tp/pp without dp) has nothing
+    // to average: its all-reduces would only copy each bucket onto itself.
+    reduces_ = runtime.mesh().dp().size() > 1;
     buckets_ = std::make_unique<GradientBuckets>(
         params_, zero.bucket_bytes(), runtime.mesh().dp(), runtime.tracer(), zero.overlap_comm,
         keep_masters ? std::optional<torch::ScalarType>(torch::kFloat32) : std::nullopt);
@@ -77,12 +80,16 @@ class ReplicatedReduction final : public GradientReduction {
   zero::ParameterUseScope use_scope() const override { return zero::ParameterUseScope(); }
 
   void run_backward(pipeline::WeightGradients writes, const std::function<void()>& backward) override {
-    if (writes == pipeline::WeightGradients::kLast) buckets_->arm();
+    if (writes == pipeline::WeightGradients::kLast && reduces_) buckets_->arm();
     backward();
   }
 
   void finish() override {
-    buckets_->finish();
+    if (reduces_) {
+      buckets_->finish();
+    } else {
+      buckets_->check_gradient_views();
+    }
     if (split_.partial.empty()) return;
     std::vector<torch::Tensor> partial;
     for (std::size_t i : split_.partial) partial.push_back(optimized()[i].grad());
@@ -149,6 +156,7 @@ class ReplicatedReduction final : public GradientReduction {
   std::vector<torch::Tensor> masters_;  ///< fp32 copies under bf16/fp16; empty under fp32
   ModelSplit split_;
   std::unique_ptr<GradientBuckets> buckets_;
+  bool reduces_ = true;  ///< the data-parallel group has more than one rank
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
 };
 

@@ -150,6 +150,17 @@ void expect_pipeline_matches_reference(const parallax::Config& config,
     worst_param = std::max(worst_param, diff);
     EXPECT_LE(diff, param_tolerance) << name;
   }
+  const auto world = static_cast<std::int64_t>(got.metrics.front().comm.size());
+  if (config.zero.stage == 0 && got.tp == 1 && world == config.parallel.pp && config.optimizer.grad_clip > 0) {
+    // A data-parallel group of one averages nothing: a step's only all-reduce is the
+    // clipping norm's float64 over the pipeline. Mutant caught: each stage's gradient
+    // buckets all-reduced over its group of one (a copy onto itself, counted).
+    for (const auto& m : got.metrics) {
+      for (std::size_t r = 0; r < m.comm.size(); ++r) {
+        EXPECT_EQ(m.comm[r][parallax::CommOp::kAllReduce].bytes, 8) << "rank " << r << " step " << m.step;
+      }
+    }
+  }
   if (config.precision.dtype == parallax::Dtype::kBf16) {
     // The masters are fp32: after a few Adam steps most of their elements hold bits below
     // bf16's resolution. Where the split sums keep a reduced-precision run from matching
