@@ -4,11 +4,13 @@
 # micro-batches, against (p−1)/(m+p−1) and against the same schedule simulated with this
 # machine's per-layer times; then the simulated table for p = 4 and 8 (bench_pipeline).
 # Then the GPT example's pipeline (configs/pp.toml: pp = 2, 8 micro-batches, the uniform
-# partition) under gpipe, 1f1b and interleaved (2 chunks) beside PyTorch 2.11's
-# torch.distributed.pipelining on the same cut (bench/peers/torch_pp.py), both from the
-# initial weights bench_zero_step writes: median step time and the largest relative
-# difference of any step's loss. Parallax builds with TORCH=wheel by default, so both run
-# LibTorch 2.11's kernels. (zb-h1 has no single-chunk PyTorch schedule to face.)
+# partition) under gpipe, 1f1b, interleaved (2 chunks) and zb-h1 beside PyTorch 2.11's
+# torch.distributed.pipelining on the same cut (bench/peers/torch_pp.py; zb-h1 against its
+# ScheduleInterleavedZeroBubble with one chunk per rank), both from the initial weights
+# bench_zero_step writes: median step time, bytes communicated per rank per step (the
+# largest rank; Parallax's from its metrics, PyTorch's counted in one extra step) and the
+# largest relative difference of any step's loss. Parallax builds with TORCH=wheel by
+# default, so both run LibTorch 2.11's kernels.
 #
 #   bench/pipeline.sh [STEPS]          measured steps per case after 2 warm-up (default 6)
 #
@@ -41,20 +43,23 @@ ARGS=(--config configs/pp.toml --set 'pipeline.partition="uniform"' --set loggin
 
 # The same model unsplit (its layers are seeded alike), a few steps: the initial weights.
 bench_run weights "$WRITER" "${ARGS[@]}" --set parallel.pp=1 --set train.steps=3 --write-initial-weights "$WEIGHTS"
-for schedule in gpipe 1f1b interleaved; do
+for schedule in gpipe 1f1b interleaved zb-h1; do
   cut=(--set "pipeline.schedule=\"$schedule\"" --set "train.steps=$PEER_STEPS")
   [[ "$schedule" == interleaved ]] && cut+=(--set pipeline.virtual_stages=2)
-  # train_gpt's metrics file (rank 0's step time, each step's loss) as one bench line.
+  # train_gpt's metrics file (rank 0's step time, each step's loss, every rank's
+  # counters) as one bench line.
   metrics="$LOGS/parallax-$schedule.jsonl"
   if timeout "$RUN_TIMEOUT_S" mpirun -np "$RANKS" --oversubscribe --bind-to none "$TRAIN" "${ARGS[@]}" "${cut[@]}" \
     --set "logging.metrics_file=\"$metrics\"" >"$LOGS/parallax-$schedule.log" 2>&1; then
-    awk "$BENCH_AWK_FUNCTIONS"'
-      { loss[NR] = field($0, "loss"); if (NR > 2) ms[++n] = field($0, "step_ms") }
-      END {
-        printf "parallax-%s {\"impl\": \"parallax\", \"median_step_ms\": %.3f, \"losses\": [", schedule, median(ms, n)
-        for (i = 1; i <= NR; ++i) printf "%s%s", (i > 1 ? ", " : ""), loss[i]
-        print "]}"
-      }' schedule="$schedule" "$metrics" >>"$RESULTS"
+    "$PARALLAX_TORCH_VENV/bin/python" - "$metrics" "$schedule" >>"$RESULTS" <<'PY'
+import json, statistics, sys
+rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
+timed = rows[2:]
+comm = [max(sum(op["bytes"] for op in rank.values()) for rank in row["comm"]) for row in timed]
+print(f"parallax-{sys.argv[2]} " + json.dumps({
+    "impl": "parallax", "median_step_ms": round(statistics.median(row["step_ms"] for row in timed), 3),
+    "comm_bytes_per_step": [statistics.median(comm)], "losses": [row["loss"] for row in rows]}))
+PY
   else
     echo "parallax-$schedule failed (log: $LOGS/parallax-$schedule.log)" >>"$RESULTS"
   fi
@@ -68,15 +73,20 @@ echo "after 2 warm-up, Parallax (TORCH=$TORCH) beside PyTorch $("$PARALLAX_TORCH
 awk "$BENCH_AWK_FUNCTIONS"'
   { name = $1; rest = $0; sub(/^[^ ]+ /, "", rest); line[name] = rest }
   END {
-    printf "%-12s %12s %12s %8s %10s\n", "schedule", "parallax ms", "torch ms", "ratio", "loss diff"
-    split("gpipe 1f1b interleaved", schedules, " ")
-    for (k = 1; k <= 3; ++k) {
+    printf "%-12s %12s %12s %8s %16s %16s %8s %10s\n", "schedule", "parallax ms", "torch ms", "ratio",
+           "parallax B/step", "torch B/step", "ratio", "loss diff"
+    split("gpipe 1f1b interleaved zb-h1", schedules, " ")
+    for (k = 1; k <= 4; ++k) {
       s = schedules[k]; ours = line["parallax-" s]; theirs = line["torch-" s]
       if (ours !~ /^\{/ || theirs !~ /^\{/) { printf "%-12s %s | %s\n", s, ours, theirs; continue }
       a = field(ours, "median_step_ms"); b = field(theirs, "median_step_ms")
+      ca = list_max(ours, "comm_bytes_per_step"); cb = list_max(theirs, "comm_bytes_per_step")
       set_reference_losses(ours)
-      printf "%-12s %12.1f %12.1f %8.2f %10s\n", s, a, b, a / b, loss_gap(theirs)
+      printf "%-12s %12.1f %12.1f %8.2f %16.0f %16.0f %8.2f %10s\n", s, a, b, a / b, ca, cb, (cb > 0 ? ca / cb : 0),
+             loss_gap(theirs)
     }
   }' "$RESULTS"
 echo "(ratio: Parallax / PyTorch; Parallax's step time is rank 0's from its metrics file, PyTorch's the slowest"
-echo " rank's; loss diff: the largest relative difference of any step's loss; logs in $LOGS)"
+echo " rank's; B/step: the largest rank's sends, receives and collectives per step, each counted by its buffer"
+echo " (Parallax's include the shape headers it sends when shapes change); loss diff: the largest relative"
+echo " difference of any step's loss; logs in $LOGS)"

@@ -10,6 +10,8 @@ contiguous parts, part c·pp + r on rank r.
   gpipe               ScheduleGPipe
   1f1b                Schedule1F1B
   interleaved         ScheduleInterleaved1F1B (virtual_stages chunks per rank)
+  zb-h1               ScheduleInterleavedZeroBubble with one chunk per rank (its ZB1P
+                      schedule: weight gradients deferred into the cool-down's bubble)
 
 A step: the schedule over train.grad_accum micro-batches (the mean of their losses, as
 Parallax's), the global-norm clipping over all stages, AdamW at the scheduled learning
@@ -26,13 +28,15 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
-                                          ScheduleInterleaved1F1B)
+from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
+                                          ScheduleInterleavedZeroBubble)
 
-from torch_zero import (GPT, load_config, load_initial_weights, model_and_data, peer_arguments, report_and_exit,
-                        resolve_batch, scheduled_lr, this_rank)
+from torch_zero import (GPT, count_collectives, gather, load_config, load_initial_weights, model_and_data,
+                        peer_arguments, report_and_exit, resolve_batch, scheduled_lr, this_rank)
 
-SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B,
+             "zb-h1": ScheduleInterleavedZeroBubble}
+MULTI_STAGE = ("interleaved", "zb-h1")  # schedules that take a list of this rank's stages
 
 
 class Embeddings(nn.Module):
@@ -93,18 +97,14 @@ def main():
     def loss_fn(logits, targets):
         return F.cross_entropy(logits.reshape(-1, m["vocab_size"]).float(), targets.reshape(-1))
 
-    schedule = SCHEDULES[kind](stages if chunks > 1 else stages[0], accum, loss_fn=loss_fn)
+    schedule = SCHEDULES[kind](stages if kind in MULTI_STAGE else stages[0], accum, loss_fn=loss_fn)
     first, last = 0 in indices, parts - 1 in indices
     params = [p for module in modules for p in module.parameters()]
     optimizer = torch.optim.AdamW(params, lr=opt_cfg.get("lr", 3e-4), betas=tuple(opt_cfg.get("betas", (0.9, 0.999))),
                                   eps=opt_cfg.get("eps", 1e-8), weight_decay=opt_cfg.get("weight_decay", 0.0))
     grad_clip = opt_cfg.get("grad_clip", 0.0)
 
-    step_ms, losses = [], []
-    for step in range(steps):
-        inputs, targets = data.batch(step * glob, glob)  # micro-batch i: samples i·micro .. (i+1)·micro
-        micro_losses = []
-        start = time.perf_counter()
+    def train_step(step, inputs, targets, micro_losses):
         schedule.step(*([inputs] if first else []), **({"target": targets, "losses": micro_losses} if last else {}))
         if grad_clip > 0:
             squares = sum((p.grad.double().pow(2).sum() for p in params if p.grad is not None),
@@ -119,12 +119,26 @@ def main():
             group["lr"] = scheduled_lr(opt_cfg, sched_cfg, steps, step)
         optimizer.step()
         optimizer.zero_grad(set_to_none=False)
+
+    step_ms, losses = [], []
+    for step in range(steps):
+        inputs, targets = data.batch(step * glob, glob)  # micro-batch i: samples i·micro .. (i+1)·micro
+        micro_losses = []
+        start = time.perf_counter()
+        train_step(step, inputs, targets, micro_losses)
         step_ms.append((time.perf_counter() - start) * 1000.0)
         loss = torch.tensor(float(torch.stack(micro_losses).detach().mean()) if last else 0.0, dtype=torch.float64)
         dist.all_reduce(loss)
         losses.append(loss.item())
 
-    report_and_exit(rank, {"impl": "torch-pipelining", "schedule": kind, "ranks": world}, step_ms, losses, rendezvous)
+    # One more step, profiled, for the bytes a step communicates (sends, receives and the
+    # norm's all-reduce, counted as Parallax's engine counts them; after the figures above).
+    inputs, targets = data.batch((steps - 1) * glob, glob)
+    comm = count_collectives(lambda: train_step(steps - 1, inputs, targets, []), world)
+    all_comm = gather(list(comm), torch.float64).tolist()
+    report_and_exit(rank, {"impl": "torch-pipelining", "schedule": kind, "ranks": world,
+                           "comm_bytes_per_step": [round(c[0]) for c in all_comm],
+                           "comm_calls_per_step": [c[1] for c in all_comm]}, step_ms, losses, rendezvous)
 
 if __name__ == "__main__":
     main()

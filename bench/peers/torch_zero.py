@@ -48,6 +48,9 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
 WARMUP_STEPS = 2
+# The profiler's dtype names (c10's C++ type names) of the tensors collectives carry.
+DTYPES = {"float": torch.float32, "double": torch.float64, "c10::BFloat16": torch.bfloat16, "c10::Half": torch.float16,
+          "long int": torch.int64, "int": torch.int32, "unsigned char": torch.uint8, "bool": torch.bool}
 MASK64 = (1 << 64) - 1
 
 
@@ -322,20 +325,19 @@ def count_collectives(run_step, world):
     """(bytes, calls) of the gloo collectives `run_step` issues on this rank, counted as
     Parallax's engine counts them: an all-reduce or broadcast its tensor, an all-gather
     or reduce-scatter the full buffer (all-gather's input times the group's size), a
-    send its message. From one step under torch.profiler (record_shapes), run after the
-    timed steps so the profiler costs them nothing. The peers run fp32 only: 4 bytes per
-    element."""
+    send or receive its message. From one step under torch.profiler (record_shapes: each
+    gloo call's tensor shapes and dtypes), run after the timed steps so the profiler costs
+    them nothing."""
     from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, acc_events=True) as prof:
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         run_step()
     total_bytes, calls = 0, 0
-    for event in prof.events():
-        if not event.name.startswith("gloo:"):
+    for event in prof.profiler.kineto_results.events():
+        if not event.name().startswith("gloo:"):
             continue
-        elements = sum(math.prod(shape) for shape in event.input_shapes if shape)
-        if "gather" in event.name:
-            elements *= world
-        total_bytes += 4 * elements
+        size = sum(math.prod(shape) * torch.empty((), dtype=DTYPES[dtype]).element_size()
+                   for shape, dtype in zip(event.shapes(), event.dtypes()) if dtype in DTYPES)
+        total_bytes += size * (world if "gather" in event.name() else 1)
         calls += 1
     return total_bytes, calls
 
