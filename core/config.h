@@ -142,9 +142,9 @@ struct ZeroOptions {
   /// used unit is released beyond it (the unit in use is always kept, so the peak is
   /// at most this plus one unit plus prefetch). Default: 1024.
   double max_live_mb = 1024.0;
-  /// Stage 3: release every unit when the forward ends and gather again in backward
-  /// (true), or keep them gathered until their backward (false: less communication,
-  /// more memory). Default: true.
+  /// Stage 3: release every unit but the forward's last when the forward ends and gather
+  /// again in backward (true), or keep them gathered until their backward (false: less
+  /// communication, more memory). Default: true.
   bool reshard_after_forward = true;
   /// Stage 3: release each unit when its backward is done (true), or keep it gathered
   /// until the optimizer step (false). With reshard_after_forward = false too, a unit is
