@@ -165,7 +165,7 @@ ShardedModel::ShardedModel(torch::nn::Module& model,
     PARALLAX_CHECK(p.numel() <= kMaxGroupElements, UsageError, "parameter ", i, " has ", p.numel(),
                    " elements; one collective carries at most ", kMaxGroupElements);
   }
-  const GroupPlan plan = plan_groups(model, s.params, options_);
+  GroupPlan plan = plan_groups(model, s.params, options_);
 
   s.group_of_param.assign(s.params.size(), 0);
   s.index_in_group.assign(s.params.size(), 0);
@@ -246,7 +246,7 @@ ShardedModel::ShardedModel(torch::nn::Module& model,
   if (!s.unit_groups.empty()) {
     // A parameter read between steps on the constructing thread (a print, a direct
     // model->forward) is refused clearly instead of reading released memory.
-    s.unit_names = plan.unit_names;
+    s.unit_names = std::move(plan.unit_names);
     watch_parameter_use_on_this_thread(s.registry);
   }
 }

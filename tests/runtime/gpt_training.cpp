@@ -167,6 +167,17 @@ torch::Tensor planned_part(const std::string& name, const torch::Tensor& dense, 
   return dense;  // replicated
 }
 
+std::vector<torch::Tensor> planned_parts(const parallax::Config& config,
+                                         const std::vector<torch::Tensor>& dense,
+                                         int rank,
+                                         int size) {
+  const gpt::GPT names(gpt::GPTOptions::from_table(config.app_table("model")));
+  std::vector<torch::Tensor> parts;
+  std::size_t i = 0;
+  for (const auto& p : names->named_parameters()) parts.push_back(planned_part(p.key(), dense.at(i++), rank, size));
+  return parts;
+}
+
 double relative_difference(double a, double b) {
   return std::abs(a - b) / std::max(std::abs(b), 1e-12);
 }

@@ -56,6 +56,13 @@ DistributedRun train_distributed(parallax::Config config);
 /// `rank` of `size` holds under configs/tp.toml's plan; `dense` itself when replicated.
 torch::Tensor planned_part(const std::string& name, const torch::Tensor& dense, int rank, int size);
 
+/// planned_part of every parameter of the GPT `config` describes, `dense` in its
+/// parameter order.
+std::vector<torch::Tensor> planned_parts(const parallax::Config& config,
+                                         const std::vector<torch::Tensor>& dense,
+                                         int rank,
+                                         int size);
+
 double relative_difference(double a, double b);
 
 /// Expects each step's loss within `tolerance` (relative) of the reference's, naming the

@@ -20,7 +20,6 @@
 #include <string>
 #include <vector>
 
-#include "gpt.h"
 #include "gpt_training.h"
 
 namespace {
@@ -71,12 +70,7 @@ TEST_P(GpuEquivalence, MatchesTheCpuReference) {
   if (tp > 1) {  // this rank's part of each split parameter (tp innermost on one node)
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    const gpt::GPT names(gpt::GPTOptions::from_table(config.app_table("model")));
-    std::size_t i = 0;
-    for (const auto& p : names->named_parameters()) {
-      want.params[i] = planned_part(p.key(), want.params[i], rank % tp, tp);
-      ++i;
-    }
+    want.params = planned_parts(config, want.params, rank % tp, tp);
   }
   expect_equivalent(got.trajectory, want, kGpuLossTolerance, kGpuParameterTolerance);
 }
