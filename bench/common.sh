@@ -41,6 +41,40 @@ bench_run() {
   fi
 }
 
+# bench_measure NAME COMMAND...: bench_run's timed run of COMMAND (its line in $RESULTS,
+# `--set train.steps=$STEPS` appended), then a 3-step memory run of it (its line in
+# $MEMORY) with MALLOC_MMAP_THRESHOLD_=65536, so that glibc returns large frees to the
+# system and the peak RSS the command reports shows what was live at once rather than
+# what the allocator kept (a threshold that would slow the timed run by page faults).
+bench_measure() {
+  local name="$1"
+  shift
+  bench_run "$name" "$@" --set "train.steps=$STEPS"
+  RESULTS="$MEMORY" MALLOC_MMAP_THRESHOLD_=65536 bench_run "$name" "$@" --set train.steps=3
+}
+
+# bench_peak_rss NAME COMMAND...: bench_measure's memory run for a command that does not
+# report its own peak RSS: each rank runs under a wrapper that records its child's
+# ru_maxrss; appends "NAME {"peak_rss_mib": [one per rank]}" to $MEMORY. COMMAND takes
+# its step count from its own arguments.
+bench_peak_rss() {
+  local name="$1" log="$LOGS/$1.memory.log" per_rank
+  shift
+  per_rank="$(mktemp "$LOGS/$name.rss.XXXXXX")"
+  echo "running $name (memory) ..." >&2
+  if MALLOC_MMAP_THRESHOLD_=65536 timeout "$RUN_TIMEOUT_S" mpirun -np "$RANKS" --oversubscribe --bind-to none \
+    "$PARALLAX_TORCH_VENV/bin/python" -c '
+import resource, subprocess, sys
+status = subprocess.call(sys.argv[2:])
+with open(sys.argv[1], "a") as out:
+    out.write(f"{resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0:.1f}\n")
+sys.exit(status)' "$per_rank" "$@" >"$log" 2>&1; then
+    echo "$name {\"peak_rss_mib\": [$(paste -sd, "$per_rank" | sed 's/,/, /g')]}" >>"$MEMORY"
+  else
+    echo "$name failed (log: $log)" >>"$MEMORY"
+  fi
+}
+
 # python_with_torch: the first of $PYTHON (default: /usr/bin/python3 python3) that imports
 # torch.distributed.optim (the PyTorch peers' needs), or nothing.
 python_with_torch() {

@@ -51,27 +51,18 @@ MEMORY="$LOGS/memory"
 : >"$MEMORY"
 WEIGHTS="$LOGS/initial_weights.pt"
 
-# measure NAME COMMAND...: the timed run (its line in $RESULTS), then the memory run (in
-# $MEMORY; 3 steps, a small mmap threshold).
-measure() {
-  local name="$1"
-  shift
-  bench_run "$name" "$@" --set "train.steps=$STEPS"
-  RESULTS="$MEMORY" MALLOC_MMAP_THRESHOLD_=65536 bench_run "$name" "$@" --set train.steps=3
-}
-
-measure "parallax-zero0" "$BENCH" "${ARGS[@]}" --set zero.stage=0 --write-initial-weights "$WEIGHTS"
+bench_measure "parallax-zero0" "$BENCH" "${ARGS[@]}" --set zero.stage=0 --write-initial-weights "$WEIGHTS"
 for stage in 1 2 3; do
-  measure "parallax-zero$stage" "$BENCH" "${ARGS[@]}" --set "zero.stage=$stage"
+  bench_measure "parallax-zero$stage" "$BENCH" "${ARGS[@]}" --set "zero.stage=$stage"
 done
-measure "zero2-off-cpu" "$BENCH" "${ARGS[@]}" --set zero.stage=2 --set 'offload.optimizer="cpu"'
-measure "zero3-off-cpu+p" "$BENCH" "${ARGS[@]}" --set zero.stage=3 --set 'offload.optimizer="cpu"' \
+bench_measure "zero2-off-cpu" "$BENCH" "${ARGS[@]}" --set zero.stage=2 --set 'offload.optimizer="cpu"'
+bench_measure "zero3-off-cpu+p" "$BENCH" "${ARGS[@]}" --set zero.stage=3 --set 'offload.optimizer="cpu"' \
   --set 'offload.param="cpu"'
 mkdir -p "$LOGS/nvme"
-measure "zero3-off-nvme+p" "$BENCH" "${ARGS[@]}" --set zero.stage=3 --set 'offload.optimizer="nvme"' \
+bench_measure "zero3-off-nvme+p" "$BENCH" "${ARGS[@]}" --set zero.stage=3 --set 'offload.optimizer="nvme"' \
   --set 'offload.param="nvme"' --set "offload.nvme_path=\"$LOGS/nvme\""
 for mode in ddp zero1 fsdp2; do
-  measure "torch-$mode" "$PYTHON_TORCH" bench/peers/torch_zero.py --mode "$mode" --initial-weights "$WEIGHTS" \
+  bench_measure "torch-$mode" "$PYTHON_TORCH" bench/peers/torch_zero.py --mode "$mode" --initial-weights "$WEIGHTS" \
     "${ARGS[@]}"
 done
 

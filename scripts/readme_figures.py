@@ -68,7 +68,7 @@ FIGURES = {
     "bench_zero": Figure(["bench/zero.sh"] + BIG_GPT, env={"TORCH": "wheel"}, keep=r"^(impl/stage|parallax-|torch-|zero\d-|Parallax / PyTorch)"),
     "bench_offload_step": Figure([str(BUILD_DIR / "bench/bench_offload_step"), "--params", "50"]),
     "bench_cpu_adam": Figure([str(BUILD_DIR / "bench/bench_cpu_adam"), "--threads", "2"]),
-    "bench_tp": Figure(["bench/tp.sh"], env={"TORCH": "wheel"}, keep=r"^(layout|tp\d|torch-tp)"),
+    "bench_tp": Figure(["bench/tp.sh"], env={"TORCH": "wheel"}, keep=r"^(layout|tp\d|torch-tp|Parallax / PyTorch)"),
     "bench_pipeline": Figure(["bench/pipeline.sh"], env={"TORCH": "wheel"}, keep=r"^(schedule|1f1b|gpipe|interleaved|zb-h1)"),
     "bench_threads": Figure(["bench/threads.sh"], env={"REPEAT": "3"}, keep=r"^(setting|OMP_|\(no thread)"),
     "bench_engine_step": Figure([str(BUILD_DIR / "bench/bench_engine_step")]),

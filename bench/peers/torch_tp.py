@@ -16,8 +16,9 @@ Data parallelism over the mesh's dp dimension all-reduces every gradient's local
 one flat buffer after the window's last backward (no overlap with backward); the global
 norm counts each element once; AdamW as configured. Sequence parallelism is not run.
 
-It prints bench_zero_step's JSON line with "impl" "torch-dtensor" (no tensor-parallel
-byte counts: DTensor does not report them).
+It prints bench_zero_step's JSON line with "impl" "torch-dtensor": step times, losses,
+ru_maxrss per rank, and the bytes and calls of every collective one more (profiled) step
+makes per rank (count_collectives; no per-group split: DTensor does not report one).
 
   mpirun -np 4 python3 bench/peers/torch_tp.py --config configs/tp.toml \\
       --initial-weights /tmp/w.pt --set parallel.tp=2
@@ -34,7 +35,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel, loss_parallel,
                                                parallelize_module)
 
-from torch_zero import (GPT, gather, load_config, load_initial_weights, model_and_data, peer_arguments,
+from torch_zero import (GPT, count_collectives, gather, load_config, load_initial_weights, model_and_data, peer_arguments,
                         report_and_exit, resolve_batch, scheduled_lr, this_rank)
 
 
@@ -94,10 +95,11 @@ def main():
         eps=opt_cfg.get("eps", 1e-8), weight_decay=opt_cfg.get("weight_decay", 0.0), foreach=False)
     grad_clip = opt_cfg.get("grad_clip", 0.0)
 
-    step_ms, losses = [], []
-    for step in range(steps):
-        batches = [data.batch(step * glob + (i * dp + dp_rank) * micro_batch, micro_batch) for i in range(accum)]
-        start = time.perf_counter()
+    def batches_of(step):
+        return [data.batch(step * glob + (i * dp + dp_rank) * micro_batch, micro_batch) for i in range(accum)]
+
+    def train_step(step, batches):
+        """One optimizer step; returns the sum of its micro-batches' losses on this rank."""
         loss_sum = torch.zeros(())
         for inputs, targets in batches:
             with loss_parallel():
@@ -136,14 +138,27 @@ def main():
             group["lr"] = scheduled_lr(opt_cfg, sched_cfg, steps, step)
         optimizer.step()
         optimizer.zero_grad(set_to_none=False)
-        dist.all_reduce(loss_sum)  # every tp rank holds the same loss: the mean over dp
+        return loss_sum
+
+    step_ms, losses = [], []
+    for step in range(steps):
+        batches = batches_of(step)  # made before the clock starts, as bench_zero_step does
+        start = time.perf_counter()
+        loss_sum = train_step(step, batches)
+        dist.all_reduce(loss_sum)  # every tp rank holds the same loss: the mean over dp (not counted below)
         losses.append(loss_sum.item() / (accum * world))
         step_ms.append((time.perf_counter() - start) * 1000.0)
 
     rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    # One more step, profiled, for the bytes a step communicates (after the figures above).
+    last = batches_of(steps - 1)
+    comm_bytes, comm_calls = count_collectives(lambda: train_step(steps - 1, last), world)
     all_rss = gather([rss_mib], torch.float64).view(-1).tolist()
+    all_comm = gather([comm_bytes, comm_calls], torch.float64).tolist()
     report_and_exit(rank, {"impl": "torch-dtensor", "tp": tp, "ranks": world,
-                           "peak_rss_mib": [round(r, 1) for r in all_rss]}, step_ms, losses, rendezvous)
+                           "peak_rss_mib": [round(r, 1) for r in all_rss],
+                           "comm_bytes_per_step": [round(c[0]) for c in all_comm],
+                           "comm_calls_per_step": [c[1] for c in all_comm]}, step_ms, losses, rendezvous)
 
 if __name__ == "__main__":
     main()
