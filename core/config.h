@@ -327,6 +327,30 @@ struct LoggingOptions {
   std::string trace_file;
 };
 
+/// [checkpoint]: where and when the engine saves its training state, and what it resumes
+/// from (runtime/checkpointing.h).
+struct CheckpointOptions {
+  /// Root directory: one step-<N> directory per checkpoint; "" = none. Default: "".
+  std::string dir;
+  /// Engine::step() saves after every N-th optimizer step; 0 = only when the trainer
+  /// calls save_checkpoint(). Needs dir. Default: 0.
+  std::int64_t every = 0;
+  /// Complete checkpoints kept under dir (the oldest go after each save); 0 = all.
+  /// Default: 3.
+  std::int64_t keep = 3;
+  /// What Engine::resume() loads: "" = nothing (start afresh); "latest" = the newest
+  /// complete checkpoint under dir (torn ones are passed over, with a note); else a
+  /// checkpoint directory, which must be complete. Default: "".
+  std::string load;
+  /// Longest a rank waits for the others while a checkpoint is written or read, in
+  /// seconds. Default: 1800.
+  double timeout_s = 1800.0;
+  /// Save in the background: the state is copied into host memory at the step
+  /// boundary and written by a thread while training goes on; the next save (and the
+  /// engine's end) waits for it. Default: false.
+  bool async = false;
+};
+
 /// A table owned by the application (e.g. [model], [data]). Typed, position-aware
 /// access; reading a key that is missing, or of another type, throws ConfigError
 /// naming the file, line and key. Integers are accepted by get_double. A dotted key
@@ -369,6 +393,7 @@ struct Config {
   ThreadOptions threads;
   CommOptions comm;
   LoggingOptions logging;
+  CheckpointOptions checkpoint;
 
   /// Application tables by name, as declared to the loader.
   std::map<std::string, AppTable> app;

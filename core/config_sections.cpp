@@ -179,6 +179,15 @@ void logging_fields(FieldVisitor& v, Config& c) {
   v.text("trace_file", c.logging.trace_file);
 }
 
+void checkpoint_fields(FieldVisitor& v, Config& c) {
+  v.text("dir", c.checkpoint.dir);
+  v.integer("every", c.checkpoint.every, kCountOrZero);
+  v.integer("keep", c.checkpoint.keep, kCountOrZero);
+  v.text("load", c.checkpoint.load);
+  v.number("timeout_s", c.checkpoint.timeout_s, kTimeoutSeconds);
+  v.boolean("async", c.checkpoint.async);
+}
+
 // ---- Checks across keys and against this build ---------------------------------------
 
 std::string position(const KeyPositions& positions, const std::string& key) {
@@ -191,6 +200,14 @@ void optimizer_check(const Config& c, const KeyPositions& positions) {
                  "optimizer.momentum = ", format_double(c.optimizer.momentum),
                  position(positions, "optimizer.momentum"),
                  ": momentum applies to type = \"sgd\" only; Adam's momentum is optimizer.betas");
+}
+
+void checkpoint_check(const Config& c, const KeyPositions& positions) {
+  PARALLAX_CHECK(!c.checkpoint.dir.empty() || (c.checkpoint.every == 0 && c.checkpoint.load != "latest"), ConfigError,
+                 c.checkpoint.every != 0 ? "checkpoint.every = " + std::to_string(c.checkpoint.every) +
+                                               position(positions, "checkpoint.every")
+                                         : "checkpoint.load = \"latest\"" + position(positions, "checkpoint.load"),
+                 ": set checkpoint.dir, the directory the checkpoints go under");
 }
 
 void scheduler_check(const Config& c, const KeyPositions& positions) {
@@ -321,6 +338,7 @@ const std::vector<SectionDef>& sections() {
       {"threads", thread_fields, nullptr},
       {"comm", comm_fields, nullptr},
       {"logging", logging_fields, nullptr},
+      {"checkpoint", checkpoint_fields, checkpoint_check},
   };
   return kSections;
 }

@@ -43,6 +43,8 @@ PARALLAX_DEFINE_ERROR(CommError);
 PARALLAX_DEFINE_ERROR(TopologyError);
 /// A failure of offloaded state: a read or write of the NVMe tier's file.
 PARALLAX_DEFINE_ERROR(OffloadError);
+/// A checkpoint that cannot be written, or a torn, truncated or corrupted one.
+PARALLAX_DEFINE_ERROR(CheckpointError);
 /// Invalid use of the public API (wrong argument, wrong call order).
 PARALLAX_DEFINE_ERROR(UsageError);
 /// A broken internal invariant: a bug in Parallax, not in the caller.

@@ -1,5 +1,6 @@
 #include "parallax/runtime/engine.h"
 
+#include "parallax/checkpoint/store.h"
 #include "parallax/core/error.h"
 #include "parallax/runtime/gradient_reduction.h"
 #include "parallax/runtime/step_telemetry.h"
@@ -38,7 +39,28 @@ bool Engine::step() {
   const double local_loss = loss_sum_.item<double>() / static_cast<double>(grad_accum_);
   loss_sum_.zero_();
   applier_->apply_step(local_loss);
+  applier_->save_if_due();
   return true;
+}
+
+checkpoint::SaveResult Engine::save_checkpoint(const std::string& trainer_state) {
+  PARALLAX_CHECK(micro_step_ == 0, UsageError, "save_checkpoint: inside an accumulation window (", micro_step_, " of ",
+                 grad_accum_, " micro-steps done); save after step() returned true");
+  return applier_->save_checkpoint(trainer_state);
+}
+
+std::optional<checkpoint::SaveResult> Engine::wait_for_checkpoint() {
+  return applier_->wait_for_checkpoint();
+}
+
+std::optional<std::string> Engine::resume() {
+  PARALLAX_CHECK(micro_step_ == 0, UsageError, "resume: inside an accumulation window");
+  return applier_->resume();
+}
+
+std::string Engine::load_checkpoint(const std::string& directory) {
+  PARALLAX_CHECK(micro_step_ == 0, UsageError, "load_checkpoint: inside an accumulation window");
+  return applier_->load_checkpoint(directory, /*latest=*/false);
 }
 
 ForwardScope Engine::forward_scope() {

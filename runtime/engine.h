@@ -57,9 +57,11 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
+#include "parallax/checkpoint/store.h"
 #include "parallax/core/metrics.h"
 #include "parallax/runtime/optimizer.h"
 #include "parallax/runtime/runtime.h"
@@ -101,6 +103,28 @@ class Engine {
   /// tensor_parallel::vocab_parallel_cross_entropy itself.) `targets` may sit on the
   /// host: they are moved to the logits' device.
   torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets) const;
+
+  /// Collective over the world, between optimizer steps: saves a checkpoint of the
+  /// training state after the last step under checkpoint.dir (each rank writes what it
+  /// owns; published atomically; the oldest beyond checkpoint.keep go; see
+  /// checkpoint/store.h). `trainer_state`: bytes resume() gives back (e.g. a data
+  /// loader's position). With checkpoint.every = N, step() saves after every N-th step
+  /// by itself, with no trainer state. Throws CheckpointError on every rank when one
+  /// cannot write; the previous checkpoints stay intact. With checkpoint.async, returns
+  /// once the state is copied to host memory; a thread writes it while training goes on
+  /// (the next save, a load, wait_for_checkpoint() and the engine's end wait for it, and
+  /// the first of them rethrows its error).
+  checkpoint::SaveResult save_checkpoint(const std::string& trainer_state = "");
+  /// checkpoint.async: waits for the save in flight; returns its result, or nothing.
+  std::optional<checkpoint::SaveResult> wait_for_checkpoint();
+  /// Collective, before the first forward: loads what checkpoint.load names ("latest":
+  /// the newest complete checkpoint under checkpoint.dir; else a checkpoint directory)
+  /// and returns the trainer state saved with it; training goes on from global_step().
+  /// Loads nothing and returns nothing when checkpoint.load is "". Throws
+  /// CheckpointError naming the file for a torn or corrupted checkpoint.
+  std::optional<std::string> resume();
+  /// Collective: loads the checkpoint directory `directory`; returns its trainer state.
+  std::string load_checkpoint(const std::string& directory);
 
   /// Completed optimizer steps.
   std::int64_t global_step() const;

@@ -18,6 +18,7 @@
 #include "parallax/runtime/plan_options.h"
 #include "parallax/runtime/runtime.h"
 #include "parallax/runtime/thread_budget.h"
+#include "parallax/zero/shard_layout.h"
 
 namespace parallax {
 namespace {
@@ -64,6 +65,8 @@ class ReplicatedReduction final : public GradientReduction {
     // A data-parallel group of one (a single process, or tp/pp without dp) has nothing
     // to average: its all-reduces would only copy each bucket onto itself.
     reduces_ = runtime.mesh().dp().size() > 1;
+    dp_rank_ = runtime.mesh().dp().rank();
+    dp_size_ = runtime.mesh().dp().size();
     buckets_ = std::make_unique<GradientBuckets>(
         params_, zero.bucket_bytes(), runtime.mesh().dp(), runtime.tracer(), zero.overlap_comm,
         keep_masters ? std::optional<torch::ScalarType>(torch::kFloat32) : std::nullopt);
@@ -149,6 +152,41 @@ class ReplicatedReduction final : public GradientReduction {
   std::int64_t gradient_padding_bytes() const override { return buckets_->padding_bytes(); }
   std::size_t bucket_count() const override { return buckets_->bucket_count(); }
 
+  // Every rank holds everything; rank r of dp owns the r-th of dp even parts of the
+  // parameters laid end to end (ZeRO's shard layout), so the ranks write in parallel.
+  std::vector<StateSlice> state_slices(StateAccess access, bool create_optimizer_state) override {
+    std::vector<std::int64_t> numels;
+    for (const auto& p : optimized()) numels.push_back(p.numel());
+    const zero::ShardLayout owners(numels, dp_size_);
+    std::vector<StateSlice> slices;
+    for (std::size_t i = 0; i < optimized().size(); ++i) {
+      const torch::Tensor& p = optimized()[i];
+      PARALLAX_CHECK(p.is_contiguous(), UsageError, "a checkpoint needs contiguous parameters; parameter ", i,
+                     " has strides ", p.strides());
+      StateSlice slice{i, 0, {}};
+      std::int64_t numel = p.numel();
+      if (access == StateAccess::kOwned) {
+        const auto part = owners.fragment(i, dp_rank_);
+        if (!part) continue;
+        slice.offset = part->param_offset;
+        numel = part->numel;
+      }
+      slice.tensors.emplace_back("param", p.detach().view({-1}).narrow(0, slice.offset, numel));
+      for (const auto& [name, state] : optimizer_state(*optimizer_, p, create_optimizer_state)) {
+        slice.tensors.emplace_back(name, state.view({-1}).narrow(0, slice.offset, numel));
+      }
+      slices.push_back(std::move(slice));
+    }
+    return slices;
+  }
+
+  void state_loaded() override {
+    torch::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < masters_.size(); ++i) params_[i].detach().copy_(masters_[i]);
+  }
+  std::int64_t optimizer_steps() const override { return parallax::optimizer_steps(*optimizer_); }
+  void set_optimizer_steps(std::int64_t steps) override { parallax::set_optimizer_steps(*optimizer_, steps); }
+
  private:
   const std::vector<torch::Tensor>& optimized() const { return masters_.empty() ? params_ : masters_; }
 
@@ -157,6 +195,8 @@ class ReplicatedReduction final : public GradientReduction {
   ModelSplit split_;
   std::unique_ptr<GradientBuckets> buckets_;
   bool reduces_ = true;  ///< the data-parallel group has more than one rank
+  int dp_rank_ = 0;
+  int dp_size_ = 1;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
 };
 
@@ -274,6 +314,32 @@ class ShardedReduction final : public GradientReduction {
   std::int64_t gradient_padding_bytes() const override { return sharded_->padding_elements() * 4; }
   std::size_t bucket_count() const override { return sharded_->group_count(); }
   const zero::ShardedModel* sharded_model() const override { return sharded_.get(); }
+
+  // Each rank holds (and owns) its master shards and the optimizer's state over them.
+  std::vector<StateSlice> state_slices(StateAccess, bool create_optimizer_state) override {
+    PARALLAX_CHECK(sharded_->offloaded_optimizer() == nullptr, UsageError,
+                   "checkpoints of an offloaded optimizer (offload.optimizer) are not supported by this build yet");
+    std::vector<StateSlice> slices;
+    for (const zero::MasterShard& shard : sharded_->master_shards()) {
+      const auto state = optimizer_state(sharded_->optimizer(), shard.master, create_optimizer_state);
+      for (const zero::MasterPart& part : shard.parts) {
+        const auto& f = part.fragment;
+        StateSlice slice{part.param, f.param_offset, {}};
+        slice.tensors.emplace_back("param", shard.master.detach().narrow(0, f.shard_offset, f.numel));
+        for (const auto& [name, tensor] : state) {
+          slice.tensors.emplace_back(name, tensor.view({-1}).narrow(0, f.shard_offset, f.numel));
+        }
+        slices.push_back(std::move(slice));
+      }
+    }
+    return slices;
+  }
+
+  void state_loaded() override { sharded_->masters_changed(); }
+  std::int64_t optimizer_steps() const override {
+    return sharded_->offloaded_optimizer() ? 0 : parallax::optimizer_steps(sharded_->optimizer());
+  }
+  void set_optimizer_steps(std::int64_t steps) override { parallax::set_optimizer_steps(sharded_->optimizer(), steps); }
 
  private:
   Communicator* dp_;

@@ -24,6 +24,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "parallax/core/communicator.h"
@@ -58,6 +60,22 @@ struct ModelSplit {
   bool partial_backwards = false;
 };
 
+/// A run of one trained parameter's fp32 state on this rank: elements [offset, offset +
+/// n) of params[param] flattened, as the tensor the optimizer steps ("param": the fp32
+/// master, or the parameter itself under fp32) and as each of the optimizer's state
+/// tensors for it (optimizer_state's names), every one a 1-D view of n elements.
+struct StateSlice {
+  std::size_t param = 0;
+  std::int64_t offset = 0;
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+};
+
+/// Which slices state_slices() returns.
+enum class StateAccess {
+  kOwned,  ///< what this rank writes to a checkpoint: each element on one rank of dp
+  kHeld,   ///< everything this rank holds: what a checkpoint load fills
+};
+
 class GradientReduction {
  public:
   virtual ~GradientReduction() = default;
@@ -89,6 +107,19 @@ class GradientReduction {
   virtual std::size_t bucket_count() const = 0;
   /// The ZeRO state; null for replicated data parallelism.
   virtual const zero::ShardedModel* sharded_model() const { return nullptr; }
+
+  /// The parameters' fp32 state, sliced as `access` says (replicated data parallelism
+  /// owns an even split of the concatenated parameters per rank of dp; ZeRO its shards).
+  /// With `create_optimizer_state`, state the optimizer has not made yet (before its
+  /// first step) is created, zeroed, so a load can fill it. Throws UsageError for an
+  /// offloaded optimizer, whose state this build does not checkpoint.
+  virtual std::vector<StateSlice> state_slices(StateAccess access, bool create_optimizer_state) = 0;
+  /// After a load wrote into state_slices(kHeld, true): the compute-dtype parameters
+  /// are refreshed from it. Collective over dp under ZeRO.
+  virtual void state_loaded() = 0;
+  /// The optimizer's step count (Adam's bias correction); 0 before its first step.
+  virtual std::int64_t optimizer_steps() const = 0;
+  virtual void set_optimizer_steps(std::int64_t steps) = 0;
 };
 
 /// Replicated data parallelism at zero.stage = 0, ZeRO (with [offload]) at 1–3, over

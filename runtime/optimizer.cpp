@@ -4,7 +4,9 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -18,6 +20,52 @@ namespace {
 
 std::int64_t bytes_of(const torch::Tensor& t) {
   return t.defined() ? payload_bytes(t) : 0;
+}
+
+// LibTorch 1.13 keys the state by the TensorImpl's address as text, 2.x by the address.
+template <typename Map = decltype(std::declval<torch::optim::Optimizer&>().state())>
+auto state_key(const torch::Tensor& p) {
+  using Key = typename std::decay_t<Map>::key_type;
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream text;  // what 1.13's c10::guts::to_string wrote (gone in 2.x)
+    text << p.unsafeGetTensorImpl();
+    return text.str();
+  } else {
+    return static_cast<Key>(p.unsafeGetTensorImpl());
+  }
+}
+
+// Adam's or AdamW's state for `param`: its named tensors, created when asked.
+template <typename State, typename Options>
+std::vector<std::pair<std::string, torch::Tensor>> adam_state(torch::optim::Optimizer& optimizer,
+                                                              const torch::Tensor& param,
+                                                              bool create) {
+  auto& slot = optimizer.state()[state_key(param)];
+  const bool amsgrad = static_cast<const Options&>(optimizer.param_groups().front().options()).amsgrad();
+  if (!slot) {
+    if (!create) {
+      optimizer.state().erase(state_key(param));
+      return {};
+    }
+    auto state = std::make_unique<State>();
+    state->step(0);
+    state->exp_avg(torch::zeros_like(param, torch::MemoryFormat::Contiguous));
+    state->exp_avg_sq(torch::zeros_like(param, torch::MemoryFormat::Contiguous));
+    if (amsgrad) state->max_exp_avg_sq(torch::zeros_like(param, torch::MemoryFormat::Contiguous));
+    slot = std::move(state);
+  }
+  auto& state = static_cast<State&>(*slot);
+  std::vector<std::pair<std::string, torch::Tensor>> out{{"exp_avg", state.exp_avg()},
+                                                         {"exp_avg_sq", state.exp_avg_sq()}};
+  if (amsgrad) out.emplace_back("max_exp_avg_sq", state.max_exp_avg_sq());
+  return out;
+}
+
+template <typename State>
+void for_each_state(torch::optim::Optimizer& optimizer, const std::function<void(State&)>& visit) {
+  for (auto& entry : optimizer.state()) {
+    if (auto* state = dynamic_cast<State*>(entry.second.get())) visit(*state);
+  }
 }
 
 // LibTorch's Adam or AdamW (Base; its options and per-parameter state), stepping each
@@ -47,7 +95,7 @@ class FusedCpuAdam final : public Base {
                                       .decoupled(decoupled_));
       for (torch::Tensor& p : group.params()) {
         if (!p.grad().defined()) continue;
-        auto& slot = this->state_[key(p)];
+        auto& slot = this->state_[state_key(p)];
         if (!slot) {
           auto state = std::make_unique<State>();
           state->step(0);
@@ -68,19 +116,6 @@ class FusedCpuAdam final : public Base {
   std::int64_t fused_steps() const { return fused_steps_; }
 
  private:
-  // LibTorch 1.13 keys the state by the TensorImpl's address as text, 2.x by the address.
-  template <typename Map = decltype(std::declval<torch::optim::Optimizer&>().state())>
-  static auto key(const torch::Tensor& p) {
-    using Key = typename std::decay_t<Map>::key_type;
-    if constexpr (std::is_same_v<Key, std::string>) {
-      std::ostringstream text;  // what 1.13's c10::guts::to_string wrote (gone in 2.x)
-      text << p.unsafeGetTensorImpl();
-      return text.str();
-    } else {
-      return static_cast<Key>(p.unsafeGetTensorImpl());
-    }
-  }
-
   bool eligible() const {
     for (const auto& group : this->param_groups()) {
       if (static_cast<const Options&>(group.options()).amsgrad()) return false;
@@ -170,6 +205,44 @@ std::int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {
     }
   }
   return total;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> optimizer_state(torch::optim::Optimizer& optimizer,
+                                                                   const torch::Tensor& param,
+                                                                   bool create) {
+  if (dynamic_cast<torch::optim::AdamW*>(&optimizer)) {
+    return adam_state<torch::optim::AdamWParamState, torch::optim::AdamWOptions>(optimizer, param, create);
+  }
+  if (dynamic_cast<torch::optim::Adam*>(&optimizer)) {
+    return adam_state<torch::optim::AdamParamState, torch::optim::AdamOptions>(optimizer, param, create);
+  }
+  auto* sgd = dynamic_cast<torch::optim::SGD*>(&optimizer);
+  PARALLAX_CHECK(sgd != nullptr, InternalError, "optimizer_state: not an optimizer make_optimizer builds");
+  if (static_cast<const torch::optim::SGDOptions&>(sgd->param_groups().front().options()).momentum() == 0) return {};
+  auto& slot = optimizer.state()[state_key(param)];
+  if (!slot) {
+    if (!create) {
+      optimizer.state().erase(state_key(param));
+      return {};
+    }
+    auto state = std::make_unique<torch::optim::SGDParamState>();
+    state->momentum_buffer(torch::zeros_like(param, torch::MemoryFormat::Contiguous));
+    slot = std::move(state);
+  }
+  return {{"momentum_buffer", static_cast<torch::optim::SGDParamState&>(*slot).momentum_buffer()}};
+}
+
+std::int64_t optimizer_steps(const torch::optim::Optimizer& optimizer) {
+  std::int64_t steps = 0;
+  auto& mutable_optimizer = const_cast<torch::optim::Optimizer&>(optimizer);  // read only
+  for_each_state<torch::optim::AdamParamState>(mutable_optimizer, [&](auto& s) { steps = std::max(steps, s.step()); });
+  for_each_state<torch::optim::AdamWParamState>(mutable_optimizer, [&](auto& s) { steps = std::max(steps, s.step()); });
+  return steps;
+}
+
+void set_optimizer_steps(torch::optim::Optimizer& optimizer, std::int64_t steps) {
+  for_each_state<torch::optim::AdamParamState>(optimizer, [&](auto& s) { s.step(steps); });
+  for_each_state<torch::optim::AdamWParamState>(optimizer, [&](auto& s) { s.step(steps); });
 }
 
 }  // namespace parallax

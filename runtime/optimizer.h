@@ -16,6 +16,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "parallax/core/config.h"
@@ -56,5 +58,19 @@ void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);
 
 /// Bytes of optimizer state the optimizer holds now (moments, momentum buffers).
 std::int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer);
+
+/// The state tensors `optimizer` (from make_optimizer) keeps for `param`, one of the
+/// tensors it steps, by name: Adam's and AdamW's "exp_avg", "exp_avg_sq" (and
+/// "max_exp_avg_sq" under amsgrad), SGD's "momentum_buffer" (with momentum); empty before
+/// the parameter's first step. With `create`, missing state is made first (zeros, step
+/// count 0), for a checkpoint to fill in.
+std::vector<std::pair<std::string, torch::Tensor>> optimizer_state(torch::optim::Optimizer& optimizer,
+                                                                   const torch::Tensor& param,
+                                                                   bool create);
+/// Adam/AdamW: the step count of the parameters' state (LibTorch keeps one per
+/// parameter; the engine steps them together), 0 before the first step and for SGD.
+std::int64_t optimizer_steps(const torch::optim::Optimizer& optimizer);
+/// Sets the step count of every parameter's Adam/AdamW state; nothing for SGD.
+void set_optimizer_steps(torch::optim::Optimizer& optimizer, std::int64_t steps);
 
 }  // namespace parallax

@@ -303,7 +303,21 @@ double PipelineEngine::train_batch(const std::function<pipeline::MicroBatch()>& 
     applier.run_model(forward);
   };
   b.executor->run(batch, b.loss, hooks);
+  applier.save_if_due();
   return applier.last_metrics().loss;
+}
+
+checkpoint::SaveResult PipelineEngine::save_checkpoint(const std::string& trainer_state) {
+  return applier().save_checkpoint(trainer_state);
+}
+std::optional<checkpoint::SaveResult> PipelineEngine::wait_for_checkpoint() {
+  return applier().wait_for_checkpoint();
+}
+std::optional<std::string> PipelineEngine::resume() {
+  return applier().resume();
+}
+std::string PipelineEngine::load_checkpoint(const std::string& directory) {
+  return applier().load_checkpoint(directory, /*latest=*/false);
 }
 
 // The protocol in the header: the first holder gathers each key's gradient sums, adds

@@ -110,6 +110,13 @@ class PipelineEngine {
   /// every rank. Blocks; throws CommError when a transfer or collective fails or times out.
   double train_batch(const std::function<pipeline::MicroBatch()>& next);
 
+  /// Checkpoints, as Engine's (engine.h): each stage's ranks write the state they own
+  /// under the whole model's parameter names; with checkpoint.every, train_batch saves.
+  checkpoint::SaveResult save_checkpoint(const std::string& trainer_state = "");
+  std::optional<checkpoint::SaveResult> wait_for_checkpoint();
+  std::optional<std::string> resume();
+  std::string load_checkpoint(const std::string& directory);
+
   /// This rank's pipeline stage (mesh().coord().pp).
   int stage() const;
   const PipelineLayout& layout() const;

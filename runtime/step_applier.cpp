@@ -5,6 +5,7 @@
 
 #include <unordered_set>
 
+#include "parallax/checkpoint/async_saver.h"
 #include "parallax/core/config_loader.h"
 #include "parallax/core/error.h"
 #include "parallax/core/mesh.h"
@@ -19,6 +20,14 @@
 
 namespace parallax {
 namespace {
+
+// A stage's parameter "<module path>.<leaf>" under the whole model's module path.
+std::string whole_model_name(const StageCoupling& stage, const std::string& name) {
+  const std::size_t dot = name.rfind('.');
+  const std::string module = stage.plan_path(dot == std::string::npos ? "" : name.substr(0, dot));
+  const std::string leaf = dot == std::string::npos ? name : name.substr(dot + 1);
+  return module.empty() ? leaf : module + "." + leaf;
+}
 
 // Before the first collective that depends on the model: every rank must hold the same
 // parameters and buffers (count, shapes, dtypes), or the broadcasts would mismatch.
@@ -219,10 +228,14 @@ StepApplier::StepApplier(Runtime& runtime,
   }
   if (dtype_ != torch::kFloat32) model_->to(dtype_);
 
-  // model->to() may have replaced the tensors: collect the trainable ones again.
+  // model->to() may have replaced the tensors: collect the trainable ones again, each
+  // under the whole model's name (a stage's module paths mapped), for checkpoints.
   seen.clear();
-  for (const auto& p : model_->parameters()) {
-    if (p.requires_grad() && seen.insert(p.unsafeGetTensorImpl()).second) params_.push_back(p);
+  for (const auto& item : model_->named_parameters()) {
+    const torch::Tensor& p = item.value();
+    if (!p.requires_grad() || !seen.insert(p.unsafeGetTensorImpl()).second) continue;
+    params_.push_back(p);
+    param_names_.push_back(stage == nullptr ? item.key() : whole_model_name(*stage, item.key()));
   }
   PARALLAX_CHECK(!params_.empty(), UsageError, "every parameter of the model is frozen (requires_grad = false)");
   // How the model is split beyond the data-parallel group, for the norm and the

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,10 @@
 #include "parallax/zero/parameter_interception.h"
 
 namespace parallax {
+namespace checkpoint {
+struct SaveResult;
+class AsyncSaver;
+}  // namespace checkpoint
 namespace zero {
 class ShardedModel;
 class LossScaler;
@@ -120,17 +125,42 @@ class StepApplier {
   StepTelemetry& telemetry() { return *telemetry_; }
   Tracer& tracer();
 
+  // ---- checkpoints (step_applier_checkpoint.cpp; the format is checkpoint/store.h) ----
+  /// Collective over the world, between optimizer steps: every rank writes the state it
+  /// owns (fp32 parameters or masters and optimizer state, named by the whole model's
+  /// parameter names; its RNG streams) under checkpoint.dir, rank 0 the engine's scalars
+  /// and `trainer_state`. Throws CheckpointError on every rank when one cannot write.
+  checkpoint::SaveResult save_checkpoint(const std::string& trainer_state);
+  /// Collective over the world: loads the checkpoint at `where` (a checkpoint directory,
+  /// or with `latest` the newest complete one under the root `where`) into this engine,
+  /// each rank reading only the ranges it holds; returns the trainer state saved with
+  /// it. Throws CheckpointError on every rank when a rank finds a file torn or
+  /// corrupted, or a tensor missing or of another shape (naming the file or tensor).
+  std::string load_checkpoint(const std::string& where, bool latest);
+  /// What checkpoint.load names ("latest": the newest complete one under
+  /// checkpoint.dir), loaded; nothing when it is "". Collective.
+  std::optional<std::string> resume();
+  /// After a step: saves when checkpoint.every divides the step count. Collective.
+  void save_if_due();
+  /// checkpoint.async: waits for the save in flight and returns its result (nothing when
+  /// none is); rethrows its CheckpointError. Collective.
+  std::optional<checkpoint::SaveResult> wait_for_checkpoint();
+
  private:
+  void log_saved(const checkpoint::SaveResult& result) const;
+
   Runtime* runtime_;
   std::shared_ptr<torch::nn::Module> model_;
   OptimizerSpec spec_;
   torch::ScalarType dtype_ = torch::kFloat32;
   torch::Device device_{torch::kCPU};                          ///< the runtime's: the model and every input go there
   std::vector<torch::Tensor> params_;                          ///< the model's trainable ones (compute dtype)
+  std::vector<std::string> param_names_;                       ///< theirs, in the whole model
   std::unique_ptr<tensor_parallel::ParallelizedModel> split_;  ///< parallel.tp > 1
   std::unique_ptr<GradientReduction> reduction_;
   std::unique_ptr<zero::LossScaler> scaler_;  ///< fp16
   std::unique_ptr<StepTelemetry> telemetry_;
+  std::unique_ptr<checkpoint::AsyncSaver> saver_;  ///< checkpoint.async, from the first save
   bool input_checked_ = false;
   std::int64_t global_step_ = 0;
   StepMetrics last_;

@@ -13,7 +13,7 @@ PARALLAX_DEB_PACKAGES=(
   cmake make g++ pkg-config ccache
   libtorch-dev libopenblas0-pthread   # without the pthread OpenBLAS, LibTorch uses reference BLAS
   libopenmpi-dev openmpi-bin
-  libtomlplusplus-dev libprotobuf-dev protobuf-compiler libhwloc-dev
+  libtomlplusplus-dev libprotobuf-dev protobuf-compiler libhwloc-dev zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev
 )
 

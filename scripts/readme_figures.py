@@ -65,6 +65,8 @@ FIGURES = {
     "tp_equivalence": ctest("tp_equivalence"),
     "pp_equivalence": ctest("pp_equivalence"),
     "matrix_equivalence": ctest("matrix_equivalence"),
+    "checkpoint_reshard": ctest("checkpoint_reshard"),
+    "bench_checkpoint": Figure(["bench/checkpoint.sh"], keep=r"^(GPT example|checkpoint|mode|sync|async)"),
     "bench_zero": Figure(["bench/zero.sh"] + BIG_GPT, env={"TORCH": "wheel"}, keep=r"^(impl/stage|parallax-|torch-|zero\d-|Parallax / PyTorch)"),
     "bench_offload_step": Figure([str(BUILD_DIR / "bench/bench_offload_step"), "--params", "50"]),
     "bench_cpu_adam": Figure([str(BUILD_DIR / "bench/bench_cpu_adam"), "--threads", "2"]),

@@ -56,6 +56,14 @@ struct LossScalerOptions {
   double min_scale_ = 1.0;
 };
 
+/// What a LossScaler carries from step to step (for checkpoints).
+struct LossScalerState {
+  double scale = 1.0;
+  std::int64_t good_steps = 0;
+  std::int64_t hysteresis_left = 0;
+  std::int64_t skipped = 0;
+};
+
 class LossScaler {
  public:
   /// Throws ConfigError for options outside their ranges.
@@ -69,6 +77,13 @@ class LossScaler {
   bool update(bool overflow);
   /// Overflowing (skipped) steps so far.
   std::int64_t skipped_steps() const { return skipped_; }
+  LossScalerState state() const { return {scale_, good_steps_, hysteresis_left_, skipped_}; }
+  void restore(const LossScalerState& state) {
+    scale_ = state.scale;
+    good_steps_ = state.good_steps;
+    hysteresis_left_ = state.hysteresis_left;
+    skipped_ = state.skipped;
+  }
 
  private:
   LossScalerOptions options_;

@@ -57,6 +57,7 @@
 #include "parallax/core/config.h"
 #include "parallax/core/trace.h"
 #include "parallax/zero/parameter_interception.h"
+#include "parallax/zero/shard_layout.h"
 
 namespace parallax::offload {
 class OffloadedAdam;
@@ -90,6 +91,20 @@ struct ModelParallel {
 struct GradientPart {
   std::int64_t param_offset = 0;  ///< first element, within the flattened parameter
   torch::Tensor values;           ///< a view of the gradient shard (fp32)
+};
+
+/// A run of params[param]'s elements in a master shard (Fragment: where in the parameter
+/// and where in the shard).
+struct MasterPart {
+  std::size_t param = 0;
+  Fragment fragment;
+};
+
+/// One flat group's fp32 master shard on this rank (the tensor the optimizer steps) and
+/// the parameters' parts it holds.
+struct MasterShard {
+  torch::Tensor master;
+  std::vector<MasterPart> parts;
 };
 
 class ShardedModel final : private ParameterUseListener {
@@ -153,6 +168,13 @@ class ShardedModel final : private ParameterUseListener {
 
   /// Collective: the full fp32 master parameters, in the order of `params`.
   std::vector<torch::Tensor> gather_masters();
+  /// This rank's master shards, one per group, for reading or overwriting them (a
+  /// checkpoint); each rank of dp holds disjoint parts. Throws UsageError when the
+  /// optimizer is offloaded (its masters live in OffloadedAdam's buffers).
+  std::vector<MasterShard> master_shards() const;
+  /// After master shards were overwritten between steps: the compute-dtype parameters
+  /// are refreshed from them as step() refreshes them. Collective over dp.
+  void masters_changed();
 
   /// Bytes this rank holds now.
   std::int64_t parameter_bytes() const;

@@ -8,6 +8,7 @@
 // the plan (every rank's coordinates, node, cores, device and groups), runs one step and
 // prints each rank's model-state bytes beside ZeRO's formulas and the bytes each of its
 // groups moved, then exits.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 
@@ -23,17 +24,32 @@ bool has_flag(const parallax::Runtime& rt, const std::string& flag) {
   return false;
 }
 
-void print_summary(parallax::Runtime& rt, double seconds, double first_loss, double last_loss, double total_ms) {
+// With checkpoint.dir set, the trained state is saved at the end unless checkpoint.every
+// just saved it; a save in the background is waited for (and reported).
+template <typename EngineType>
+void save_final_checkpoint(parallax::Runtime& rt, EngineType& engine) {
+  const parallax::CheckpointOptions& checkpoint = rt.config().checkpoint;
+  if (checkpoint.dir.empty()) return;
+  if (checkpoint.every == 0 || engine.global_step() % checkpoint.every != 0) engine.save_checkpoint();
+  engine.wait_for_checkpoint();
+}
+
+void print_summary(
+    parallax::Runtime& rt, std::int64_t steps, double seconds, double first_loss, double last_loss, double total_ms) {
   const auto& train = rt.config().train;
   const auto& degrees = rt.mesh().degrees();
+  if (steps == 0) {
+    rt.logger().summary("done: nothing to train (resumed at or past train.steps = ", train.steps, ")");
+    return;
+  }
   const auto block_size = rt.config().app_table("model").get_int("block_size", 32);
   char line[256];
   std::snprintf(line, sizeof(line),
                 "done: %lld steps in %.1f s | loss %.4f -> %.4f | %.1f ms/step | %.0f tok/s | %d ranks (tp=%d, pp=%d, "
                 "dp=%d)",
-                static_cast<long long>(train.steps), seconds, first_loss, last_loss,
-                total_ms / static_cast<double>(train.steps),
-                static_cast<double>(train.steps * train.global_batch_size * block_size) / seconds, rt.world().size(),
+                static_cast<long long>(steps), seconds, first_loss, last_loss,
+                total_ms / static_cast<double>(std::max<std::int64_t>(steps, 1)),
+                static_cast<double>(steps * train.global_batch_size * block_size) / seconds, rt.world().size(),
                 degrees.tp, degrees.pp, degrees.dp);
   rt.logger().summary(line);
 }
@@ -80,17 +96,22 @@ int train_pipeline(parallax::Runtime& rt) {
       engine.train_batch([&] { return micro_batch(0, micro++); });
     });
   }
+  // [checkpoint]: resume where checkpoint.load says (the data's position is the step).
+  engine.resume();
+  const std::int64_t first_step = engine.global_step();
   double first_loss = 0.0;
   double total_ms = 0.0;
   const auto start = std::chrono::steady_clock::now();
-  for (std::int64_t step = 0; step < train.steps; ++step) {
+  for (std::int64_t step = first_step; step < train.steps; ++step) {
     std::int64_t micro = 0;
     const double loss = engine.train_batch([&] { return micro_batch(step, micro++); });
-    if (step == 0) first_loss = loss;
+    if (step == first_step) first_loss = loss;
     total_ms += engine.last_metrics().step_ms;
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  print_summary(rt, seconds, first_loss, engine.last_loss(), total_ms);
+  save_final_checkpoint(rt, engine);
+  print_summary(rt, std::max<std::int64_t>(0, train.steps - first_step), seconds, first_loss, engine.last_loss(),
+                total_ms);
   return 0;
 }
 
@@ -117,16 +138,21 @@ int train(parallax::Runtime& rt) {
     }
   };
   if (has_flag(rt, "--explain")) return explain(rt, engine, [&] { optimizer_step(0); });
+  // [checkpoint]: resume where checkpoint.load says (the data's position is the step).
+  engine.resume();
+  const std::int64_t first_step = engine.global_step();
   double first_loss = 0.0;
   double total_ms = 0.0;
   const auto start = std::chrono::steady_clock::now();
-  for (std::int64_t step = 0; step < train.steps; ++step) {
+  for (std::int64_t step = first_step; step < train.steps; ++step) {
     optimizer_step(step);
-    if (step == 0) first_loss = engine.last_loss();
+    if (step == first_step) first_loss = engine.last_loss();
     total_ms += engine.last_metrics().step_ms;
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  print_summary(rt, seconds, first_loss, engine.last_loss(), total_ms);
+  save_final_checkpoint(rt, engine);
+  print_summary(rt, std::max<std::int64_t>(0, train.steps - first_step), seconds, first_loss, engine.last_loss(),
+                total_ms);
   return 0;
 }
 

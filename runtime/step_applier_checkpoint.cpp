@@ -1,0 +1,242 @@
+// StepApplier's checkpoints: which state exists, under which names, and who writes it.
+//
+// Names: "<kind>/<parameter>", kind "param" (the fp32 tensor the optimizer steps) or an
+// optimizer state ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer"),
+// parameter the whole model's name. A parameter split over the tensor-parallel group
+// is saved per part, "<kind>/<parameter>@tp<rank>/<size>"; one it replicates over the
+// group is saved once, by tensor-parallel rank 0. Per-rank streams are
+// "rank/<world rank>/rng/<stream>".
+#include <torch/types.h>
+
+#include <algorithm>
+#include <chrono>
+#include <sstream>
+#include <utility>
+
+#include "parallax/checkpoint/async_saver.h"
+#include "parallax/checkpoint/files.h"
+#include "parallax/checkpoint/store.h"
+#include "parallax/core/config_loader.h"
+#include "parallax/core/error.h"
+#include "parallax/core/mesh.h"
+#include "parallax/core/world.h"
+#include "parallax/runtime/gradient_reduction.h"
+#include "parallax/runtime/plan_options.h"
+#include "parallax/runtime/runtime.h"
+#include "parallax/runtime/step_applier.h"
+#include "parallax/runtime/step_telemetry.h"
+#include "parallax/tensor_parallel/rng_tracker.h"
+#include "parallax/zero/loss_scaler.h"
+#include "proto/checkpoint.pb.h"
+
+namespace parallax {
+namespace {
+
+constexpr char kParam[] = "param";
+
+std::chrono::milliseconds checkpoint_timeout(const Runtime& runtime) {
+  return std::chrono::milliseconds(static_cast<std::int64_t>(runtime.config().checkpoint.timeout_s * 1000.0));
+}
+
+std::string rank_stream_name(int rank, const std::string& stream) {
+  return "rank/" + std::to_string(rank) + "/rng/" + stream;
+}
+
+// "dp=2 tp=1 pp=1 zero=1 bf16, 2 ranks": the saving run, for messages.
+std::string layout_text(Runtime& runtime, torch::ScalarType dtype) {
+  const MeshDegrees& d = runtime.mesh().degrees();
+  std::ostringstream text;
+  text << "dp=" << d.dp << " tp=" << d.tp << " pp=" << d.pp << " zero=" << runtime.plan().zero().stage() << " "
+       << c10::toString(dtype) << ", " << runtime.world().size() << " ranks";
+  return text.str();
+}
+
+std::string shape_text(const std::vector<std::int64_t>& shape) {
+  std::ostringstream text;
+  text << "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) text << (i ? ", " : "") << shape[i];
+  text << "]";
+  return text.str();
+}
+
+}  // namespace
+
+checkpoint::SaveResult StepApplier::save_checkpoint(const std::string& trainer_state) {
+  const auto started = std::chrono::steady_clock::now();
+  const CheckpointOptions& options = runtime_->config().checkpoint;
+  PARALLAX_CHECK(!options.dir.empty(), UsageError,
+                 "save_checkpoint: checkpoint.dir is not set (the directory checkpoints go under)");
+  torch::NoGradGuard no_grad;
+  const int tp_rank = runtime_->mesh().coord().tp;
+  const int tp_size = runtime_->mesh().degrees().tp;
+  checkpoint::SaveRequest request;
+  request.root = options.dir;
+  request.step = global_step_;
+  request.keep = static_cast<int>(options.keep);
+  request.layout = layout_text(*runtime_, dtype_);
+  request.timeout = checkpoint_timeout(*runtime_);
+  for (const StateSlice& slice : reduction_->state_slices(StateAccess::kOwned, /*create_optimizer_state=*/false)) {
+    const torch::Tensor& param = params_[slice.param];
+    const bool replicated_over_tp = !split_ || split_->copies(param) == tp_size;
+    if (replicated_over_tp && tp_rank != 0) continue;
+    const std::string suffix =
+        replicated_over_tp ? "" : "@tp" + std::to_string(tp_rank) + "/" + std::to_string(tp_size);
+    for (const auto& [kind, values] : slice.tensors) {
+      request.pieces.push_back(
+          {kind + "/" + param_names_[slice.param] + suffix, param.sizes().vec(), slice.offset, values});
+    }
+  }
+  const tensor_parallel::RngTracker::Snapshot rng = runtime_->rng_tracker().capture();
+  const int rank = runtime_->world().rank();
+  request.pieces.push_back({rank_stream_name(rank, "default"), {rng.default_state.numel()}, 0, rng.default_state});
+  for (const auto& [stream, state] : rng.streams) {
+    request.pieces.push_back({rank_stream_name(rank, stream), {state.numel()}, 0, state});
+  }
+  proto::EngineCheckpointState engine;
+  engine.set_global_step(global_step_);
+  engine.set_optimizer_steps(reduction_->optimizer_steps());
+  if (scaler_) {
+    const zero::LossScalerState scaler = scaler_->state();
+    engine.set_loss_scale(scaler.scale);
+    engine.set_loss_scale_good_steps(scaler.good_steps);
+    engine.set_loss_scale_hysteresis_left(scaler.hysteresis_left);
+    engine.set_skipped_steps(scaler.skipped);
+  }
+  request.engine_state = engine.SerializeAsString();
+  request.trainer_state = trainer_state;
+  const auto blocked = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  };
+  if (!options.async) {
+    checkpoint::SaveResult result = checkpoint::save(runtime_->world().communicator(), request);
+    result.blocked_seconds = blocked();
+    log_saved(result);
+    return result;
+  }
+  // In the background, over a communicator of its own: training's collectives go on.
+  if (!saver_) {
+    Communicator& world = runtime_->world().communicator();
+    saver_ = std::make_unique<checkpoint::AsyncSaver>(world.split(0, world.rank(), "checkpoint"));
+  }
+  const std::string directory = request.root + "/" + checkpoint::directory_name(request.step);
+  if (std::optional<checkpoint::SaveResult> previous = saver_->start(checkpoint::snapshot(std::move(request)))) {
+    log_saved(*previous);
+  }
+  checkpoint::SaveResult started_save;
+  started_save.directory = directory;
+  started_save.blocked_seconds = blocked();
+  runtime_->logger().summary("# checkpoint: step ", global_step_, " saving to ", directory,
+                             " in the background (training blocked ", started_save.blocked_seconds * 1e3, " ms)");
+  return started_save;
+}
+
+void StepApplier::log_saved(const checkpoint::SaveResult& result) const {
+  // One line a bench can read: bytes and seconds are rank 0's.
+  runtime_->logger().summary("# checkpoint: saved ", result.directory, " (rank 0 wrote ", result.bytes_written,
+                             " bytes in ", result.write_seconds, " s; save ", result.save_seconds, " s; ",
+                             result.blocked_seconds > 0 ? "training blocked " : "in the background",
+                             result.blocked_seconds > 0 ? std::to_string(result.blocked_seconds * 1e3) + " ms" : "",
+                             ")");
+}
+
+std::optional<checkpoint::SaveResult> StepApplier::wait_for_checkpoint() {
+  if (!saver_) return std::nullopt;
+  std::optional<checkpoint::SaveResult> result = saver_->wait();
+  if (result) log_saved(*result);
+  return result;
+}
+
+std::string StepApplier::load_checkpoint(const std::string& where, bool latest) {
+  wait_for_checkpoint();  // a save in flight may be the one asked for
+  torch::NoGradGuard no_grad;
+  Communicator& world = runtime_->world().communicator();
+  const std::chrono::milliseconds timeout = checkpoint_timeout(*runtime_);
+  const int tp_rank = runtime_->mesh().coord().tp;
+  const int tp_size = runtime_->mesh().degrees().tp;
+  std::unique_ptr<checkpoint::Reader> reader;
+  proto::EngineCheckpointState engine;
+  std::string error = checkpoint::error_of([&] {
+    reader = std::make_unique<checkpoint::Reader>(
+        checkpoint::Reader::open(where, latest ? checkpoint::Reader::kLatest : checkpoint::Reader::kExactly));
+    PARALLAX_CHECK(engine.ParseFromString(reader->engine_state()), CheckpointError, reader->directory(),
+                   ": the engine state in manifest.pb does not parse");
+  });
+  checkpoint::raise_if_any_failed(world, "opening checkpoint " + where, error, timeout);
+  // Every rank must take the same checkpoint (a rank that saw a directory torn later
+  // than another would otherwise load a different step).
+  torch::Tensor steps = torch::tensor({reader->step(), -reader->step()});
+  CollectiveOptions max;
+  max.reduce_op = ReduceOp::kMax;
+  max.timeout = timeout;
+  world.all_reduce(steps, max)->wait();
+  PARALLAX_CHECK(steps[0].item<std::int64_t>() == -steps[1].item<std::int64_t>(), CheckpointError, "ranks found ",
+                 "different checkpoints under ", where, " (steps ", -steps[1].item<std::int64_t>(), " to ",
+                 steps[0].item<std::int64_t>(), "): is the directory shared by every node?");
+
+  const bool fresh_optimizer = engine.optimizer_steps() == 0;
+  error = checkpoint::error_of([&] {
+    for (const StateSlice& slice : reduction_->state_slices(StateAccess::kHeld, /*create_optimizer_state=*/true)) {
+      const torch::Tensor& param = params_[slice.param];
+      const bool replicated_over_tp = !split_ || split_->copies(param) == tp_size;
+      const std::string suffix =
+          replicated_over_tp ? "" : "@tp" + std::to_string(tp_rank) + "/" + std::to_string(tp_size);
+      for (const auto& [kind, values] : slice.tensors) {
+        const std::string name = kind + "/" + param_names_[slice.param] + suffix;
+        if (!reader->has(name) && kind != kParam && fresh_optimizer) {
+          values.zero_();  // saved before the optimizer's first step: it had no state yet
+          continue;
+        }
+        const std::vector<std::int64_t> saved = reader->shape(name);
+        PARALLAX_CHECK(saved == param.sizes().vec(), CheckpointError, reader->directory(), ": tensor '", name,
+                       "' has shape ", shape_text(saved), ", this model's parameter has ",
+                       shape_text(param.sizes().vec()), " (saved under ", reader->layout(), ")");
+        torch::Tensor host = torch::empty({values.numel()}, values.options().device(torch::kCPU));
+        reader->read(name, slice.offset, host);
+        values.copy_(host);
+      }
+    }
+  });
+  checkpoint::raise_if_any_failed(world, "loading checkpoint " + reader->directory(), error, timeout);
+
+  reduction_->state_loaded();
+  reduction_->set_optimizer_steps(engine.optimizer_steps());
+  global_step_ = engine.global_step();
+  if (scaler_) {
+    scaler_->restore({engine.loss_scale(), engine.loss_scale_good_steps(), engine.loss_scale_hysteresis_left(),
+                      engine.skipped_steps()});
+  }
+  // This rank's random streams, when the checkpoint has this rank (same world size).
+  const int rank = runtime_->world().rank();
+  if (reader->has(rank_stream_name(rank, "default"))) {
+    tensor_parallel::RngTracker::Snapshot rng = runtime_->rng_tracker().capture();
+    const auto restore = [&](const std::string& stream, torch::Tensor& state) {
+      if (!reader->has(rank_stream_name(rank, stream))) return;
+      torch::Tensor loaded = torch::empty_like(state);
+      reader->read(rank_stream_name(rank, stream), 0, loaded);
+      state = loaded;
+    };
+    restore("default", rng.default_state);
+    for (auto& [stream, state] : rng.streams) restore(stream, state);
+    runtime_->rng_tracker().restore(rng);
+  }
+  for (const std::string& skipped : reader->skipped()) {
+    runtime_->logger().summary("# checkpoint: passed over ", skipped);
+  }
+  runtime_->logger().summary("# checkpoint: resumed at step ", global_step_, " from ", reader->directory(),
+                             " (saved under ", reader->layout(), "; rank 0 read ", reader->bytes_read(), " bytes)");
+  return reader->trainer_state();
+}
+
+std::optional<std::string> StepApplier::resume() {
+  const CheckpointOptions& options = runtime_->config().checkpoint;
+  if (options.load.empty()) return std::nullopt;
+  if (options.load == "latest") return load_checkpoint(options.dir, /*latest=*/true);
+  return load_checkpoint(options.load, /*latest=*/false);
+}
+
+void StepApplier::save_if_due() {
+  const std::int64_t every = runtime_->config().checkpoint.every;
+  if (every > 0 && global_step_ % every == 0) save_checkpoint("");
+}
+
+}  // namespace parallax

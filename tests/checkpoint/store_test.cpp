@@ -1,0 +1,253 @@
+// checkpoint/store.h on real ranks and real files: pieces written by every rank read
+// back under another split, the atomic publish, `keep`, the loader's refusals of torn,
+// truncated and corrupted checkpoints (each naming the file), `latest` passing over a
+// torn one, and a rank that cannot write (a full disk, an unwritable root) failing the
+// save on every rank while the previous checkpoint stays loadable; the same for a save
+// in the background, whose snapshot is what it writes.
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "parallax/checkpoint/async_saver.h"
+#include "parallax/checkpoint/files.h"
+#include "parallax/checkpoint/store.h"
+#include "parallax/core/error.h"
+#include "parallax/core/mpi_communicator.h"
+
+namespace {
+
+using parallax::CheckpointError;
+using parallax::Communicator;
+namespace checkpoint = parallax::checkpoint;
+namespace fs = std::filesystem;
+
+// While it lives, this process's file system is "full" when `full`: files stop at 64 KiB
+// (writes fail with EFBIG; SIGXFSZ is ignored), far below a data file of about 4 MB / size.
+class FullDisk {
+ public:
+  explicit FullDisk(bool full) : old_handler_(std::signal(SIGXFSZ, SIG_IGN)) {
+    ::getrlimit(RLIMIT_FSIZE, &saved_);
+    if (!full) return;
+    struct rlimit small = saved_;
+    small.rlim_cur = 64 * 1024;
+    EXPECT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  }
+  ~FullDisk() {
+    ::setrlimit(RLIMIT_FSIZE, &saved_);
+    std::signal(SIGXFSZ, old_handler_);
+  }
+  FullDisk(const FullDisk&) = delete;
+  FullDisk& operator=(const FullDisk&) = delete;
+
+ private:
+  struct rlimit saved_ {};
+  void (*old_handler_)(int);
+};
+
+class StoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    world_ = parallax::create_mpi_world_communicator();
+    world_->set_default_timeout(std::chrono::milliseconds(30'000));
+    // One fresh directory every rank shares: rank 0 makes it, the name is broadcast.
+    std::string name(256, '\0');
+    if (rank() == 0) {
+      char pattern[] = "/tmp/parallax_store_test.XXXXXX";
+      ASSERT_NE(::mkdtemp(pattern), nullptr);
+      name.replace(0, sizeof(pattern), pattern, sizeof(pattern));
+    }
+    torch::Tensor bytes = torch::zeros({256}, torch::kUInt8);
+    std::copy(name.begin(), name.end(), static_cast<char*>(bytes.data_ptr()));
+    world_->broadcast(bytes, 0)->wait();
+    root_ = std::string(static_cast<const char*>(bytes.data_ptr()));
+  }
+  void TearDown() override {
+    world_->barrier()->wait();
+    if (rank() == 0) fs::remove_all(root_);
+  }
+  int rank() const { return world_->rank(); }
+  int size() const { return world_->size(); }
+
+  // The tensor "w" of kNumel floats (value = index + step), each rank owning an uneven
+  // contiguous part (rank r: [r·n/size … (r+1)·n/size) with n/size not whole), and
+  // "b" of bytes held by the last rank only.
+  static constexpr std::int64_t kNumel = 1000003;  // about 4 MB: several CRC blocks per piece
+  checkpoint::SaveRequest request(std::int64_t step, int keep = 0) const {
+    checkpoint::SaveRequest r;
+    r.root = root_;
+    r.step = step;
+    r.keep = keep;
+    r.layout = "test";
+    const std::int64_t begin = kNumel * rank() / size(), end = kNumel * (rank() + 1) / size();
+    r.pieces.push_back(
+        {"param/w", {kNumel}, begin, torch::arange(begin, end, torch::kFloat32).add_(static_cast<double>(step))});
+    if (rank() == size() - 1) r.pieces.push_back({"rank/b", {3}, 0, torch::tensor({7, 8, 9}, torch::kUInt8)});
+    r.engine_state = "engine@" + std::to_string(step);
+    r.trainer_state = "loader@" + std::to_string(step);
+    return r;
+  }
+  std::string dir(std::int64_t step) const { return root_ + "/" + checkpoint::directory_name(step); }
+
+  std::unique_ptr<Communicator> world_;
+  std::string root_;
+};
+
+TEST_F(StoreTest, EveryRangeReadsBackUnderAnotherSplitAndOnlyItsBlocksAreRead) {
+  const checkpoint::SaveResult saved = checkpoint::save(*world_, request(5));
+  EXPECT_EQ(saved.directory, dir(5));
+  EXPECT_TRUE(fs::exists(dir(5) + "/commit"));
+  EXPECT_FALSE(fs::exists(dir(5) + ".partial"));
+  const checkpoint::Reader reader = checkpoint::Reader::open(dir(5), checkpoint::Reader::kExactly);
+  EXPECT_EQ(reader.step(), 5);
+  EXPECT_EQ(reader.engine_state(), "engine@5");
+  EXPECT_EQ(reader.trainer_state(), "loader@5");
+  EXPECT_EQ(reader.shape("param/w"), std::vector<std::int64_t>{kNumel});
+  // Another split than the saving one: 7 parts, each straddling the savers' pieces.
+  for (int part = 0; part < 7; ++part) {
+    const std::int64_t begin = kNumel * part / 7, end = kNumel * (part + 1) / 7;
+    torch::Tensor out = torch::empty({end - begin}, torch::kFloat32);
+    reader.read("param/w", begin, out);
+    ASSERT_TRUE(torch::equal(out, torch::arange(begin, end, torch::kFloat32).add_(5.0))) << "part " << part;
+  }
+  torch::Tensor b = torch::empty({3}, torch::kUInt8);
+  reader.read("rank/b", 0, b);
+  EXPECT_TRUE(torch::equal(b, torch::tensor({7, 8, 9}, torch::kUInt8)));
+
+  // A small range reads only the CRC blocks that hold it: at most 2 MiB for 10 elements.
+  const checkpoint::Reader fresh = checkpoint::Reader::open(dir(5), checkpoint::Reader::kExactly);
+  torch::Tensor few = torch::empty({10}, torch::kFloat32);
+  fresh.read("param/w", kNumel / 2, few);
+  EXPECT_LE(fresh.bytes_read(), 2u << 20);
+  EXPECT_GT(fresh.bytes_read(), 0u);
+
+  // A dtype or range the checkpoint does not hold is named.
+  torch::Tensor doubles = torch::empty({4}, torch::kFloat64);
+  EXPECT_THROW(reader.read("param/w", 0, doubles), CheckpointError);
+  torch::Tensor beyond = torch::empty({4}, torch::kFloat32);
+  EXPECT_THROW(reader.read("param/w", kNumel - 2, beyond), CheckpointError);
+  EXPECT_THROW(reader.shape("param/nothing"), CheckpointError);
+}
+
+TEST_F(StoreTest, KeepRemovesTheOldestAndLatestPassesOverATornOne) {
+  for (std::int64_t step : {1, 2, 3, 4}) checkpoint::save(*world_, request(step, /*keep=*/2));
+  world_->barrier()->wait();
+  EXPECT_FALSE(fs::exists(dir(1)));
+  EXPECT_FALSE(fs::exists(dir(2)));
+  EXPECT_TRUE(fs::exists(dir(3)));
+  EXPECT_TRUE(fs::exists(dir(4)));
+  world_->barrier()->wait();
+  if (rank() == 0) fs::remove(dir(4) + "/commit");  // as a crash between rename and marker would (it cannot)
+  world_->barrier()->wait();
+  EXPECT_THROW(checkpoint::Reader::open(dir(4), checkpoint::Reader::kExactly), CheckpointError);
+  const checkpoint::Reader latest = checkpoint::Reader::open(root_, checkpoint::Reader::kLatest);
+  EXPECT_EQ(latest.step(), 3);
+  ASSERT_EQ(latest.skipped().size(), 1u);
+  EXPECT_NE(latest.skipped()[0].find("no commit marker"), std::string::npos) << latest.skipped()[0];
+  // A .partial directory (a save that died) is never a candidate.
+  EXPECT_EQ(checkpoint::step_of(checkpoint::directory_name(9) + ".partial"), std::nullopt);
+}
+
+TEST_F(StoreTest, TruncatedAndCorruptedFilesAreNamed) {
+  checkpoint::save(*world_, request(1));
+  checkpoint::save(*world_, request(2));
+  world_->barrier()->wait();
+  const std::string last_file = dir(2) + "/" + checkpoint::rank_file_name(size() - 1);
+  if (rank() == 0) {
+    // Flip one byte in the middle of rank 0's data file of step 2.
+    std::fstream file(dir(2) + "/" + checkpoint::rank_file_name(0), std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(1000);
+    file.put('\x5a');
+  }
+  world_->barrier()->wait();
+  const checkpoint::Reader reader = checkpoint::Reader::open(dir(2), checkpoint::Reader::kExactly);
+  torch::Tensor out = torch::empty({kNumel}, torch::kFloat32);
+  try {
+    reader.read("param/w", 0, out);
+    ADD_FAILURE() << "a corrupted block was read without error";
+  } catch (const CheckpointError& e) {
+    const std::string what = e.detail();
+    EXPECT_NE(what.find(checkpoint::rank_file_name(0)), std::string::npos) << what;
+    EXPECT_NE(what.find("CRC-32"), std::string::npos) << what;
+    EXPECT_NE(what.find("block 0"), std::string::npos) << what;
+  }
+  world_->barrier()->wait();
+  if (rank() == 0) fs::resize_file(last_file, fs::file_size(last_file) - 1);
+  world_->barrier()->wait();
+  try {
+    checkpoint::Reader::open(dir(2), checkpoint::Reader::kExactly);
+    ADD_FAILURE() << "a truncated file was accepted";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(e.detail().find(checkpoint::rank_file_name(size() - 1)), std::string::npos) << e.detail();
+    EXPECT_NE(e.detail().find("truncated"), std::string::npos) << e.detail();
+  }
+  // latest: the newest that validates (step 1), step 2 named as passed over.
+  EXPECT_EQ(checkpoint::Reader::open(root_, checkpoint::Reader::kLatest).step(), 1);
+}
+
+TEST_F(StoreTest, ARankThatCannotWriteFailsTheSaveOnEveryRankAndTheLastCheckpointStays) {
+  checkpoint::save(*world_, request(1));
+  {
+    const FullDisk full(rank() == size() - 1);
+    try {
+      checkpoint::save(*world_, request(2));
+      ADD_FAILURE() << "the save succeeded with a full disk";
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(e.detail().find("rank " + std::to_string(size() - 1)), std::string::npos) << e.detail();
+      EXPECT_NE(e.detail().find("cannot write"), std::string::npos) << e.detail();
+    }
+  }
+  world_->barrier()->wait();
+  EXPECT_FALSE(fs::exists(dir(2)));
+  EXPECT_FALSE(fs::exists(dir(2) + ".partial"));
+  const checkpoint::Reader latest = checkpoint::Reader::open(root_, checkpoint::Reader::kLatest);
+  EXPECT_EQ(latest.step(), 1);
+  torch::Tensor out = torch::empty({kNumel}, torch::kFloat32);
+  latest.read("param/w", 0, out);
+  EXPECT_TRUE(torch::equal(out, torch::arange(0, kNumel, torch::kFloat32).add_(1.0)));
+
+  // A root that cannot be created (below a regular file) fails on every rank too.
+  if (rank() == 0) std::ofstream(root_ + "/a_file") << "x";
+  world_->barrier()->wait();
+  checkpoint::SaveRequest blocked = request(3);
+  blocked.root = root_ + "/a_file/checkpoints";
+  try {
+    checkpoint::save(*world_, blocked);
+    ADD_FAILURE() << "the save succeeded under a regular file";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(e.detail().find("failed on rank 0"), std::string::npos) << e.detail();
+    EXPECT_NE(e.detail().find("a_file"), std::string::npos) << e.detail();
+  }
+}
+
+TEST_F(StoreTest, AnAsynchronousSaveWritesItsSnapshotAndItsFailureReachesTheNextWait) {
+  checkpoint::AsyncSaver saver(world_->split(0, rank(), "checkpoint"));
+  checkpoint::SaveRequest first = request(1);
+  torch::Tensor original = first.pieces[0].values;
+  EXPECT_FALSE(saver.start(checkpoint::snapshot(std::move(first))).has_value());
+  original.fill_(-1.0f);  // training goes on and changes the state: the snapshot was taken
+  const std::optional<checkpoint::SaveResult> done = saver.wait();
+  ASSERT_TRUE(done.has_value());
+  EXPECT_EQ(done->directory, dir(1));
+  torch::Tensor out = torch::empty({kNumel}, torch::kFloat32);
+  checkpoint::Reader::open(dir(1), checkpoint::Reader::kExactly).read("param/w", 0, out);
+  EXPECT_TRUE(torch::equal(out, torch::arange(0, kNumel, torch::kFloat32).add_(1.0)));
+
+  // The last rank's disk is full while the save runs in the background: start() returns,
+  // and the next wait() throws on every rank; step 1 stays the latest.
+  {
+    const FullDisk full(rank() == size() - 1);
+    saver.start(checkpoint::snapshot(request(2)));
+    EXPECT_THROW(saver.wait(), CheckpointError);
+  }
+  EXPECT_EQ(checkpoint::Reader::open(root_, checkpoint::Reader::kLatest).step(), 1);
+  EXPECT_FALSE(saver.wait().has_value());  // the error was reported once
+}
+
+}  // namespace
