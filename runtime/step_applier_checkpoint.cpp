@@ -59,6 +59,18 @@ std::string shape_text(const std::vector<std::int64_t>& shape) {
   return text.str();
 }
 
+// The checkpoint name of a parameter's `kind` of state (see the file comment), and
+// whether this rank is the one that saves it (a part replicated over tp: rank 0 only).
+struct StateName {
+  std::string name;
+  bool saved_here = true;
+};
+StateName state_name(
+    const std::string& kind, const std::string& param_name, bool replicated_over_tp, int tp_rank, int tp_size) {
+  if (replicated_over_tp) return {kind + "/" + param_name, tp_rank == 0};
+  return {kind + "/" + param_name + "@tp" + std::to_string(tp_rank) + "/" + std::to_string(tp_size), true};
+}
+
 }  // namespace
 
 checkpoint::SaveResult StepApplier::save_checkpoint(const std::string& trainer_state) {
@@ -78,12 +90,9 @@ checkpoint::SaveResult StepApplier::save_checkpoint(const std::string& trainer_s
   for (const StateSlice& slice : reduction_->state_slices(StateAccess::kOwned, /*create_optimizer_state=*/false)) {
     const torch::Tensor& param = params_[slice.param];
     const bool replicated_over_tp = !split_ || split_->copies(param) == tp_size;
-    if (replicated_over_tp && tp_rank != 0) continue;
-    const std::string suffix =
-        replicated_over_tp ? "" : "@tp" + std::to_string(tp_rank) + "/" + std::to_string(tp_size);
     for (const auto& [kind, values] : slice.tensors) {
-      request.pieces.push_back(
-          {kind + "/" + param_names_[slice.param] + suffix, param.sizes().vec(), slice.offset, values});
+      const StateName named = state_name(kind, param_names_[slice.param], replicated_over_tp, tp_rank, tp_size);
+      if (named.saved_here) request.pieces.push_back({named.name, param.sizes().vec(), slice.offset, values});
     }
   }
   const tensor_parallel::RngTracker::Snapshot rng = runtime_->rng_tracker().capture();
@@ -178,10 +187,8 @@ std::string StepApplier::load_checkpoint(const std::string& where, bool latest) 
     for (const StateSlice& slice : reduction_->state_slices(StateAccess::kHeld, /*create_optimizer_state=*/true)) {
       const torch::Tensor& param = params_[slice.param];
       const bool replicated_over_tp = !split_ || split_->copies(param) == tp_size;
-      const std::string suffix =
-          replicated_over_tp ? "" : "@tp" + std::to_string(tp_rank) + "/" + std::to_string(tp_size);
       for (const auto& [kind, values] : slice.tensors) {
-        const std::string name = kind + "/" + param_names_[slice.param] + suffix;
+        const std::string name = state_name(kind, param_names_[slice.param], replicated_over_tp, tp_rank, tp_size).name;
         if (!reader->has(name) && kind != kParam && fresh_optimizer) {
           values.zero_();  // saved before the optimizer's first step: it had no state yet
           continue;
