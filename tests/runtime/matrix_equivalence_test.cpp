@@ -100,8 +100,10 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<Cell>& info) { return info.param.name; });
 
 // bf16 against the same recipe in one process (gpt_training.h), fp32 masters compared.
-// ZeRO-3 in a pipeline matches it to 1.2e-7 (masters; losses identical) on 4 and 8 ranks,
-// and masters rounded to bf16 after each step would miss by 1.6e-2. Tensor parallelism
+// ZeRO-3 in a pipeline matches it (losses identical) with masters within 1.2e-7 on an
+// AVX-512 Xeon and 4.0e-6 on an AVX2 EPYC (LibTorch's bf16 kernels sum in other orders
+// there), on 4 and 8 ranks; the bound is 10x the worse. Masters rounded to bf16 after
+// each step would miss by 1.6e-2. Tensor parallelism
 // sums its split matrix products in bf16 and in another order than the dense model, so
 // the tp cells differ at bf16's own resolution (measured worst: loss 1.41e-4 relative,
 // masters 2.03e-2): their bounds (10x the loss, 2.5x the masters) catch a broken split.
@@ -111,7 +113,7 @@ INSTANTIATE_TEST_SUITE_P(
     Bf16,
     MatrixEquivalence,
     ::testing::Values(
-        Cell{"pp2_zero3_bf16", "pp.toml", {zero(3), kWrapBlocks, "precision.dtype=\"bf16\""}, 1e-6, 1e-6},
+        Cell{"pp2_zero3_bf16", "pp.toml", {zero(3), kWrapBlocks, "precision.dtype=\"bf16\""}, 1e-6, 4e-5},
         Cell{"tp2_pp2_zero1_bf16_tied", "3d.toml", {zero(1), kTied, "precision.dtype=\"bf16\""}, 1.5e-3, 5e-2},
         Cell{"tp2_pp2_bf16_sp", "3d.toml", {kSequenceParallel, "precision.dtype=\"bf16\""}, 1.5e-3, 5e-2}),
     [](const ::testing::TestParamInfo<Cell>& info) { return info.param.name; });

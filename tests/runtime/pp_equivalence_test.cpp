@@ -161,8 +161,9 @@ TEST(PipelineTiedWeights, CopiesStayBitIdentical) {
 // bf16 through the pipeline with zb-h1's split backward: activations travel in bf16,
 // gradients reach fp32 masters. The reference runs bf16 as the engine does
 // (gpt_training.h) and the fp32 masters are compared. Measured: loss identical, masters
-// within 1.2e-7; masters rounded to bf16 after each step (no fp32 masters) reach 2.2e-4
-// and 1.6e-2. Untied: a tied weight's two uses are summed in bf16 by the reference's
+// within 1.2e-7 on an AVX-512 Xeon and 4.0e-6 on an AVX2 EPYC (other bf16 kernels), so
+// the bound is 4e-5; masters rounded to bf16 after each step (no fp32 masters) reach
+// 2.2e-4 and 1.6e-2. Untied: a tied weight's two uses are summed in bf16 by the reference's
 // autograd but in fp32 by the stages, a bf16-sized difference (1e-2) that would hide
 // the mutant; tied weights are checked in fp32 above.
 TEST(PipelineBf16, MatchesTheSameRecipeInOneProcess) {
@@ -170,7 +171,7 @@ TEST(PipelineBf16, MatchesTheSameRecipeInOneProcess) {
   const auto config =
       make_config(4, {"parallel.pp=2", "model.n_layer=4", "pipeline.schedule=\"zb-h1\"", "precision.dtype=\"bf16\""});
   PipelineRun run;
-  expect_pipeline_matches_reference(config, "pipeline bf16 zb-h1", 1e-6, 1e-6, &run);
+  expect_pipeline_matches_reference(config, "pipeline bf16 zb-h1", 1e-6, 4e-5, &run);
   EXPECT_LT(run.losses.back(), run.losses.front());
 }
 
