@@ -15,13 +15,14 @@
 #include <utility>
 
 #include "parallax/checkpoint/files.h"
+#include "parallax/checkpoint/manifest.h"
+#include "parallax/checkpoint/weights_file.h"
 #include "parallax/core/error.h"
 #include "proto/checkpoint.pb.h"
 
 namespace parallax::checkpoint {
 namespace {
 
-constexpr std::uint32_t kFormatVersion = 1;
 constexpr std::uint64_t kBlockBytes = 1u << 20;
 constexpr int kDescriptorTag = 7301;
 constexpr char kManifest[] = "manifest.pb";
@@ -120,7 +121,7 @@ proto::CheckpointManifest merge(const std::vector<std::string>& descriptors,
                                 const SaveRequest& request,
                                 int world_size) {
   proto::CheckpointManifest manifest;
-  manifest.set_format_version(kFormatVersion);
+  manifest.set_format_version(kManifestFormatVersion);
   manifest.set_step(request.step);
   manifest.set_world_size(world_size);
   manifest.set_layout(request.layout);
@@ -294,10 +295,7 @@ std::unique_ptr<proto::CheckpointManifest> validate(const std::string& directory
                  "), found ", text.size(), " (truncated?)");
   PARALLAX_CHECK(crc32(text.data(), text.size()) == crc, CheckpointError, manifest_path, ": CRC-32 ",
                  crc32(text.data(), text.size()), " does not match ", crc, " recorded in ", kCommit, " (corrupted)");
-  auto manifest = std::make_unique<proto::CheckpointManifest>();
-  PARALLAX_CHECK(manifest->ParseFromString(text), CheckpointError, manifest_path, ": does not parse");
-  PARALLAX_CHECK(manifest->format_version() == kFormatVersion, CheckpointError, manifest_path, ": format version ",
-                 manifest->format_version(), ", this build reads ", kFormatVersion);
+  std::unique_ptr<proto::CheckpointManifest> manifest = parse_manifest(text, manifest_path);
   for (const proto::CheckpointFile& file : manifest->files()) {
     const std::string path = join(directory, file.name());
     const std::uint64_t found = file_size(path);
@@ -332,6 +330,40 @@ Reader Reader::open(const std::string& where, Mode mode) {
                                            candidates.empty() ? " (no step-* directory there)" : ":", why));
     }
   }
+  reader.build_index();
+  return reader;
+}
+
+Reader Reader::open_weights(const std::string& path) {
+  Reader reader;
+  const std::size_t slash = path.rfind('/');
+  reader.directory_ = slash == std::string::npos ? "." : path.substr(0, std::max<std::size_t>(slash, 1));
+  reader.weights_only_ = true;
+  reader.manifest_ = std::make_unique<proto::CheckpointManifest>();
+  proto::CheckpointManifest& manifest = *reader.manifest_;
+  manifest.set_format_version(kManifestFormatVersion);
+  manifest.set_layout("weights file " + path);
+  manifest.set_block_bytes(kBlockBytes);  // the unit reads are rounded to; no CRCs
+  proto::CheckpointFile* file = manifest.add_files();
+  file->set_name(slash == std::string::npos ? path : path.substr(slash + 1));
+  file->set_bytes(file_size(path));
+  for (const SafetensorsTensor& saved : read_safetensors_header(path)) {
+    proto::CheckpointTensor* tensor = manifest.add_tensors();
+    tensor->set_name(std::string(kParamKind) + "/" + saved.entry.name);
+    tensor->set_dtype(dtype_name(saved.entry.dtype));
+    for (std::int64_t d : saved.entry.shape) tensor->add_shape(d);
+    proto::CheckpointPiece* piece = manifest.add_pieces();
+    piece->set_tensor(static_cast<std::uint32_t>(manifest.tensors_size() - 1));
+    piece->set_numel(numel_of(tensor->shape()));
+    piece->set_byte_offset(saved.begin);
+  }
+  check_manifest(manifest, path, /*with_crcs=*/false);
+  reader.build_index();
+  return reader;
+}
+
+void Reader::build_index() {
+  Reader& reader = *this;
   reader.index_ = std::make_unique<Index>();
   for (int t = 0; t < reader.manifest_->tensors_size(); ++t) {
     reader.index_->tensors.emplace(reader.manifest_->tensors(t).name(), static_cast<std::uint32_t>(t));
@@ -340,7 +372,6 @@ Reader Reader::open(const std::string& where, Mode mode) {
   for (int p = 0; p < reader.manifest_->pieces_size(); ++p) {
     reader.index_->pieces.at(reader.manifest_->pieces(p).tensor()).push_back(p);
   }
-  return reader;
 }
 
 Reader::~Reader() = default;
@@ -358,6 +389,17 @@ const std::string& Reader::engine_state() const {
 }
 const std::string& Reader::trainer_state() const {
   return manifest_->trainer_state();
+}
+
+std::vector<std::string> Reader::tensors() const {
+  std::vector<std::string> names;
+  for (const proto::CheckpointTensor& tensor : manifest_->tensors()) names.push_back(tensor.name());
+  return names;
+}
+
+torch::ScalarType Reader::dtype(const std::string& tensor) const {
+  shape(tensor);  // names the tensor if it is missing
+  return dtype_from_name(manifest_->tensors(static_cast<int>(index_->tensors.at(tensor))).dtype());
 }
 
 bool Reader::has(const std::string& tensor) const {
@@ -415,7 +457,7 @@ void Reader::read(const std::string& tensor, std::int64_t offset, torch::Tensor&
     PARALLAX_CHECK(got == buffer.size(), CheckpointError, path, ": expected ", buffer.size(), " bytes of tensor '",
                    tensor, "' at byte ", piece.byte_offset() + read_begin, ", read ", got, " (truncated?)");
     bytes_read_ += got;
-    for (std::uint64_t b = block_begin; b < block_end; ++b) {
+    for (std::uint64_t b = block_begin; b < block_end && piece.block_crc32_size() > 0; ++b) {
       const std::uint64_t at = b * block_bytes - read_begin;
       const std::uint64_t n = std::min(block_bytes, piece_bytes - b * block_bytes);
       const std::uint32_t expected = piece.block_crc32(static_cast<int>(b));

@@ -41,6 +41,10 @@ class CheckpointManifest;
 
 namespace parallax::checkpoint {
 
+/// The kind the engines save weights under ("param/<parameter name>"; optimizer state
+/// has other kinds): what a weights file holds and export writes.
+inline constexpr char kParamKind[] = "param";
+
 /// Elements [offset, offset + values.numel()) of the flattened tensor `tensor`, whose
 /// whole shape is `shape`: a view of state this rank owns (any device; read at save).
 struct Piece {
@@ -108,6 +112,11 @@ class Reader {
   /// Throws CheckpointError naming the directory, the file and what was expected (with
   /// kLatest: when no checkpoint under the root validates, listing why each did not).
   static Reader open(const std::string& where, Mode mode);
+  /// A safetensors file (weights_file.h) read as a checkpoint of weights only: its
+  /// tensors under "param/<name>", step 0, no engine or trainer state, no CRCs (the
+  /// format has none; its header is checked as untrusted input). Loading it starts a
+  /// run from pretrained weights under any layout.
+  static Reader open_weights(const std::string& path);
   ~Reader();
   Reader(Reader&&) noexcept;
   Reader& operator=(Reader&&) noexcept;
@@ -120,14 +129,20 @@ class Reader {
   /// Checkpoints under the root that kLatest passed over (newer but torn), with why.
   const std::vector<std::string>& skipped() const { return skipped_; }
 
+  /// Whether it holds only weights (open_weights): no engine state to restore.
+  bool weights_only() const { return weights_only_; }
+  /// Every tensor's name, in the manifest's order.
+  std::vector<std::string> tensors() const;
   bool has(const std::string& tensor) const;
+  /// The tensor's saved dtype; throws CheckpointError when it is not in the checkpoint.
+  torch::ScalarType dtype(const std::string& tensor) const;
   /// The whole tensor's shape; throws CheckpointError when it is not in the checkpoint.
   std::vector<std::int64_t> shape(const std::string& tensor) const;
   /// Fills `out` (contiguous, on the host, the tensor's dtype) with elements [offset,
   /// offset + out.numel()) of `tensor`, reading only the blocks that hold them and
-  /// checking each block's CRC-32. Throws CheckpointError naming the file, the tensor
-  /// and the block when a CRC does not match or a read comes short, and when the range
-  /// is not saved or the dtype differs.
+  /// checking each block's CRC-32 (a safetensors file has none to check). Throws CheckpointError naming the file, the
+  /// tensor and the block when a CRC does not match or a read comes short, and when the range is not saved or the dtype
+  /// differs.
   void read(const std::string& tensor, std::int64_t offset, torch::Tensor& out) const;
   /// Bytes this reader has read from data files.
   std::uint64_t bytes_read() const { return bytes_read_; }
@@ -135,10 +150,12 @@ class Reader {
  private:
   struct Index;
   Reader() = default;
+  void build_index();
   std::string directory_;
   std::unique_ptr<proto::CheckpointManifest> manifest_;
   std::unique_ptr<Index> index_;
   std::vector<std::string> skipped_;
+  bool weights_only_ = false;
   mutable std::uint64_t bytes_read_ = 0;
 };
 

@@ -338,9 +338,11 @@ struct CheckpointOptions {
   /// Complete checkpoints kept under dir (the oldest go after each save); 0 = all.
   /// Default: 3.
   std::int64_t keep = 3;
-  /// What Engine::resume() loads: "" = nothing (start afresh); "latest" = the newest
-  /// complete checkpoint under dir (torn ones are passed over, with a note); else a
-  /// checkpoint directory, which must be complete. Default: "".
+  /// What Engine::resume() loads: "" or "none" = nothing (start afresh); "latest" = the
+  /// newest complete checkpoint under dir (torn ones are passed over, with a note); a
+  /// path ending in .safetensors = weights only (pretrained weights, any layout: the
+  /// optimizer and the step start afresh); else a checkpoint directory, which must be
+  /// complete. Default: "".
   std::string load;
   /// Longest a rank waits for the others while a checkpoint is written or read, in
   /// seconds. Default: 1800.
@@ -349,6 +351,14 @@ struct CheckpointOptions {
   /// boundary and written by a thread while training goes on; the next save (and the
   /// engine's end) waits for it. Default: false.
   bool async = false;
+  /// On SIGTERM or SIGUSR1 to any rank (a scheduler's notice before it kills the job),
+  /// every rank saves at the next step boundary and the engine's preempted() turns true,
+  /// for the trainer to stop and exit 0. Takes effect when dir is set. Default: true.
+  bool preemption = true;
+  /// The engine's finish() writes the final checkpoint's weights, whole and under the
+  /// model's parameter names, to this file: .safetensors, or .pt / .pth for torch.load.
+  /// Needs dir. "" = none. Default: "".
+  std::string export_on_finish;
 };
 
 /// A table owned by the application (e.g. [model], [data]). Typed, position-aware

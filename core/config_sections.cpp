@@ -186,6 +186,8 @@ void checkpoint_fields(FieldVisitor& v, Config& c) {
   v.text("load", c.checkpoint.load);
   v.number("timeout_s", c.checkpoint.timeout_s, kTimeoutSeconds);
   v.boolean("async", c.checkpoint.async);
+  v.boolean("preemption", c.checkpoint.preemption);
+  v.text("export_on_finish", c.checkpoint.export_on_finish);
 }
 
 // ---- Checks across keys and against this build ---------------------------------------
@@ -208,6 +210,16 @@ void checkpoint_check(const Config& c, const KeyPositions& positions) {
                                                position(positions, "checkpoint.every")
                                          : "checkpoint.load = \"latest\"" + position(positions, "checkpoint.load"),
                  ": set checkpoint.dir, the directory the checkpoints go under");
+  const std::string& out = c.checkpoint.export_on_finish;
+  const auto ends_with = [&](const std::string& suffix) {
+    return out.size() > suffix.size() && out.compare(out.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  PARALLAX_CHECK(out.empty() || ends_with(".safetensors") || ends_with(".pt") || ends_with(".pth"), ConfigError,
+                 "checkpoint.export_on_finish = \"", out, "\"", position(positions, "checkpoint.export_on_finish"),
+                 ": expected a file ending in .safetensors, .pt or .pth (the format is chosen by the extension)");
+  PARALLAX_CHECK(out.empty() || !c.checkpoint.dir.empty(), ConfigError, "checkpoint.export_on_finish = \"", out, "\"",
+                 position(positions, "checkpoint.export_on_finish"),
+                 ": set checkpoint.dir, where the final checkpoint it exports is saved");
 }
 
 void scheduler_check(const Config& c, const KeyPositions& positions) {

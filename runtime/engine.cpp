@@ -53,6 +53,16 @@ std::optional<checkpoint::SaveResult> Engine::wait_for_checkpoint() {
   return applier_->wait_for_checkpoint();
 }
 
+bool Engine::preempted() const {
+  return applier_->preempted();
+}
+
+void Engine::finish() {
+  PARALLAX_CHECK(micro_step_ == 0, UsageError, "finish: inside an accumulation window (", micro_step_, " of ",
+                 grad_accum_, " micro-steps done)");
+  applier_->finish();
+}
+
 std::optional<std::string> Engine::resume() {
   PARALLAX_CHECK(micro_step_ == 0, UsageError, "resume: inside an accumulation window");
   return applier_->resume();

@@ -118,13 +118,23 @@ class Engine {
   /// checkpoint.async: waits for the save in flight; returns its result, or nothing.
   std::optional<checkpoint::SaveResult> wait_for_checkpoint();
   /// Collective, before the first forward: loads what checkpoint.load names ("latest":
-  /// the newest complete checkpoint under checkpoint.dir; else a checkpoint directory)
+  /// the newest complete checkpoint under checkpoint.dir; a .safetensors file: weights
+  /// only, the optimizer starting afresh; else a checkpoint directory)
   /// and returns the trainer state saved with it; training goes on from global_step().
   /// Loads nothing and returns nothing when checkpoint.load is "". Throws
   /// CheckpointError naming the file for a torn or corrupted checkpoint.
   std::optional<std::string> resume();
-  /// Collective: loads the checkpoint directory `directory`; returns its trainer state.
+  /// Collective: loads the checkpoint directory `directory` (or the weights in a
+  /// .safetensors file); returns its trainer state.
   std::string load_checkpoint(const std::string& directory);
+  /// Whether a preemption signal (SIGTERM or SIGUSR1 to any rank; checkpoint.preemption)
+  /// made the last step save: the trainer should stop, call finish() and exit 0.
+  bool preempted() const;
+  /// Collective, once training is over: with checkpoint.dir set, saves the final state
+  /// unless the last save holds it, waits for a save in flight, and writes the weights
+  /// to checkpoint.export_on_finish when set. Throws CheckpointError on every rank when
+  /// one fails.
+  void finish();
 
   /// Completed optimizer steps.
   std::int64_t global_step() const;

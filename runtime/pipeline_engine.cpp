@@ -313,6 +313,12 @@ checkpoint::SaveResult PipelineEngine::save_checkpoint(const std::string& traine
 std::optional<checkpoint::SaveResult> PipelineEngine::wait_for_checkpoint() {
   return applier().wait_for_checkpoint();
 }
+bool PipelineEngine::preempted() const {
+  return applier().preempted();
+}
+void PipelineEngine::finish() {
+  applier().finish();
+}
 std::optional<std::string> PipelineEngine::resume() {
   return applier().resume();
 }

@@ -116,6 +116,8 @@ class PipelineEngine {
   std::optional<checkpoint::SaveResult> wait_for_checkpoint();
   std::optional<std::string> resume();
   std::string load_checkpoint(const std::string& directory);
+  bool preempted() const;
+  void finish();
 
   /// This rank's pipeline stage (mesh().coord().pp).
   int stage() const;

@@ -267,6 +267,8 @@ StepApplier::StepApplier(Runtime& runtime,
   }
   telemetry_ = std::make_unique<StepTelemetry>(runtime);
   reduction_ = make_gradient_reduction(runtime, *model_, params_, dtype_, spec_.optimizer, std::move(model_split));
+  const CheckpointOptions& checkpoints = runtime.config().checkpoint;
+  if (!checkpoints.dir.empty() && checkpoints.preemption) preemption_ = std::make_unique<PreemptionSignals>();
 }
 
 StepApplier::~StepApplier() = default;

@@ -31,6 +31,7 @@
 #include "parallax/core/metrics.h"
 #include "parallax/core/trace.h"
 #include "parallax/runtime/optimizer.h"
+#include "parallax/runtime/preemption.h"
 #include "parallax/tensor_parallel/parallelize.h"
 #include "parallax/zero/parameter_interception.h"
 
@@ -140,14 +141,24 @@ class StepApplier {
   /// What checkpoint.load names ("latest": the newest complete one under
   /// checkpoint.dir), loaded; nothing when it is "". Collective.
   std::optional<std::string> resume();
-  /// After a step: saves when checkpoint.every divides the step count. Collective.
+  /// After a step: when any rank has received a preemption signal (checkpoint.preemption),
+  /// saves and turns preempted() true; otherwise saves when checkpoint.every divides the
+  /// step count. Collective (with checkpoint.dir set, one 8-byte all-reduce per step).
   void save_if_due();
+  /// Whether a preemption signal made the last step boundary save: the trainer stops.
+  bool preempted() const { return preempted_; }
+  /// Collective, at the end of training: with checkpoint.dir set, saves the final state
+  /// unless the last save holds it, waits for a save in flight, and writes the weights
+  /// to checkpoint.export_on_finish when it is set (rank 0, one tensor at a time).
+  void finish();
   /// checkpoint.async: waits for the save in flight and returns its result (nothing when
   /// none is); rethrows its CheckpointError. Collective.
   std::optional<checkpoint::SaveResult> wait_for_checkpoint();
 
  private:
   void log_saved(const checkpoint::SaveResult& result) const;
+  /// Collective: whether any rank has received a preemption signal; if one has, saves.
+  bool save_if_preempted();
 
   Runtime* runtime_;
   std::shared_ptr<torch::nn::Module> model_;
@@ -161,6 +172,9 @@ class StepApplier {
   std::unique_ptr<zero::LossScaler> scaler_;  ///< fp16
   std::unique_ptr<StepTelemetry> telemetry_;
   std::unique_ptr<checkpoint::AsyncSaver> saver_;  ///< checkpoint.async, from the first save
+  std::unique_ptr<PreemptionSignals> preemption_;  ///< checkpoint.dir and checkpoint.preemption
+  bool preempted_ = false;
+  std::int64_t last_saved_step_ = -1;
   bool input_checked_ = false;
   std::int64_t global_step_ = 0;
   StepMetrics last_;

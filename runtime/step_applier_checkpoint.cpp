@@ -4,7 +4,8 @@
 // optimizer state ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer"),
 // parameter the whole model's name. A parameter split over the tensor-parallel group
 // is saved per part, "<kind>/<parameter>@tp<rank>/<size>"; one it replicates over the
-// group is saved once, by tensor-parallel rank 0. Per-rank streams are
+// group is saved once, by tensor-parallel rank 0. A part loads from its own name, or
+// from the whole tensor (saved under tp = 1, or a weights file) cut as the plan cuts it. Per-rank streams are
 // "rank/<world rank>/rng/<stream>".
 #include <torch/types.h>
 
@@ -16,6 +17,7 @@
 #include "parallax/checkpoint/async_saver.h"
 #include "parallax/checkpoint/files.h"
 #include "parallax/checkpoint/store.h"
+#include "parallax/checkpoint/weights_file.h"
 #include "parallax/core/config_loader.h"
 #include "parallax/core/error.h"
 #include "parallax/core/mesh.h"
@@ -31,8 +33,6 @@
 
 namespace parallax {
 namespace {
-
-constexpr char kParam[] = "param";
 
 std::chrono::milliseconds checkpoint_timeout(const Runtime& runtime) {
   return std::chrono::milliseconds(static_cast<std::int64_t>(runtime.config().checkpoint.timeout_s * 1000.0));
@@ -69,6 +69,19 @@ StateName state_name(
     const std::string& kind, const std::string& param_name, bool replicated_over_tp, int tp_rank, int tp_size) {
   if (replicated_over_tp) return {kind + "/" + param_name, tp_rank == 0};
   return {kind + "/" + param_name + "@tp" + std::to_string(tp_rank) + "/" + std::to_string(tp_size), true};
+}
+
+// What `where` names: a checkpoint directory, a root to take the newest under
+// (`latest`), or a safetensors weights file.
+checkpoint::Reader open_checkpoint(const std::string& where, bool latest) {
+  const std::optional<checkpoint::WeightsFormat> format = checkpoint::weights_format(where);
+  if (!format)
+    return checkpoint::Reader::open(where, latest ? checkpoint::Reader::kLatest : checkpoint::Reader::kExactly);
+  PARALLAX_CHECK(*format == checkpoint::WeightsFormat::kSafetensors, CheckpointError, where,
+                 ": a torch.save file is read whole, so runs start from safetensors, which every rank reads only its "
+                 "part of; convert it first: parallax_checkpoint convert ",
+                 where, " <name>.safetensors");
+  return checkpoint::Reader::open_weights(where);
 }
 
 }  // namespace
@@ -113,6 +126,7 @@ checkpoint::SaveResult StepApplier::save_checkpoint(const std::string& trainer_s
   }
   request.engine_state = engine.SerializeAsString();
   request.trainer_state = trainer_state;
+  last_saved_step_ = global_step_;
   const auto blocked = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   };
@@ -165,8 +179,7 @@ std::string StepApplier::load_checkpoint(const std::string& where, bool latest) 
   std::unique_ptr<checkpoint::Reader> reader;
   proto::EngineCheckpointState engine;
   std::string error = checkpoint::error_of([&] {
-    reader = std::make_unique<checkpoint::Reader>(
-        checkpoint::Reader::open(where, latest ? checkpoint::Reader::kLatest : checkpoint::Reader::kExactly));
+    reader = std::make_unique<checkpoint::Reader>(open_checkpoint(where, latest));
     PARALLAX_CHECK(engine.ParseFromString(reader->engine_state()), CheckpointError, reader->directory(),
                    ": the engine state in manifest.pb does not parse");
   });
@@ -184,23 +197,51 @@ std::string StepApplier::load_checkpoint(const std::string& where, bool latest) 
 
   const bool fresh_optimizer = engine.optimizer_steps() == 0;
   error = checkpoint::error_of([&] {
+    std::vector<std::string> differences;  // every one, not just the first
     for (const StateSlice& slice : reduction_->state_slices(StateAccess::kHeld, /*create_optimizer_state=*/true)) {
       const torch::Tensor& param = params_[slice.param];
       const bool replicated_over_tp = !split_ || split_->copies(param) == tp_size;
       for (const auto& [kind, values] : slice.tensors) {
         const std::string name = state_name(kind, param_names_[slice.param], replicated_over_tp, tp_rank, tp_size).name;
-        if (!reader->has(name) && kind != kParam && fresh_optimizer) {
-          values.zero_();  // saved before the optimizer's first step: it had no state yet
+        const std::string whole_name = kind + "/" + param_names_[slice.param];
+        if (!reader->has(name) && !replicated_over_tp && reader->has(whole_name)) {
+          // Saved whole (under tp = 1, or a weights file): this rank's part of it, cut
+          // as the plan cut the parameter. Every rank of the group reads the whole.
+          torch::Tensor whole =
+              torch::empty(reader->shape(whole_name), torch::TensorOptions(reader->dtype(whole_name)));
+          torch::Tensor flat = whole.view({-1});
+          reader->read(whole_name, 0, flat);
+          const torch::Tensor part = split_->part_of(param, whole.to(values.scalar_type())).reshape({-1});
+          values.copy_(part.narrow(0, slice.offset, values.numel()));
+          continue;
+        }
+        if (!reader->has(name)) {
+          if (kind != checkpoint::kParamKind && fresh_optimizer) {
+            values.zero_();  // saved before the optimizer's first step, or weights only
+          } else {
+            differences.push_back("'" + name + "' is missing");
+          }
           continue;
         }
         const std::vector<std::int64_t> saved = reader->shape(name);
-        PARALLAX_CHECK(saved == param.sizes().vec(), CheckpointError, reader->directory(), ": tensor '", name,
-                       "' has shape ", shape_text(saved), ", this model's parameter has ",
-                       shape_text(param.sizes().vec()), " (saved under ", reader->layout(), ")");
-        torch::Tensor host = torch::empty({values.numel()}, values.options().device(torch::kCPU));
+        if (saved != param.sizes().vec()) {
+          differences.push_back("'" + name + "' has shape " + shape_text(saved) + ", this model's parameter " +
+                                shape_text(param.sizes().vec()));
+          continue;
+        }
+        // A weights file may hold another dtype (bf16 weights into fp32 masters).
+        torch::Tensor host =
+            torch::empty({values.numel()}, values.options().device(torch::kCPU).dtype(reader->dtype(name)));
         reader->read(name, slice.offset, host);
         values.copy_(host);
       }
+    }
+    if (!differences.empty()) {
+      std::string list;
+      for (std::size_t i = 0; i < differences.size() && i < 20; ++i) list += "\n  " + differences[i];
+      if (differences.size() > 20) list += "\n  ... and " + std::to_string(differences.size() - 20) + " more";
+      throw CheckpointError(detail::concat(reader->directory(), " (saved under ", reader->layout(),
+                                           ") does not fit this model: ", differences.size(), " difference(s)", list));
     }
   });
   checkpoint::raise_if_any_failed(world, "loading checkpoint " + reader->directory(), error, timeout);
@@ -208,7 +249,7 @@ std::string StepApplier::load_checkpoint(const std::string& where, bool latest) 
   reduction_->state_loaded();
   reduction_->set_optimizer_steps(engine.optimizer_steps());
   global_step_ = engine.global_step();
-  if (scaler_) {
+  if (scaler_ && !reader->weights_only()) {
     scaler_->restore({engine.loss_scale(), engine.loss_scale_good_steps(), engine.loss_scale_hysteresis_left(),
                       engine.skipped_steps()});
   }
@@ -229,6 +270,11 @@ std::string StepApplier::load_checkpoint(const std::string& where, bool latest) 
   for (const std::string& skipped : reader->skipped()) {
     runtime_->logger().summary("# checkpoint: passed over ", skipped);
   }
+  if (reader->weights_only()) {
+    runtime_->logger().summary("# checkpoint: started from the weights in ", where, " (rank 0 read ",
+                               reader->bytes_read(), " bytes)");
+    return "";
+  }
   runtime_->logger().summary("# checkpoint: resumed at step ", global_step_, " from ", reader->directory(),
                              " (saved under ", reader->layout(), "; rank 0 read ", reader->bytes_read(), " bytes)");
   return reader->trainer_state();
@@ -236,14 +282,56 @@ std::string StepApplier::load_checkpoint(const std::string& where, bool latest) 
 
 std::optional<std::string> StepApplier::resume() {
   const CheckpointOptions& options = runtime_->config().checkpoint;
-  if (options.load.empty()) return std::nullopt;
+  if (options.load.empty() || options.load == "none") return std::nullopt;
   if (options.load == "latest") return load_checkpoint(options.dir, /*latest=*/true);
   return load_checkpoint(options.load, /*latest=*/false);
 }
 
 void StepApplier::save_if_due() {
+  if (preemption_ && !preempted_ && save_if_preempted()) return;
   const std::int64_t every = runtime_->config().checkpoint.every;
   if (every > 0 && global_step_ % every == 0) save_checkpoint("");
+}
+
+bool StepApplier::save_if_preempted() {
+  // The largest (signal, lowest rank) over the world: one rank's signal reaches all.
+  Communicator& world = runtime_->world().communicator();
+  const std::int64_t signal = preemption_->received();
+  torch::Tensor heard = torch::tensor({signal == 0 ? std::int64_t{0} : (signal << 32) | (world.size() - world.rank())});
+  CollectiveOptions max;
+  max.reduce_op = ReduceOp::kMax;
+  world.all_reduce(heard, max)->wait();
+  const std::int64_t agreed = heard.item<std::int64_t>();
+  if (agreed == 0) return false;
+  const int rank = world.size() - static_cast<int>(agreed & 0xffffffff);
+  runtime_->logger().summary("# checkpoint: preempted (", signal_name(static_cast<int>(agreed >> 32)), " on rank ",
+                             rank, "): saving step ", global_step_, ", then training stops");
+  if (last_saved_step_ != global_step_) save_checkpoint("");
+  wait_for_checkpoint();
+  preemption_->clear();
+  preempted_ = true;
+  return true;
+}
+
+void StepApplier::finish() {
+  const CheckpointOptions& options = runtime_->config().checkpoint;
+  if (options.dir.empty()) return;
+  if (last_saved_step_ != global_step_) save_checkpoint("");
+  wait_for_checkpoint();
+  if (options.export_on_finish.empty()) return;
+  const std::string directory = options.dir + "/" + checkpoint::directory_name(global_step_);
+  std::string error;
+  if (runtime_->world().rank() == 0) {
+    error = checkpoint::error_of([&] {
+      const checkpoint::Reader saved = checkpoint::Reader::open(directory, checkpoint::Reader::kExactly);
+      const checkpoint::ExportResult result = checkpoint::export_weights(saved, options.export_on_finish);
+      runtime_->logger().summary("# checkpoint: exported ", result.tensors, " tensors (", result.bytes, " bytes) of ",
+                                 directory, " to ", options.export_on_finish);
+    });
+  }
+  checkpoint::raise_if_any_failed(runtime_->world().communicator(),
+                                  "exporting " + directory + " to " + options.export_on_finish, error,
+                                  checkpoint_timeout(*runtime_));
 }
 
 }  // namespace parallax

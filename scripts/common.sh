@@ -13,8 +13,9 @@ PARALLAX_DEB_PACKAGES=(
   cmake make g++ pkg-config ccache
   libtorch-dev libopenblas0-pthread   # without the pthread OpenBLAS, LibTorch uses reference BLAS
   libopenmpi-dev openmpi-bin
-  libtomlplusplus-dev libprotobuf-dev protobuf-compiler libhwloc-dev zlib1g-dev
+  libtomlplusplus-dev libprotobuf-dev protobuf-compiler libhwloc-dev zlib1g-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  clang libclang-rt-14-dev   # scripts/fuzz.sh: libFuzzer with AddressSanitizer
 )
 
 # TORCH selects the LibTorch every script builds against (both are tested in CI):
@@ -47,12 +48,16 @@ export TORCH BUILD_DIR
 # The wheel's virtual environment, created once; .complete marks a finished install.
 ensure_torch_wheel() {
   local venv="$PARALLAX_TORCH_VENV"
-  [[ -f "$venv/.complete" ]] && return 0
+  if [[ -f "$venv/.complete" ]]; then
+    # Added since the environment was made: safetensors (checkpoint_export_test reads with it).
+    "$venv/bin/python" -c 'import safetensors' 2>/dev/null || "$venv/bin/pip" install --quiet safetensors
+    return 0
+  fi
   echo "Installing $PARALLAX_TORCH_WHEEL into $venv"
   rm -rf "$venv"
   /usr/bin/python3 -m venv "$venv"
   "$venv/bin/pip" install --quiet --upgrade pip
-  "$venv/bin/pip" install --quiet "$PARALLAX_TORCH_WHEEL" numpy
+  "$venv/bin/pip" install --quiet "$PARALLAX_TORCH_WHEEL" numpy safetensors
   touch "$venv/.complete"
 }
 

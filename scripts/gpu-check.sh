@@ -35,6 +35,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev
   pkgconf pkgconf-bin libpkgconf3
   zlib1g-dev zlib1g   # checkpoints' CRC-32: the headers and the link a machine may lack
+  nlohmann-json3-dev  # safetensors headers (header-only)
 )
 # Shared libraries a run may take from the machine itself (any Linux has them).
 MACHINE_SONAMES="ld-linux-x86-64.so.2 libc.so.6 libm.so.6 libpthread.so.0 libdl.so.2 librt.so.1

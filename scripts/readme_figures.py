@@ -27,6 +27,7 @@ import os
 import platform
 import re
 import subprocess
+import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +45,7 @@ class Figure:
     keep: str = ""  # a regex: keep only the stdout lines that match (empty: all)
 
     def shown(self):
-        words = [f"{k}={v}" for k, v in self.env.items()] + self.command
+        words = [f"{k}={v}" for k, v in self.env.items()] + [shlex.quote(word) for word in self.command]
         text = " ".join(words).replace(f"{ROOT}/", "")
         return f"(cd {BUILD_DIR.name} && {text} | grep figures)" if self.ctest else text
 
@@ -66,6 +67,8 @@ FIGURES = {
     "pp_equivalence": ctest("pp_equivalence"),
     "matrix_equivalence": ctest("matrix_equivalence"),
     "checkpoint_reshard": ctest("checkpoint_reshard"),
+    "checkpoint_export": ctest("checkpoint_export"),
+    "checkpoint_faults": ctest("checkpoint_(preemption|crash|manifest_fuzz)"),
     "bench_checkpoint": Figure(["bench/checkpoint.sh"], keep=r"^(GPT example|checkpoint|mode|sync|async)"),
     "bench_zero": Figure(["bench/zero.sh"] + BIG_GPT, env={"TORCH": "wheel"}, keep=r"^(impl/stage|parallax-|torch-|zero\d-|Parallax / PyTorch)"),
     "bench_offload_step": Figure([str(BUILD_DIR / "bench/bench_offload_step"), "--params", "50"]),

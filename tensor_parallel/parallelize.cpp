@@ -244,6 +244,9 @@ std::string rule_name(const TpPlanRule& rule) {
   return "tensor_parallel.plan.\"" + rule.pattern + "\"" + rule.position;
 }
 
+/// How a split parameter was cut, per parameter: dense tensor → this rank's part.
+using Cuts = std::unordered_map<const c10::TensorImpl*, std::function<torch::Tensor(const torch::Tensor&)>>;
+
 // Rank r's part of every one of `parts` equal blocks of `t` along dim 0, concatenated.
 torch::Tensor column_part(const torch::Tensor& t, std::int64_t parts, const Communicator& tp) {
   std::vector<std::int64_t> blocks = t.sizes().vec();
@@ -262,6 +265,8 @@ struct ParallelizedModel::State {
   std::vector<std::unique_ptr<PlannedLayer>> layers;
   std::shared_ptr<PlannedWeights> weights = std::make_shared<PlannedWeights>();
   std::unordered_map<const c10::TensorImpl*, std::int64_t> copies;  ///< absent: tp (replicated)
+  /// A split parameter's cut: its dense tensor (or state of that shape) → this rank's part.
+  Cuts cuts;
   /// Replicated biases added after a gathered output: complete gradients even under
   /// sequence parallelism.
   std::unordered_set<const c10::TensorImpl*> whole_gradients;
@@ -298,6 +303,12 @@ void check_split(const std::string& what,
                    " attention heads do not divide by parallel.tp = ", tp.size(),
                    "; choose a tp that divides the head count");
   }
+}
+
+// Replaces `parameter`'s data by this rank's part and remembers the cut (part_of).
+void cut_in_place(Cuts& cuts, torch::Tensor& parameter, std::function<torch::Tensor(const torch::Tensor&)> cut) {
+  parameter.set_data(cut(parameter));
+  cuts[parameter.unsafeGetTensorImpl()] = std::move(cut);
 }
 
 }  // namespace
@@ -448,22 +459,28 @@ ParallelizedModel::ParallelizedModel(torch::nn::Module& model,
       weight = linear->weight;
       bias = linear->bias;
       switch (rule.style) {
-        case TpStyle::kColumn:
-          weight.set_data(column_part(weight, rule.parts, tp));
+        case TpStyle::kColumn: {
+          const auto cut = [parts = rule.parts, &tp](const torch::Tensor& t) { return column_part(t, parts, tp); };
+          cut_in_place(s.cuts, weight, cut);
           // A gathered output gets the whole bias, added after the gather.
-          if (bias.defined() && !rule.gather_output) bias.set_data(column_part(bias, rule.parts, tp));
+          if (bias.defined() && !rule.gather_output) cut_in_place(s.cuts, bias, cut);
           break;
+        }
         case TpStyle::kRow:
-          weight.set_data(weight.detach().chunk(tp.size(), 1)[static_cast<std::size_t>(tp.rank())].clone());
+          cut_in_place(s.cuts, weight, [&tp](const torch::Tensor& t) {
+            return t.detach().chunk(tp.size(), 1)[static_cast<std::size_t>(tp.rank())].clone();
+          });
           layer->local_in = weight.size(1);
           break;
-        case TpStyle::kVocabOutput:
+        case TpStyle::kVocabOutput: {
           layer->vocab_size = weight.size(0);
           layer->vocabulary = VocabRange::of(weight.size(0), tp.rank(), tp.size());
-          weight.set_data(vocab_rows(weight, layer->vocabulary));
-          if (bias.defined() && !rule.gather_output) bias.set_data(vocab_rows(bias, layer->vocabulary));
+          const auto cut = [range = layer->vocabulary](const torch::Tensor& t) { return vocab_rows(t, range); };
+          cut_in_place(s.cuts, weight, cut);
+          if (bias.defined() && !rule.gather_output) cut_in_place(s.cuts, bias, cut);
           if (!rule.gather_output) s.output_vocabulary = layer->vocab_size;
           break;
+        }
         default:
           break;
       }
@@ -482,7 +499,8 @@ ParallelizedModel::ParallelizedModel(torch::nn::Module& model,
       weight = embedding->weight;
       if (rule.style == TpStyle::kVocabEmbedding) {
         layer->vocabulary = VocabRange::of(weight.size(0), tp.rank(), tp.size());
-        weight.set_data(vocab_rows(weight, layer->vocabulary));
+        cut_in_place(s.cuts, weight,
+                     [range = layer->vocabulary](const torch::Tensor& t) { return vocab_rows(t, range); });
         embedding->options.num_embeddings(weight.size(0));
       }
     }
@@ -535,6 +553,18 @@ ParallelizedModel::Scope ParallelizedModel::scope() const {
 std::int64_t ParallelizedModel::copies(const torch::Tensor& parameter) const {
   const auto found = state_->copies.find(parameter.unsafeGetTensorImpl());
   return found == state_->copies.end() ? state_->tp->size() : found->second;
+}
+
+torch::Tensor ParallelizedModel::part_of(const torch::Tensor& parameter, const torch::Tensor& whole) const {
+  const auto found = state_->cuts.find(parameter.unsafeGetTensorImpl());
+  PARALLAX_CHECK(found != state_->cuts.end(), UsageError, "part_of: a parameter of shape ", parameter.sizes(),
+                 " that no plan rule split (a replicated one, or one of tensor_parallel/'s own layers, which are "
+                 "built split)");
+  torch::NoGradGuard no_grad;
+  const torch::Tensor part = found->second(whole);
+  PARALLAX_CHECK(part.sizes() == parameter.sizes(), UsageError, "part_of: a dense tensor of shape ", whole.sizes(),
+                 " cuts to ", part.sizes(), ", this rank's part has ", parameter.sizes());
+  return part;
 }
 
 std::vector<torch::Tensor> ParallelizedModel::partial_gradient_parameters() const {

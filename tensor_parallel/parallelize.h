@@ -119,6 +119,11 @@ class ParallelizedModel {
   /// between for grouped-query attention's replicated key/value heads. A global norm
   /// sums ‖g‖² / copies over the group.
   std::int64_t copies(const torch::Tensor& parameter) const;
+  /// This rank's part of `whole`, a tensor of the dense model's shape for `parameter`
+  /// (its weights from a checkpoint saved under tp = 1 or a weights file, or optimizer
+  /// state of that shape), cut as the plan cut `parameter`. Throws UsageError for a
+  /// parameter no plan rule split, or a `whole` of another shape.
+  torch::Tensor part_of(const torch::Tensor& parameter, const torch::Tensor& whole) const;
   /// The replicated parameters whose gradients are partial sums over the group (with
   /// sequence parallelism: every replicated one; otherwise none).
   std::vector<torch::Tensor> partial_gradient_parameters() const;

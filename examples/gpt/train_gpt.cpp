@@ -24,19 +24,19 @@ bool has_flag(const parallax::Runtime& rt, const std::string& flag) {
   return false;
 }
 
-// With checkpoint.dir set, the trained state is saved at the end unless checkpoint.every
-// just saved it; a save in the background is waited for (and reported).
 template <typename EngineType>
-void save_final_checkpoint(parallax::Runtime& rt, EngineType& engine) {
-  const parallax::CheckpointOptions& checkpoint = rt.config().checkpoint;
-  if (checkpoint.dir.empty()) return;
-  if (checkpoint.every == 0 || engine.global_step() % checkpoint.every != 0) engine.save_checkpoint();
-  engine.wait_for_checkpoint();
-}
-
-void print_summary(
-    parallax::Runtime& rt, std::int64_t steps, double seconds, double first_loss, double last_loss, double total_ms) {
+void print_summary(parallax::Runtime& rt,
+                   const EngineType& engine,
+                   std::int64_t steps,
+                   double seconds,
+                   double first_loss,
+                   double total_ms) {
   const auto& train = rt.config().train;
+  const double last_loss = engine.last_loss();
+  if (engine.preempted()) {
+    rt.logger().summary("preempted: stopped after step ", engine.global_step(), " of ", train.steps,
+                        " (saved; checkpoint.load = \"latest\" resumes)");
+  }
   const auto& degrees = rt.mesh().degrees();
   if (steps == 0) {
     rt.logger().summary("done: nothing to train (resumed at or past train.steps = ", train.steps, ")");
@@ -107,11 +107,11 @@ int train_pipeline(parallax::Runtime& rt) {
     const double loss = engine.train_batch([&] { return micro_batch(step, micro++); });
     if (step == first_step) first_loss = loss;
     total_ms += engine.last_metrics().step_ms;
+    if (engine.preempted()) break;  // saved: stop, exit 0
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  save_final_checkpoint(rt, engine);
-  print_summary(rt, std::max<std::int64_t>(0, train.steps - first_step), seconds, first_loss, engine.last_loss(),
-                total_ms);
+  engine.finish();  // [checkpoint]: the final save (unless just saved) and export_on_finish
+  print_summary(rt, engine, engine.global_step() - first_step, seconds, first_loss, total_ms);
   return 0;
 }
 
@@ -148,11 +148,11 @@ int train(parallax::Runtime& rt) {
     optimizer_step(step);
     if (step == first_step) first_loss = engine.last_loss();
     total_ms += engine.last_metrics().step_ms;
+    if (engine.preempted()) break;  // saved: stop, exit 0
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  save_final_checkpoint(rt, engine);
-  print_summary(rt, std::max<std::int64_t>(0, train.steps - first_step), seconds, first_loss, engine.last_loss(),
-                total_ms);
+  engine.finish();  // [checkpoint]: the final save (unless just saved) and export_on_finish
+  print_summary(rt, engine, engine.global_step() - first_step, seconds, first_loss, total_ms);
   return 0;
 }
 

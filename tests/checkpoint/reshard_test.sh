@@ -8,15 +8,17 @@
 #
 #   reshard_test.sh MPIEXEC TRAIN_GPT CONFIG_DIR
 #
-# Measured (2 cores, OpenBLAS): at most 7.2e-8 over the pairs below; the bound is 7x
-# that, tighter than the issue's 1e-5. A load that leaves state behind (the moments, the
+# Measured (2 cores, OpenBLAS): at most 1.6e-7 over the pairs below (dp 4 ZeRO-3 -> tp
+# 2, whose split matrix products sum in another order); the bound is about 10x that,
+# tighter than the issue's 1e-5. A load that leaves state behind (the moments, the
 # optimizer's step count, a rank's part) moves the losses after it far more (see
-# resume_test.cpp's mutants).
+# resume_test.cpp's mutants); a tp rank that takes the first elements of a whole tensor
+# instead of its cut part misses by 1e-1 at step 6.
 set -euo pipefail
 MPIEXEC="$1"
 TRAIN="$2"
 CONFIGS="$3"
-TOLERANCE=5e-7
+TOLERANCE=1.5e-6
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/reshard_test.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
 
@@ -25,7 +27,7 @@ run() {
   local name="$1" ranks="$2"
   shift 2
   if ! timeout 300 "$MPIEXEC" --oversubscribe --bind-to none -np "$ranks" "$TRAIN" \
-    --config "$CONFIGS/gpt_base.toml" --set train.steps=10 --set logging.every=0 \
+    --config "$CONFIGS/${CONFIG:-gpt_base.toml}" --set train.steps=10 --set logging.every=0 \
     --set "logging.metrics_file=\"$WORK/$name.jsonl\"" "$@" >"$WORK/$name.log" 2>&1; then
     echo "FAIL: $name (log below)"
     cat "$WORK/$name.log"
@@ -66,6 +68,13 @@ run zero3-to-pp2 2 --set parallel.pp=2 --set "$(step5 zero3-dp4)"
 compare zero3-dp4 zero3-to-pp2
 run zero3-to-single 1 --set zero.stage=0 --set "$(step5 zero3-dp4)"
 compare zero3-dp4 zero3-to-single
+# dp 4 ZeRO-3 -> tp 2 (configs/tp.toml's plan; each rank cuts its part from the whole
+# tensors), -> tp 2 x dp 2 with sequence parallelism and ZeRO-1.
+CONFIG=tp.toml run zero3-to-tp2 2 --set zero.stage=0 --set "$(step5 zero3-dp4)"
+compare zero3-dp4 zero3-to-tp2
+CONFIG=tp.toml run zero3-to-tp2dp2sp 4 --set zero.stage=1 --set tensor_parallel.sequence_parallel=true \
+  --set "$(step5 zero3-dp4)"
+compare zero3-dp4 zero3-to-tp2dp2sp
 # pp 2 -> dp 4 ZeRO-1, -> pp 2 x dp 2 interleaved ZeRO-2.
 run pp2-to-zero1 4 --set zero.stage=1 --set "$(step5 pp2-1f1b)"
 compare pp2-1f1b pp2-to-zero1

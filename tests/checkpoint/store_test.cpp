@@ -3,7 +3,9 @@
 // truncated and corrupted checkpoints (each naming the file), `latest` passing over a
 // torn one, and a rank that cannot write (a full disk, an unwritable root) failing the
 // save on every rank while the previous checkpoint stays loadable; the same for a save
-// in the background, whose snapshot is what it writes.
+// in the background, whose snapshot is what it writes. A rank's file missing; a
+// manifest that names files outside its directory or ranges past its files; weights
+// files (safetensors, torch.save's format) written and read back in parts.
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -17,9 +19,12 @@
 
 #include "parallax/checkpoint/async_saver.h"
 #include "parallax/checkpoint/files.h"
+#include "parallax/checkpoint/manifest.h"
 #include "parallax/checkpoint/store.h"
+#include "parallax/checkpoint/weights_file.h"
 #include "parallax/core/error.h"
 #include "parallax/core/mpi_communicator.h"
+#include "proto/checkpoint.pb.h"
 
 namespace {
 
@@ -248,6 +253,127 @@ TEST_F(StoreTest, AnAsynchronousSaveWritesItsSnapshotAndItsFailureReachesTheNext
   }
   EXPECT_EQ(checkpoint::Reader::open(root_, checkpoint::Reader::kLatest).step(), 1);
   EXPECT_FALSE(saver.wait().has_value());  // the error was reported once
+}
+
+TEST_F(StoreTest, AMissingRankFileIsNamedAndLatestFallsBack) {
+  checkpoint::save(*world_, request(1));
+  checkpoint::save(*world_, request(2));
+  world_->barrier()->wait();
+  const std::string lost = checkpoint::rank_file_name(size() - 1);
+  if (rank() == 0) fs::remove(dir(2) + "/" + lost);
+  world_->barrier()->wait();
+  try {
+    checkpoint::Reader::open(dir(2), checkpoint::Reader::kExactly);
+    ADD_FAILURE() << "a checkpoint missing a rank's file was accepted";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(e.detail().find(lost + ": missing"), std::string::npos) << e.detail();
+  }
+  const checkpoint::Reader latest = checkpoint::Reader::open(root_, checkpoint::Reader::kLatest);
+  EXPECT_EQ(latest.step(), 1);
+  ASSERT_EQ(latest.skipped().size(), 1u);
+  EXPECT_NE(latest.skipped()[0].find(lost), std::string::npos) << latest.skipped()[0];
+}
+
+// A manifest is untrusted: names that leave the directory and indices or ranges past
+// what they describe are refused before a byte is read (tests/fuzz/ fuzzes the same).
+TEST(ManifestTest, EscapingNamesAndOutOfRangeEntriesAreRefused) {
+  const auto refused = [](const parallax::proto::CheckpointManifest& m, const std::string& why) {
+    try {
+      checkpoint::parse_manifest(m.SerializeAsString(), "manifest.pb");
+      ADD_FAILURE() << "accepted; expected: " << why;
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(e.detail().find(why), std::string::npos) << e.detail();
+    }
+  };
+  parallax::proto::CheckpointManifest good;
+  good.set_format_version(checkpoint::kManifestFormatVersion);
+  good.set_block_bytes(1 << 20);
+  auto* file = good.add_files();
+  file->set_name("rank-00000.bin");
+  file->set_bytes(16);
+  auto* tensor = good.add_tensors();
+  tensor->set_name("param/w");
+  tensor->set_dtype("Float");
+  tensor->add_shape(4);
+  auto* piece = good.add_pieces();
+  piece->set_numel(4);
+  piece->add_block_crc32(0);
+  EXPECT_NO_THROW(checkpoint::parse_manifest(good.SerializeAsString(), "manifest.pb"));
+
+  for (const char* name : {"../rank-00000.bin", "/etc/passwd", "..", "a/b"}) {
+    auto bad = good;
+    bad.mutable_files(0)->set_name(name);
+    refused(bad, "is not a plain name");
+  }
+  auto bad = good;
+  bad.mutable_pieces(0)->set_file(1);
+  refused(bad, "names file 1 of 1");
+  bad = good;
+  bad.mutable_pieces(0)->set_tensor(7);
+  refused(bad, "names tensor 7 of 1");
+  bad = good;
+  bad.mutable_pieces(0)->set_offset(1);
+  refused(bad, "which has 4");
+  bad = good;
+  bad.mutable_pieces(0)->set_byte_offset(4);
+  refused(bad, "ends past file");
+  bad = good;
+  bad.mutable_pieces(0)->clear_block_crc32();
+  refused(bad, "block CRCs");
+  bad = good;
+  bad.mutable_tensors(0)->set_dtype("QInt8");
+  refused(bad, "does not read");
+  bad = good;
+  bad.mutable_tensors(0)->add_shape(-1);
+  refused(bad, "has dimension -1");
+  bad = good;
+  bad.set_format_version(2);
+  refused(bad, "format version 2");
+}
+
+// Weights files: what the writers stream, Reader::open_weights and read_torch_weights
+// read back, each rank a part of a tensor; a safetensors header that lies is named.
+TEST_F(StoreTest, WeightsFilesRoundTripAndABadHeaderIsNamed) {
+  const torch::Tensor w = torch::arange(0, 1000, torch::kFloat32).reshape({10, 100});
+  const torch::Tensor b = torch::arange(0, 6, torch::kFloat32).to(torch::kBFloat16);
+  const std::string st = root_ + "/w.safetensors", pt = root_ + "/w.pt";
+  if (rank() == 0) {
+    for (const std::string& path : {st, pt}) {
+      auto out = checkpoint::WeightsWriter::open(
+          path, {{"fc.weight", torch::kFloat, {10, 100}}, {"fc.bias", torch::kBFloat16, {6}}});
+      out->write(w);
+      out->write(b);
+      out->close();
+    }
+  }
+  world_->barrier()->wait();
+  const checkpoint::Reader weights = checkpoint::Reader::open_weights(st);
+  EXPECT_TRUE(weights.weights_only());
+  EXPECT_EQ(weights.shape("param/fc.weight"), (std::vector<std::int64_t>{10, 100}));
+  EXPECT_EQ(weights.dtype("param/fc.bias"), torch::kBFloat16);
+  const std::int64_t begin = 1000 * rank() / size(), end = 1000 * (rank() + 1) / size();
+  torch::Tensor part = torch::empty({end - begin}, torch::kFloat32);
+  weights.read("param/fc.weight", begin, part);
+  EXPECT_TRUE(torch::equal(part, w.view({-1}).narrow(0, begin, end - begin)));
+  const auto loaded = checkpoint::read_torch_weights(pt);
+  ASSERT_EQ(loaded.size(), 2u);
+  EXPECT_EQ(loaded[0].first, "fc.weight");
+  EXPECT_TRUE(torch::equal(loaded[0].second, w));
+  EXPECT_TRUE(torch::equal(loaded[1].second, b));
+  world_->barrier()->wait();
+
+  if (rank() == 0) {
+    std::fstream file(st, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(4);
+    file.put('\x01');  // the header's length (8 bytes, little-endian) grows by 2^32
+  }
+  world_->barrier()->wait();
+  try {
+    checkpoint::Reader::open_weights(st);
+    ADD_FAILURE() << "a header longer than the file was accepted";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(e.detail().find("w.safetensors: header length"), std::string::npos) << e.detail();
+  }
 }
 
 }  // namespace

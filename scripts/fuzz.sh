@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Fuzzes the parsers of outside input with libFuzzer (Debian's clang, with
+# AddressSanitizer and UndefinedBehaviorSanitizer): builds each harness of tests/fuzz/,
+# replays its committed regression inputs, then fuzzes it for SECONDS (default 60)
+# starting from its committed seed corpus. Exits non-zero on a crash, hang (> 5 s per
+# input), leak or sanitizer report; the input that caused it is left in
+# tests/fuzz/findings/, to be fixed and then moved to tests/fuzz/regressions/<harness>/.
+#
+#   scripts/fuzz.sh [SECONDS]
+# Harnesses: manifest (checkpoint/manifest.h's parse_manifest).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+SECONDS_EACH="${1:-60}"
+CXX="${FUZZ_CXX:-clang++}"
+command -v "$CXX" >/dev/null || { echo "fuzz.sh: $CXX not found (Debian: apt-get install clang libclang-rt-14-dev)" >&2; exit 1; }
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/fuzz.XXXXXX")"
+trap 'rm -rf "$WORK"' EXIT
+
+# Generated protobuf sources and the "parallax/..." include root, as the CMake build has them.
+mkdir -p "$WORK/include"
+ln -s "$PWD" "$WORK/include/parallax"
+protoc --cpp_out="$WORK/include" proto/checkpoint.proto
+
+flags=(-std=c++17 -g -O1 "-fsanitize=fuzzer,address,undefined" -fno-sanitize-recover=undefined -I"$WORK/include")
+"$CXX" "${flags[@]}" -o "$WORK/manifest_fuzzer" tests/fuzz/manifest_fuzzer.cpp checkpoint/manifest.cpp \
+  core/error.cpp "$WORK/include/proto/checkpoint.pb.cc" -lprotobuf -lpthread
+
+# fuzz HARNESS: replay its regressions, then fuzz it from its seed corpus.
+fuzz() {
+  local harness="$1" fuzzer runs regressions
+  fuzzer="$WORK/${harness}_fuzzer"
+  regressions=(tests/fuzz/regressions/"$harness"/*)
+  if [[ -e "${regressions[0]}" ]]; then
+    "$fuzzer" "${regressions[@]}" 2>"$WORK/replay.log" || { cat "$WORK/replay.log"; exit 1; }
+    echo "fuzz: $harness: ${#regressions[@]} regression input(s) pass"
+  fi
+  mkdir -p "$WORK/corpus" tests/fuzz/findings
+  if ! "$fuzzer" -max_total_time="$SECONDS_EACH" -timeout=5 -rss_limit_mb=2048 -print_final_stats=1 \
+    -artifact_prefix=tests/fuzz/findings/"$harness"- "$WORK/corpus" tests/fuzz/corpus/"$harness" 2>"$WORK/fuzz.log"; then
+    tail -n 60 "$WORK/fuzz.log"
+    echo "fuzz: $harness: a finding, kept in tests/fuzz/findings/" >&2
+    exit 1
+  fi
+  runs="$(sed -n 's/^stat::number_of_executed_units: *//p' "$WORK/fuzz.log")"
+  echo "[ figures  ] fuzz $harness: $runs executions in $SECONDS_EACH s, no finding"
+}
+
+fuzz manifest

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Exported weights work outside Parallax, and weights files start runs under any layout:
+#  1. the GPT example (configs/gpt_base.toml) trains 6 steps on 2 ranks under ZeRO-1,
+#     saving at step 5;
+#  2. parallax_checkpoint exports step 5 to torch.save's format and to safetensors;
+#  3. a plain LibTorch program (plain_gpt_loss: torch::pickle_load, no Parallax runtime)
+#     loads the .pt file and computes the loss of step 6's global batch, which must be
+#     the training run's own step-6 loss within TOLERANCE (relative: the dp ranks sum in
+#     another order; measured 3.2e-8);
+#  4. with PYTHON (a PyTorch 2.11 interpreter), torch.load and the safetensors library
+#     read the same names and values (their checksum equals the C++ reader's), and
+#     torch.save writes the state dict back as PyTorch's Module.state_dict() is saved;
+#  5. that file (or, without PYTHON, the exported .pt) is converted to safetensors and a
+#     pipeline run (pp 2) starts from it: its first loss must be the plain program's loss
+#     on batch 0 with the same weights.
+# Mutants this catches: an export that pairs names with the wrong tensors, or writes a
+# rank's shard instead of the whole tensor (step 3 fails); an import that leaves a stage's
+# weights at their initial values (step 5 fails).
+#
+#   export_test.sh MPIEXEC TRAIN_GPT PARALLAX_CHECKPOINT PLAIN_GPT_LOSS CONFIG_DIR [PYTHON]
+set -euo pipefail
+MPIEXEC="$1"
+TRAIN="$2"
+TOOL="$3"
+PLAIN="$4"
+CONFIGS="$5"
+PYTHON="${6:-}"
+TOLERANCE=3e-7
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/export_test.XXXXXX")"
+trap 'rm -rf "$WORK"' EXIT
+
+fail() {
+  echo "FAIL: $*"
+  exit 1
+}
+
+# run NAME RANKS ARGS...: train_gpt, its metrics in $WORK/NAME.jsonl.
+run() {
+  local name="$1" ranks="$2"
+  shift 2
+  timeout 300 "$MPIEXEC" --oversubscribe --bind-to none -np "$ranks" "$TRAIN" --config "$CONFIGS/gpt_base.toml" \
+    --set logging.every=0 --set "logging.metrics_file=\"$WORK/$name.jsonl\"" "$@" >"$WORK/$name.log" 2>&1 ||
+    { cat "$WORK/$name.log"; fail "$name"; }
+}
+
+# loss_at NAME STEP: the loss the run logged for STEP (1-based).
+loss_at() {
+  grep "\"step\":$2," "$WORK/$1.jsonl" | sed 's/.*"loss":\([^,}]*\).*/\1/'
+}
+
+# close_to WHAT GOT WANT: relative difference within TOLERANCE, printed as a figure.
+close_to() {
+  awk -v what="$1" -v got="$2" -v want="$3" -v tolerance="$TOLERANCE" 'BEGIN {
+    d = got - want; if (d < 0) d = -d; d /= (want < 0 ? -want : want)
+    printf "[ figures  ] %-44s %.9g vs %.9g, relative difference %.1e\n", what, got, want, d
+    exit d > tolerance }' || fail "$1: beyond $TOLERANCE"
+}
+
+run zero1-dp2 2 --set zero.stage=1 --set train.steps=6 --set "checkpoint.dir=\"$WORK/ckpt\"" --set checkpoint.every=5
+STEP5="$WORK/ckpt/step-000000000005"
+"$TOOL" export "$STEP5" "$WORK/gpt.pt" | tee "$WORK/export.log"
+"$TOOL" export "$STEP5" "$WORK/gpt.safetensors" >/dev/null
+grep -q "wrote 29 tensors" "$WORK/export.log" || fail "expected the model's 29 parameters"
+
+read -r _ plain_loss _ plain_checksum < <("$PLAIN" "$WORK/gpt.pt" 160 32)
+close_to "plain LibTorch loss, step 6's batch" "$plain_loss" "$(loss_at zero1-dp2 6)"
+
+imported="$WORK/gpt.pt"
+if [[ -n "$PYTHON" ]]; then
+  "$PYTHON" "$HERE/read_exported.py" "$WORK/gpt.pt" "$WORK/gpt.safetensors" "$WORK/resaved.pt" | tee "$WORK/python.log"
+  python_checksum="$(sed -n 's/.*python checksum //p' "$WORK/python.log")"
+  TOLERANCE=1e-12 close_to "checksum: torch.load vs torch::pickle_load" "$python_checksum" "$plain_checksum"
+  imported="$WORK/resaved.pt"
+else
+  echo "no PyTorch here (Debian's LibTorch): the Python readers run in the wheel build's pass"
+fi
+"$TOOL" convert "$imported" "$WORK/imported.safetensors"
+read -r _ batch0_loss _ < <("$PLAIN" "$WORK/gpt.pt" 0 32)
+run import-pp2 2 --set parallel.pp=2 --set train.steps=1 --set "checkpoint.load=\"$WORK/imported.safetensors\""
+grep -q "started from the weights in" "$WORK/import-pp2.log" || fail "the pp 2 run did not report the import"
+close_to "pp 2 started from the weights, batch 0" "$(loss_at import-pp2 1)" "$batch0_loss"
