@@ -4,7 +4,8 @@
 // fp32 parameters are bit-identical, in every cell of the strategy matrix this build
 // checkpoints (replicated data parallelism, ZeRO 1–3, fp32 and bf16, gradient
 // accumulation, tensor parallelism with sequence parallelism, the pipeline engine under
-// 1F1B with ZeRO-1 and interleaved in bf16; × dp 2 on 4 ranks). Plus the
+// 1F1B with ZeRO-1, interleaved in bf16, GPipe with ZeRO-3 and zb-h1 with ZeRO-2; × dp
+// 2 on 4 ranks; tp 2 × pp 2 on 4 ranks). Plus the
 // errors: a checkpoint of another model, a torn one asked for by name.
 //
 // Mutants this catches (each tried once on 2 ranks): the optimizer's step count not
@@ -14,6 +15,7 @@
 // parameters (the bf16 replicated cell). A rank saving a part another rank owns fails
 // every save at the manifest's exact-cover check (store.cpp).
 #include <gtest/gtest.h>
+#include <mpi.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -179,6 +181,20 @@ TEST(Resume, PipelineInterleavedBf16) {
                       "pp.toml", &train_pipeline);
 }
 
+TEST(Resume, PipelineGpipeZero3) {
+  expect_exact_resume({"pipeline.schedule=\"gpipe\"", "zero.stage=3"}, 4, "pp.toml", &train_pipeline);
+}
+TEST(Resume, PipelineZeroBubbleZero2) {
+  expect_exact_resume({"pipeline.schedule=\"zb-h1\"", "zero.stage=2"}, 4, "pp.toml", &train_pipeline);
+}
+TEST(Resume, ThreeD) {
+  // tp 2 × pp 2 (configs/3d.toml: the plan inside each stage) with ZeRO-1; 4 ranks.
+  int ranks = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  if (ranks < 4) GTEST_SKIP() << "3D needs tp 2 x pp 2 = 4 ranks";
+  expect_exact_resume({"zero.stage=1"}, 4, "3d.toml", &train_pipeline);
+}
+
 TEST(Resume, AnotherModelOrATornCheckpointIsNamed) {
   std::string root;
   {
@@ -193,6 +209,7 @@ TEST(Resume, AnotherModelOrATornCheckpointIsNamed) {
     ADD_FAILURE() << "a checkpoint of another model loaded";
   } catch (const parallax::CheckpointError& e) {
     EXPECT_NE(e.detail().find("has shape"), std::string::npos) << e.detail();
+    EXPECT_NE(e.detail().find("difference(s)"), std::string::npos) << e.detail();  // all listed, not the first
   }
   // A torn checkpoint (its commit marker gone) asked for by name is refused.
   const std::string dir = root + "/" + parallax::checkpoint::directory_name(2);
