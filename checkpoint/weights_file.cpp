@@ -70,12 +70,46 @@ torch::Tensor host_values(const WeightsEntry& entry, const torch::Tensor& values
   return values.detach().to(torch::kCPU).contiguous();
 }
 
+// A writer's bookkeeping: the entries are written in order, each checked against its
+// announcement; close() publishes `<path>.partial` under `path` once all are written.
+class OrderedWriter : public WeightsWriter {
+ public:
+  OrderedWriter(std::string path, std::vector<WeightsEntry> entries)
+      : path_(std::move(path)), entries_(std::move(entries)) {}
+
+  void write(const torch::Tensor& values) final {
+    PARALLAX_CHECK(next_ < entries_.size(), CheckpointError, path_, ": more tensors written than announced");
+    write_next(next_, host_values(entries_[next_], values, path_));
+    ++next_;
+  }
+
+  void close() final {
+    PARALLAX_CHECK(next_ == entries_.size(), CheckpointError, path_, ": ", next_, " of ", entries_.size(),
+                   " tensors written");
+    finish();
+    rename_durably(partial(), path_, parent_of(path_));
+  }
+
+ protected:
+  /// Entry `index`'s values, on the host and contiguous, into `<path>.partial`.
+  virtual void write_next(std::size_t index, const torch::Tensor& host) = 0;
+  /// Completes `<path>.partial` (flushed and closed).
+  virtual void finish() = 0;
+  std::string partial() const { return path_ + ".partial"; }
+
+  std::string path_;
+  std::vector<WeightsEntry> entries_;
+
+ private:
+  std::size_t next_ = 0;
+};
+
 // safetensors: an 8-byte little-endian header length, the JSON header (padded with
 // spaces to a multiple of 8), then every tensor's bytes in the header's order.
-class SafetensorsWriter final : public WeightsWriter {
+class SafetensorsWriter final : public OrderedWriter {
  public:
   SafetensorsWriter(std::string path, std::vector<WeightsEntry> entries)
-      : path_(std::move(path)), entries_(std::move(entries)), file_(path_ + ".partial") {
+      : OrderedWriter(std::move(path), std::move(entries)), file_(partial()) {
     nlohmann::ordered_json header;
     header["__metadata__"] = {{"format", "pt"}, {"writer", "parallax"}};
     std::uint64_t offset = 0;
@@ -95,23 +129,12 @@ class SafetensorsWriter final : public WeightsWriter {
     file_.write(text.data(), text.size());
   }
 
-  void write(const torch::Tensor& values) override {
-    PARALLAX_CHECK(next_ < entries_.size(), CheckpointError, path_, ": more tensors written than announced");
-    const torch::Tensor host = host_values(entries_[next_++], values, path_);
+ private:
+  void write_next(std::size_t, const torch::Tensor& host) override {
     file_.write(host.data_ptr(), static_cast<std::size_t>(host.numel()) * host.element_size());
   }
+  void finish() override { file_.close(); }
 
-  void close() override {
-    PARALLAX_CHECK(next_ == entries_.size(), CheckpointError, path_, ": ", next_, " of ", entries_.size(),
-                   " tensors written");
-    file_.close();
-    rename_durably(path_ + ".partial", path_, parent_of(path_));
-  }
-
- private:
-  std::string path_;
-  std::vector<WeightsEntry> entries_;
-  std::size_t next_ = 0;
   DurableFile file_;
 };
 
@@ -131,29 +154,24 @@ auto guarded(const std::string& path, Body&& body) -> decltype(body()) {
 // tensors referring to those records. The pickler reads only the tensors' metadata, so
 // it is handed stand-ins: tensors of the entries' dtypes and shapes over a dummy
 // pointer, never dereferenced.
-class TorchWriter final : public WeightsWriter {
+class TorchWriter final : public OrderedWriter {
  public:
   TorchWriter(std::string path, std::vector<WeightsEntry> entries)
-      : path_(std::move(path)), entries_(std::move(entries)) {
-    std::remove((path_ + ".partial").c_str());  // a torn earlier export's
-    writer_ = guarded(path_ + ".partial",
-                      [&] { return std::make_unique<caffe2::serialize::PyTorchStreamWriter>(path_ + ".partial"); });
+      : OrderedWriter(std::move(path), std::move(entries)) {
+    std::remove(partial().c_str());  // a torn earlier export's
+    writer_ = guarded(partial(), [&] { return std::make_unique<caffe2::serialize::PyTorchStreamWriter>(partial()); });
   }
 
-  void write(const torch::Tensor& values) override {
-    PARALLAX_CHECK(next_ < entries_.size(), CheckpointError, path_, ": more tensors written than announced");
-    const torch::Tensor host = host_values(entries_[next_], values, path_);
-    guarded(path_ + ".partial", [&] {
-      writer_->writeRecord("data/" + std::to_string(next_), host.data_ptr(),
+ private:
+  void write_next(std::size_t index, const torch::Tensor& host) override {
+    guarded(partial(), [&] {
+      writer_->writeRecord("data/" + std::to_string(index), host.data_ptr(),
                            static_cast<std::size_t>(host.numel()) * host.element_size());
       return 0;
     });
-    ++next_;
   }
 
-  void close() override {
-    PARALLAX_CHECK(next_ == entries_.size(), CheckpointError, path_, ": ", next_, " of ", entries_.size(),
-                   " tensors written");
+  void finish() override {
     static char stand_in_data = 0;
     c10::Dict<std::string, at::Tensor> dict;
     std::unordered_map<const c10::StorageImpl*, std::string> keys;
@@ -172,20 +190,15 @@ class TorchWriter final : public WeightsWriter {
     pickler.protocol();
     pickler.pushIValue(dict);
     pickler.stop();
-    guarded(path_ + ".partial", [&] {
+    guarded(partial(), [&] {
       writer_->writeRecord("data.pkl", pickle.data(), pickle.size());
       writer_->writeRecord("byteorder", "little", 6);
       writer_->writeEndOfFile();
       return 0;
     });
     writer_.reset();
-    rename_durably(path_ + ".partial", path_, parent_of(path_));
   }
 
- private:
-  std::string path_;
-  std::vector<WeightsEntry> entries_;
-  std::size_t next_ = 0;
   std::unique_ptr<caffe2::serialize::PyTorchStreamWriter> writer_;
 };
 
