@@ -87,6 +87,46 @@ void OffloadedAdam::read_master(std::size_t i, const torch::Tensor& destination)
   if (!direct) destination.view({-1}).copy_(staging);
 }
 
+namespace {
+// The state's names, in the order of the NVMe tier's streams: m, v, then the master.
+constexpr const char* kStreamNames[] = {"exp_avg", "exp_avg_sq", "param"};
+}  // namespace
+
+std::vector<std::pair<std::string, torch::Tensor>> OffloadedAdam::state(std::size_t i) const {
+  PARALLAX_CHECK(i < numels_.size(), UsageError, "state(", i, "): ", numels_.size(), " shards");
+  const std::int64_t at = offsets_[i], n = numels_[i];
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (std::int64_t s = 0; s < 3; ++s) {
+    torch::Tensor values;
+    if (s < 2 && moments_.defined()) {
+      values = moments_[s].narrow(0, at, n);
+    } else if (s == 2 && masters_.defined()) {
+      values = masters_.narrow(0, at, n);
+    } else {
+      values = torch::empty({n}, torch::kFloat32);
+      file_->read((s * total_ + at) * 4, values.data_ptr<float>(), n * 4);
+    }
+    out.emplace_back(kStreamNames[s], values);
+  }
+  // The master first, as the engines list a parameter's state.
+  std::rotate(out.begin(), out.begin() + 2, out.end());
+  return out;
+}
+
+void OffloadedAdam::write_state(std::size_t i, const std::vector<std::pair<std::string, torch::Tensor>>& state) {
+  PARALLAX_CHECK(i < numels_.size(), UsageError, "write_state(", i, "): ", numels_.size(), " shards");
+  if (!file_) return;
+  for (std::int64_t s = 0; s < streams_; ++s) {
+    for (const auto& [name, values] : state) {
+      if (name != kStreamNames[s]) continue;
+      PARALLAX_CHECK(values.numel() == numels_[i] && values.is_cpu() && values.is_contiguous() &&
+                         values.scalar_type() == torch::kFloat32,
+                     UsageError, "write_state(", i, "): '", name, "' is not the shard's host fp32 state");
+      file_->write((s * total_ + offsets_[i]) * 4, values.data_ptr<float>(), numels_[i] * 4);
+    }
+  }
+}
+
 void OffloadedAdam::step() {
   ++steps_;
   if (file_) {

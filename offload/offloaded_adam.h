@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "parallax/offload/cpu_adam.h"
@@ -75,6 +76,18 @@ class OffloadedAdam {
   void step();
   /// Steps taken (Adam's t).
   std::int64_t step_count() const { return steps_; }
+  /// A checkpoint's restored step count.
+  void set_step_count(std::int64_t steps) { steps_ = steps; }
+
+  /// Shard i's state for a checkpoint, each 1-D over the shard, host fp32: "param" (the
+  /// master), "exp_avg", "exp_avg_sq". In host memory they are views of the buffers, so
+  /// a load writes through them; what lives in the NVMe tier comes as copies read from
+  /// the file (the shard's state once in host memory), which write_state() puts back.
+  /// Blocking; not during step().
+  std::vector<std::pair<std::string, torch::Tensor>> state(std::size_t i) const;
+  /// After a load filled state(i)'s tensors: writes what lives in the NVMe tier back to
+  /// the file (nothing to do for views). Throws OffloadError.
+  void write_state(std::size_t i, const std::vector<std::pair<std::string, torch::Tensor>>& state);
 
   /// Bytes held now in host memory (gradients, masters and moments, or the tier's
   /// buffers) and in the NVMe tier's file.

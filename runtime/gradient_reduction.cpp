@@ -315,17 +315,27 @@ class ShardedReduction final : public GradientReduction {
   std::size_t bucket_count() const override { return sharded_->group_count(); }
   const zero::ShardedModel* sharded_model() const override { return sharded_.get(); }
 
-  // Each rank holds (and owns) its master shards and the optimizer's state over them.
-  std::vector<StateSlice> state_slices(StateAccess, bool create_optimizer_state) override {
-    PARALLAX_CHECK(sharded_->offloaded_optimizer() == nullptr, UsageError,
-                   "checkpoints of an offloaded optimizer (offload.optimizer) are not supported by this build yet");
+  // Each rank holds (and owns) its master shards and the optimizer's state over them,
+  // in LibTorch's optimizer or in the offloaded one (host buffers, or copies of what
+  // lives in the NVMe tier, kept until state_loaded() writes them back).
+  std::vector<StateSlice> state_slices(StateAccess access, bool create_optimizer_state) override {
+    offload::OffloadedAdam* offloaded = sharded_->offloaded_optimizer();
+    const std::vector<zero::MasterShard> shards = sharded_->master_shards();
+    offloaded_state_.clear();
     std::vector<StateSlice> slices;
-    for (const zero::MasterShard& shard : sharded_->master_shards()) {
-      const auto state = optimizer_state(sharded_->optimizer(), shard.master, create_optimizer_state);
+    for (std::size_t g = 0; g < shards.size(); ++g) {
+      const zero::MasterShard& shard = shards[g];
+      std::vector<std::pair<std::string, torch::Tensor>> state;
+      if (offloaded != nullptr) {
+        state = offloaded->state(g);
+        if (access == StateAccess::kHeld) offloaded_state_.push_back(state);
+      } else {
+        state = optimizer_state(sharded_->optimizer(), shard.master, create_optimizer_state);
+        state.insert(state.begin(), std::make_pair(std::string("param"), shard.master.detach()));
+      }
       for (const zero::MasterPart& part : shard.parts) {
         const auto& f = part.fragment;
         StateSlice slice{part.param, f.param_offset, {}};
-        slice.tensors.emplace_back("param", shard.master.detach().narrow(0, f.shard_offset, f.numel));
         for (const auto& [name, tensor] : state) {
           slice.tensors.emplace_back(name, tensor.view({-1}).narrow(0, f.shard_offset, f.numel));
         }
@@ -335,17 +345,32 @@ class ShardedReduction final : public GradientReduction {
     return slices;
   }
 
-  void state_loaded() override { sharded_->masters_changed(); }
-  std::int64_t optimizer_steps() const override {
-    return sharded_->offloaded_optimizer() ? 0 : parallax::optimizer_steps(sharded_->optimizer());
+  void state_loaded() override {
+    if (offload::OffloadedAdam* offloaded = sharded_->offloaded_optimizer()) {
+      for (std::size_t g = 0; g < offloaded_state_.size(); ++g) offloaded->write_state(g, offloaded_state_[g]);
+      offloaded_state_.clear();
+    }
+    sharded_->masters_changed();
   }
-  void set_optimizer_steps(std::int64_t steps) override { parallax::set_optimizer_steps(sharded_->optimizer(), steps); }
+  std::int64_t optimizer_steps() const override {
+    const offload::OffloadedAdam* offloaded = sharded_->offloaded_optimizer();
+    return offloaded ? offloaded->step_count() : parallax::optimizer_steps(sharded_->optimizer());
+  }
+  void set_optimizer_steps(std::int64_t steps) override {
+    if (offload::OffloadedAdam* offloaded = sharded_->offloaded_optimizer()) {
+      offloaded->set_step_count(steps);
+    } else {
+      parallax::set_optimizer_steps(sharded_->optimizer(), steps);
+    }
+  }
 
  private:
   Communicator* dp_;
   bool reduce_untouched_;
   std::vector<torch::Tensor> params_;  ///< the model's (shapes stay while stage 3 releases their data)
   std::unique_ptr<zero::ShardedModel> sharded_;
+  /// An offloaded optimizer's state per group, as state_slices(kHeld) gave it out.
+  std::vector<std::vector<std::pair<std::string, torch::Tensor>>> offloaded_state_;
 };
 
 }  // namespace

@@ -477,10 +477,10 @@ std::vector<torch::Tensor> ShardedModel::gather_masters() {
 
 std::vector<MasterShard> ShardedModel::master_shards() const {
   const State& s = *state_;
-  PARALLAX_CHECK(!s.offloaded, UsageError,
-                 "the master shards of an offloaded optimizer live in its host buffers (offload.optimizer)");
   std::vector<MasterShard> shards(s.groups.size());
-  for (std::size_t g = 0; g < s.groups.size(); ++g) shards[g].master = s.groups[g]->master();
+  if (!s.offloaded) {
+    for (std::size_t g = 0; g < s.groups.size(); ++g) shards[g].master = s.groups[g]->master();
+  }
   for (std::size_t i = 0; i < s.params.size(); ++i) {
     const std::size_t g = s.group_of_param[i];
     if (const auto fragment = s.groups[g]->layout().fragment(s.index_in_group[i], s.dp->rank())) {
@@ -492,16 +492,20 @@ std::vector<MasterShard> ShardedModel::master_shards() const {
 
 void ShardedModel::masters_changed() {
   State& s = *state_;
-  PARALLAX_CHECK(!s.offloaded, UsageError, "masters_changed: the optimizer is offloaded");
   torch::NoGradGuard no_grad;
   if (s.schedule) {
     std::lock_guard<std::mutex> lock(s.mutex);
     s.apply_locked(s.schedule->end_step());
   }
   std::vector<WorkPtr> pending;
-  for (const auto& group : s.groups) {
-    group->write_back_master();
-    if (group->residency() == Residency::kReplicated) pending.push_back(group->gather_updated(*s.dp));
+  for (std::size_t g = 0; g < s.groups.size(); ++g) {
+    FlatGroup& group = *s.groups[g];
+    if (!s.offloaded) {
+      group.write_back_master();
+    } else if (group.shard().defined()) {  // else (parameter offload) the next gather fetches it
+      s.read_master(g, group.shard()).order_current_stream();
+    }
+    if (group.residency() == Residency::kReplicated) pending.push_back(group.gather_updated(*s.dp));
   }
   for (const auto& work : pending) work->wait();
 }

@@ -169,11 +169,13 @@ class ShardedModel final : private ParameterUseListener {
   /// Collective: the full fp32 master parameters, in the order of `params`.
   std::vector<torch::Tensor> gather_masters();
   /// This rank's master shards, one per group, for reading or overwriting them (a
-  /// checkpoint); each rank of dp holds disjoint parts. Throws UsageError when the
-  /// optimizer is offloaded (its masters live in OffloadedAdam's buffers).
+  /// checkpoint); each rank of dp holds disjoint parts. With an offloaded optimizer the
+  /// masters live in it (offloaded_optimizer()->state(group)): `master` is undefined and
+  /// only the parts are given.
   std::vector<MasterShard> master_shards() const;
-  /// After master shards were overwritten between steps: the compute-dtype parameters
-  /// are refreshed from them as step() refreshes them. Collective over dp.
+  /// After master shards were overwritten between steps (in the offloaded optimizer's
+  /// state too): the compute-dtype parameters are refreshed from them as step()
+  /// refreshes them. Collective over dp.
   void masters_changed();
 
   /// Bytes this rank holds now.

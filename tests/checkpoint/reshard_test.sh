@@ -68,6 +68,9 @@ run zero3-to-pp2 2 --set parallel.pp=2 --set "$(step5 zero3-dp4)"
 compare zero3-dp4 zero3-to-pp2
 run zero3-to-single 1 --set zero.stage=0 --set "$(step5 zero3-dp4)"
 compare zero3-dp4 zero3-to-single
+# dp 4 ZeRO-3 -> dp 2 ZeRO-2 with the optimizer offloaded to the host (offload on).
+run zero3-to-offload 2 --set zero.stage=2 --set 'offload.optimizer="cpu"' --set "$(step5 zero3-dp4)"
+compare zero3-dp4 zero3-to-offload
 # dp 4 ZeRO-3 -> tp 2 (configs/tp.toml's plan; each rank cuts its part from the whole
 # tensors), -> tp 2 x dp 2 with sequence parallelism and ZeRO-1.
 CONFIG=tp.toml run zero3-to-tp2 2 --set zero.stage=0 --set "$(step5 zero3-dp4)"

@@ -3,10 +3,9 @@
 // other initial weights, resumed and trained 5 more: the last 5 losses and the final
 // fp32 parameters are bit-identical, in every cell of the strategy matrix this build
 // checkpoints (replicated data parallelism, ZeRO 1–3, fp32 and bf16, gradient
-// accumulation, tensor parallelism with sequence parallelism, the pipeline engine under
-// 1F1B with ZeRO-1, interleaved in bf16, GPipe with ZeRO-3 and zb-h1 with ZeRO-2; × dp
-// 2 on 4 ranks; tp 2 × pp 2 on 4 ranks). Plus the
-// errors: a checkpoint of another model, a torn one asked for by name.
+// accumulation, the optimizer offloaded to the host and to the NVMe tier, tensor parallelism with sequence parallelism,
+// the pipeline engine under 1F1B with ZeRO-1, interleaved in bf16, GPipe with ZeRO-3 and zb-h1 with ZeRO-2; × dp 2 on 4
+// ranks; tp 2 × pp 2 on 4 ranks). Plus the errors: a checkpoint of another model, a torn one asked for by name.
 //
 // Mutants this catches (each tried once on 2 ranks): the optimizer's step count not
 // restored (every Adam cell fails: bias correction restarts; parameters off by up to
@@ -166,6 +165,15 @@ TEST(Resume, Zero2SavedInTheBackground) {
 }
 TEST(Resume, Sgd) {
   expect_exact_resume({"zero.stage=1", "optimizer.type=\"sgd\"", "optimizer.momentum=0.9"});
+}
+
+TEST(Resume, Zero2OffloadCpu) {
+  expect_exact_resume({"zero.stage=2", "offload.optimizer=\"cpu\""});
+}
+TEST(Resume, Zero3OffloadNvme) {
+  // Moments, masters and parameters in the NVMe tier's file (here under /tmp).
+  expect_exact_resume(
+      {"zero.stage=3", "offload.optimizer=\"nvme\"", "offload.param=\"nvme\"", "offload.nvme_path=\"/tmp\""}, 2);
 }
 
 TEST(Resume, TensorParallel) {
