@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Exported weights work outside Parallax, and weights files start runs under any layout:
 #  1. the GPT example (configs/gpt_base.toml) trains 6 steps on 2 ranks under ZeRO-1,
-#     saving at step 5;
+#     saving at step 5, and at the end exports step 6 (checkpoint.export_on_finish),
+#     byte for byte what parallax_checkpoint exports;
 #  2. parallax_checkpoint exports step 5 to torch.save's format and to safetensors;
 #  3. a plain LibTorch program (plain_gpt_loss: torch::pickle_load, no Parallax runtime)
 #     loads the .pt file and computes the loss of step 6's global batch, which must be
@@ -57,8 +58,12 @@ close_to() {
     exit d > tolerance }' || fail "$1: beyond $TOLERANCE"
 }
 
-run zero1-dp2 2 --set zero.stage=1 --set train.steps=6 --set "checkpoint.dir=\"$WORK/ckpt\"" --set checkpoint.every=5
+run zero1-dp2 2 --set zero.stage=1 --set train.steps=6 --set "checkpoint.dir=\"$WORK/ckpt\"" --set checkpoint.every=5 \
+  --set "checkpoint.export_on_finish=\"$WORK/final.safetensors\""
 STEP5="$WORK/ckpt/step-000000000005"
+# export_on_finish: engine.finish() wrote the final (step 6) weights, as the tool does.
+"$TOOL" export "$WORK/ckpt/step-000000000006" "$WORK/step6.safetensors" >/dev/null
+cmp -s "$WORK/final.safetensors" "$WORK/step6.safetensors" || fail "export_on_finish differs from the tool's export of step 6"
 "$TOOL" export "$STEP5" "$WORK/gpt.pt" | tee "$WORK/export.log"
 "$TOOL" export "$STEP5" "$WORK/gpt.safetensors" >/dev/null
 grep -q "wrote 29 tensors" "$WORK/export.log" || fail "expected the model's 29 parameters"
