@@ -302,15 +302,22 @@ std::vector<std::pair<std::string, torch::Tensor>> read_torch_weights(const std:
   std::ifstream in(path, std::ios::binary);
   PARALLAX_CHECK(in.good(), CheckpointError, "cannot open ", path, ": ", std::strerror(errno));
   const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // LibTorch's unpickler reads collections.OrderedDict as None (it expects one only for
+  // a tensor's backward hooks), so a Module.state_dict() saved by torch.save arrives as
+  // None, or trips its assertion; say what to do instead.
+  constexpr char kStateDictAdvice[] =
+      " (LibTorch reads a dict of tensors, not the OrderedDict that Module.state_dict() returns: save "
+      "dict(model.state_dict()), or write safetensors with safetensors.torch.save_file, which checkpoint.load "
+      "takes directly)";
   c10::IValue value;
   try {
     value = torch::pickle_load(bytes);
   } catch (const c10::Error& e) {
     throw CheckpointError(
-        detail::concat(path, ": not a torch.save file LibTorch reads (", e.what_without_backtrace(), ")"));
+        detail::concat(path, ": not a torch.save file LibTorch reads: ", e.what_without_backtrace(), kStateDictAdvice));
   }
   PARALLAX_CHECK(value.isGenericDict(), CheckpointError, path, ": holds a ", value.tagKind(),
-                 ", expected a dict of tensors (a state dict)");
+                 ", expected a dict of tensors", kStateDictAdvice);
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
   for (const auto& item : value.toGenericDict()) {
     PARALLAX_CHECK(item.key().isString() && item.value().isTensor(), CheckpointError, path,

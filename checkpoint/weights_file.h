@@ -64,9 +64,11 @@ struct SafetensorsTensor {
 /// Throws CheckpointError naming the file and the entry.
 std::vector<SafetensorsTensor> read_safetensors_header(const std::string& path);
 
-/// Every tensor of a torch.save file that holds a dict of tensors (a state dict), in
-/// its order. Reads the file whole (torch::pickle_load). Throws CheckpointError naming
-/// the file when it is not such a file.
+/// Every tensor of a torch.save file that holds a dict of tensors, in its order. Reads
+/// the file whole (torch::pickle_load). Throws CheckpointError naming the file when it
+/// is not such a file, including a Module.state_dict() saved as is: LibTorch's
+/// unpickler cannot read its collections.OrderedDict (save dict(state_dict) instead, or
+/// safetensors).
 std::vector<std::pair<std::string, torch::Tensor>> read_torch_weights(const std::string& path);
 
 struct ExportResult {

@@ -9,11 +9,14 @@
 #     the training run's own step-6 loss within TOLERANCE (relative: the dp ranks sum in
 #     another order; measured 3.2e-8);
 #  4. with PYTHON (a PyTorch 2.11 interpreter), torch.load and the safetensors library
-#     read the same names and values (their checksum equals the C++ reader's), and
-#     torch.save writes the state dict back as PyTorch's Module.state_dict() is saved;
-#  5. that file (or, without PYTHON, the exported .pt) is converted to safetensors and a
-#     pipeline run (pp 2) starts from it: its first loss must be the plain program's loss
-#     on batch 0 with the same weights.
+#     read the same names and values (their checksum equals the C++ reader's); PyTorch
+#     writes them back: torch.save of the dict converts to exactly our safetensors export,
+#     torch.save of an OrderedDict (Module.state_dict()) is refused with advice (LibTorch's
+#     unpickler reads OrderedDict as None), and safetensors.torch.save_file writes the file
+#     step 5 starts from;
+#  5. a pipeline run (pp 2) starts from that safetensors file (without PYTHON: from the
+#     exported .pt converted): its first loss must be the plain program's loss on batch 0
+#     with the same weights.
 # Mutants this catches: an export that pairs names with the wrong tensors, or writes a
 # rank's shard instead of the whole tensor (step 3 fails); an import that leaves a stage's
 # weights at their initial values (step 5 fails).
@@ -71,17 +74,26 @@ grep -q "wrote 29 tensors" "$WORK/export.log" || fail "expected the model's 29 p
 read -r _ plain_loss _ plain_checksum < <("$PLAIN" "$WORK/gpt.pt" 160 32)
 close_to "plain LibTorch loss, step 6's batch" "$plain_loss" "$(loss_at zero1-dp2 6)"
 
-imported="$WORK/gpt.pt"
+# The weights back from PyTorch: a torch.save'd dict converts to exactly our own
+# safetensors export; a Module.state_dict() (an OrderedDict) is refused with advice;
+# the safetensors file Python wrote is what the pipeline run starts from.
+imported="$WORK/imported.safetensors"
 if [[ -n "$PYTHON" ]]; then
-  "$PYTHON" "$HERE/read_exported.py" "$WORK/gpt.pt" "$WORK/gpt.safetensors" "$WORK/resaved.pt" | tee "$WORK/python.log"
+  "$PYTHON" "$HERE/read_exported.py" "$WORK/gpt.pt" "$WORK/gpt.safetensors" "$WORK/python" | tee "$WORK/python.log"
   python_checksum="$(sed -n 's/.*python checksum //p' "$WORK/python.log")"
   TOLERANCE=1e-12 close_to "checksum: torch.load vs torch::pickle_load" "$python_checksum" "$plain_checksum"
-  imported="$WORK/resaved.pt"
+  "$TOOL" convert "$WORK/python.pt" "$imported" >/dev/null
+  cmp -s "$imported" "$WORK/gpt.safetensors" || fail "PyTorch's torch.save of the dict converts to other bytes"
+  if "$TOOL" convert "$WORK/python.state_dict.pt" "$WORK/refused.safetensors" 2>"$WORK/refused.log"; then
+    fail "an OrderedDict state dict converted (LibTorch reads it as None)"
+  fi
+  grep -q "safetensors.torch.save_file" "$WORK/refused.log" || fail "no advice for a state dict: $(cat "$WORK/refused.log")"
+  imported="$WORK/python.safetensors"
 else
   echo "no PyTorch here (Debian's LibTorch): the Python readers run in the wheel build's pass"
+  "$TOOL" convert "$WORK/gpt.pt" "$imported"
 fi
-"$TOOL" convert "$imported" "$WORK/imported.safetensors"
 read -r _ batch0_loss _ < <("$PLAIN" "$WORK/gpt.pt" 0 32)
-run import-pp2 2 --set parallel.pp=2 --set train.steps=1 --set "checkpoint.load=\"$WORK/imported.safetensors\""
+run import-pp2 2 --set parallel.pp=2 --set train.steps=1 --set "checkpoint.load=\"$imported\""
 grep -q "started from the weights in" "$WORK/import-pp2.log" || fail "the pp 2 run did not report the import"
 close_to "pp 2 started from the weights, batch 0" "$(loss_at import-pp2 1)" "$batch0_loss"
