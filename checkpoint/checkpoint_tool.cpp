@@ -32,12 +32,6 @@ constexpr char kUsage[] =
     "  parallax_checkpoint convert <in.pt | in.safetensors> <out.safetensors | out.pt> [--dtype D]\n"
     "D: float32, bfloat16 or float16 (default: as saved). A root means its newest complete checkpoint.\n";
 
-std::string shape_text(const std::vector<std::int64_t>& shape) {
-  std::string text = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
-}
-
 // A checkpoint directory (has a commit marker), else a root, else a safetensors file.
 Reader open_source(const std::string& where) {
   if (parallax::checkpoint::weights_format(where)) return Reader::open_weights(where);
@@ -67,7 +61,7 @@ int info(const std::string& where) {
   for (const std::string& skipped : checkpoint.skipped()) std::cout << "passed over: " << skipped << "\n";
   for (const std::string& name : checkpoint.tensors()) {
     std::cout << "  " << name << " " << c10::toString(checkpoint.dtype(name)) << " "
-              << shape_text(checkpoint.shape(name)) << "\n";
+              << c10::IntArrayRef(checkpoint.shape(name)) << "\n";
   }
   return 0;
 }
@@ -80,14 +74,7 @@ int write_weights(const std::string& from, const std::string& to, std::optional<
     const auto tensors = read_torch_weights(from);
     std::vector<WeightsEntry> entries;
     for (const auto& [name, t] : tensors) entries.push_back({name, dtype.value_or(t.scalar_type()), t.sizes().vec()});
-    auto out = WeightsWriter::open(to, entries);
-    for (std::size_t i = 0; i < tensors.size(); ++i) {
-      const torch::Tensor t = tensors[i].second.to(entries[i].dtype);
-      out->write(t);
-      ++result.tensors;
-      result.bytes += static_cast<std::uint64_t>(t.numel()) * t.element_size();
-    }
-    out->close();
+    result = write_weights(to, entries, [&](std::size_t i) { return tensors[i].second; });
   } else {
     const Reader checkpoint = open_source(from);
     result = export_weights(checkpoint, to, dtype);

@@ -34,6 +34,16 @@ std::string directory_name(std::int64_t step) {
   return name;
 }
 
+std::string parent_directory(const std::string& path) {
+  const std::size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, std::max<std::size_t>(slash, 1));
+}
+
+std::string base_name(const std::string& path) {
+  const std::size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
 std::string rank_file_name(int rank) {
   char name[32];
   std::snprintf(name, sizeof(name), "rank-%05d.bin", rank);

@@ -24,6 +24,11 @@ std::string rank_file_name(int rank);
 /// name (a `.partial` directory, a stray file).
 std::optional<std::int64_t> step_of(const std::string& name);
 
+/// The directory part of `path` ("." for a bare name, "/" for a file at the root) and
+/// the name after the last '/'.
+std::string parent_directory(const std::string& path);
+std::string base_name(const std::string& path);
+
 /// CRC-32 (zlib's) of `bytes` bytes at `data`, continuing from `crc` (0 to start).
 std::uint32_t crc32(const void* data, std::size_t bytes, std::uint32_t crc = 0);
 

@@ -336,8 +336,7 @@ Reader Reader::open(const std::string& where, Mode mode) {
 
 Reader Reader::open_weights(const std::string& path) {
   Reader reader;
-  const std::size_t slash = path.rfind('/');
-  reader.directory_ = slash == std::string::npos ? "." : path.substr(0, std::max<std::size_t>(slash, 1));
+  reader.directory_ = parent_directory(path);
   reader.weights_only_ = true;
   reader.manifest_ = std::make_unique<proto::CheckpointManifest>();
   proto::CheckpointManifest& manifest = *reader.manifest_;
@@ -345,7 +344,7 @@ Reader Reader::open_weights(const std::string& path) {
   manifest.set_layout("weights file " + path);
   manifest.set_block_bytes(kBlockBytes);  // the unit reads are rounded to; no CRCs
   proto::CheckpointFile* file = manifest.add_files();
-  file->set_name(slash == std::string::npos ? path : path.substr(slash + 1));
+  file->set_name(base_name(path));
   file->set_bytes(file_size(path));
   for (const SafetensorsTensor& saved : read_safetensors_header(path)) {
     proto::CheckpointTensor* tensor = manifest.add_tensors();
@@ -363,15 +362,12 @@ Reader Reader::open_weights(const std::string& path) {
 }
 
 void Reader::build_index() {
-  Reader& reader = *this;
-  reader.index_ = std::make_unique<Index>();
-  for (int t = 0; t < reader.manifest_->tensors_size(); ++t) {
-    reader.index_->tensors.emplace(reader.manifest_->tensors(t).name(), static_cast<std::uint32_t>(t));
+  index_ = std::make_unique<Index>();
+  for (int t = 0; t < manifest_->tensors_size(); ++t) {
+    index_->tensors.emplace(manifest_->tensors(t).name(), static_cast<std::uint32_t>(t));
   }
-  reader.index_->pieces.resize(static_cast<std::size_t>(reader.manifest_->tensors_size()));
-  for (int p = 0; p < reader.manifest_->pieces_size(); ++p) {
-    reader.index_->pieces.at(reader.manifest_->pieces(p).tensor()).push_back(p);
-  }
+  index_->pieces.resize(static_cast<std::size_t>(manifest_->tensors_size()));
+  for (int p = 0; p < manifest_->pieces_size(); ++p) index_->pieces.at(manifest_->pieces(p).tensor()).push_back(p);
 }
 
 Reader::~Reader() = default;

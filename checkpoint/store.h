@@ -140,9 +140,9 @@ class Reader {
   std::vector<std::int64_t> shape(const std::string& tensor) const;
   /// Fills `out` (contiguous, on the host, the tensor's dtype) with elements [offset,
   /// offset + out.numel()) of `tensor`, reading only the blocks that hold them and
-  /// checking each block's CRC-32 (a safetensors file has none to check). Throws CheckpointError naming the file, the
-  /// tensor and the block when a CRC does not match or a read comes short, and when the range is not saved or the dtype
-  /// differs.
+  /// checking each block's CRC-32 (a safetensors file has none to check). Throws
+  /// CheckpointError naming the file, the tensor and the block when a CRC does not
+  /// match or a read comes short, and when the range is not saved or the dtype differs.
   void read(const std::string& tensor, std::int64_t offset, torch::Tensor& out) const;
   /// Bytes this reader has read from data files.
   std::uint64_t bytes_read() const { return bytes_read_; }

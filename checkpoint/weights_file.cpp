@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
@@ -46,27 +47,16 @@ const char* safetensors_code(torch::ScalarType type, const std::string& tensor) 
       detail::concat("tensor '", tensor, "' has dtype ", c10::toString(type), ", which safetensors does not store"));
 }
 
-std::int64_t numel_of(const std::vector<std::int64_t>& shape) {
-  std::int64_t n = 1;
-  for (std::int64_t d : shape) n *= d;
-  return n;
-}
-
 bool ends_with(const std::string& text, const std::string& suffix) {
   return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-std::string parent_of(const std::string& path) {
-  const std::size_t slash = path.rfind('/');
-  return slash == std::string::npos ? "." : path.substr(0, std::max<std::size_t>(slash, 1));
 }
 
 // The entry's values on the host, contiguous, checked against the entry.
 torch::Tensor host_values(const WeightsEntry& entry, const torch::Tensor& values, const std::string& path) {
   PARALLAX_CHECK(values.scalar_type() == entry.dtype && values.sizes().vec() == entry.shape, CheckpointError, path,
                  ": tensor '", entry.name, "' was announced as ", c10::toString(entry.dtype), " ", entry.shape.size(),
-                 "-d of ", numel_of(entry.shape), " elements, written as ", c10::toString(values.scalar_type()), " ",
-                 values.sizes());
+                 "-d of ", c10::multiply_integers(entry.shape), " elements, written as ",
+                 c10::toString(values.scalar_type()), " ", values.sizes());
   return values.detach().to(torch::kCPU).contiguous();
 }
 
@@ -87,7 +77,7 @@ class OrderedWriter : public WeightsWriter {
     PARALLAX_CHECK(next_ == entries_.size(), CheckpointError, path_, ": ", next_, " of ", entries_.size(),
                    " tensors written");
     finish();
-    rename_durably(partial(), path_, parent_of(path_));
+    rename_durably(partial(), path_, parent_directory(path_));
   }
 
  protected:
@@ -114,7 +104,8 @@ class SafetensorsWriter final : public OrderedWriter {
     header["__metadata__"] = {{"format", "pt"}, {"writer", "parallax"}};
     std::uint64_t offset = 0;
     for (const WeightsEntry& entry : entries_) {
-      const std::uint64_t bytes = static_cast<std::uint64_t>(numel_of(entry.shape)) * c10::elementSize(entry.dtype);
+      const std::uint64_t bytes =
+          static_cast<std::uint64_t>(c10::multiply_integers(entry.shape)) * c10::elementSize(entry.dtype);
       header[entry.name] = {{"dtype", safetensors_code(entry.dtype, entry.name)},
                             {"shape", entry.shape},
                             {"data_offsets", {offset, offset + bytes}}};
@@ -268,14 +259,14 @@ std::vector<SafetensorsTensor> read_safetensors_header(const std::string& path) 
       throw bad("dtype " + dtype.dump() + " is not one this build reads (F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL)");
     const nlohmann::json& shape = value["shape"];
     if (!shape.is_array()) throw bad("shape is not an array");
+    constexpr std::uint64_t kMaxElements = std::uint64_t{1} << 48;
     std::uint64_t numel = 1;
     for (const nlohmann::json& d : shape) {
-      if (!d.is_number_unsigned() || d.get<std::uint64_t>() > (std::uint64_t{1} << 40)) {
-        throw bad("shape " + shape.dump() + " is not a list of sizes");
-      }
-      numel *= d.get<std::uint64_t>();
-      if (numel > (std::uint64_t{1} << 48)) throw bad("shape " + shape.dump() + " is too large");
-      tensor.entry.shape.push_back(d.get<std::int64_t>());
+      if (!d.is_number_unsigned()) throw bad("shape " + shape.dump() + " is not a list of sizes");
+      const auto size = d.get<std::uint64_t>();
+      if (size != 0 && numel > kMaxElements / size) throw bad("shape " + shape.dump() + " is too large");
+      numel *= size;
+      tensor.entry.shape.push_back(static_cast<std::int64_t>(size));
     }
     const nlohmann::json& offsets = value["data_offsets"];
     if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
@@ -327,6 +318,23 @@ std::vector<std::pair<std::string, torch::Tensor>> read_torch_weights(const std:
   return tensors;
 }
 
+ExportResult write_weights(const std::string& path,
+                           std::vector<WeightsEntry> entries,
+                           const std::function<torch::Tensor(std::size_t)>& values) {
+  ExportResult result;
+  std::unique_ptr<WeightsWriter> out = WeightsWriter::open(path, entries);
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const torch::Tensor tensor = values(i).to(entries[i].dtype);
+    const auto bytes = static_cast<std::uint64_t>(tensor.numel()) * tensor.element_size();
+    out->write(tensor);
+    ++result.tensors;
+    result.bytes += bytes;
+    result.largest_tensor_bytes = std::max(result.largest_tensor_bytes, bytes);
+  }
+  out->close();
+  return result;
+}
+
 ExportResult export_weights(const Reader& checkpoint, const std::string& path, std::optional<torch::ScalarType> dtype) {
   const std::string prefix = std::string(kParamKind) + "/";
   std::vector<std::string> names;
@@ -341,21 +349,12 @@ ExportResult export_weights(const Reader& checkpoint, const std::string& path, s
     entries.push_back({name.substr(prefix.size()), dtype.value_or(checkpoint.dtype(name)), checkpoint.shape(name)});
   }
   PARALLAX_CHECK(!entries.empty(), CheckpointError, checkpoint.directory(), " holds no weights ('", prefix, "*')");
-  ExportResult result;
-  std::unique_ptr<WeightsWriter> out = WeightsWriter::open(path, entries);
-  for (std::size_t i = 0; i < names.size(); ++i) {
+  return write_weights(path, entries, [&](std::size_t i) {
     torch::Tensor whole = torch::empty(entries[i].shape, torch::TensorOptions(checkpoint.dtype(names[i])));
     torch::Tensor flat = whole.view({-1});
     checkpoint.read(names[i], 0, flat);
-    whole = whole.to(entries[i].dtype);
-    const auto bytes = static_cast<std::uint64_t>(whole.numel()) * whole.element_size();
-    out->write(whole);
-    ++result.tensors;
-    result.bytes += bytes;
-    result.largest_tensor_bytes = std::max(result.largest_tensor_bytes, bytes);
-  }
-  out->close();
-  return result;
+    return whole;
+  });
 }
 
 torch::ScalarType dtype_from_name(const std::string& name) {

@@ -15,6 +15,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -76,6 +77,12 @@ struct ExportResult {
   std::uint64_t bytes = 0;                 ///< of tensor data written
   std::uint64_t largest_tensor_bytes = 0;  ///< the most held at once
 };
+/// Writes `entries` to `path` (its extension picks the format), asking `values(i)` for
+/// entry i's tensor only when it is written, so one tensor is held at a time (converted
+/// to the entry's dtype).
+ExportResult write_weights(const std::string& path,
+                           std::vector<WeightsEntry> entries,
+                           const std::function<torch::Tensor(std::size_t)>& values);
 /// Writes the weights of `checkpoint` ("param/<name>": the fp32 masters, whole-model
 /// names) to `path` (its extension picks the format), one whole tensor at a time,
 /// converted to `dtype` when given. Needs no MPI. Throws CheckpointError when the

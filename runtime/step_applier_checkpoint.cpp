@@ -5,8 +5,8 @@
 // parameter the whole model's name. A parameter split over the tensor-parallel group
 // is saved per part, "<kind>/<parameter>@tp<rank>/<size>"; one it replicates over the
 // group is saved once, by tensor-parallel rank 0. A part loads from its own name, or
-// from the whole tensor (saved under tp = 1, or a weights file) cut as the plan cuts it. Per-rank streams are
-// "rank/<world rank>/rng/<stream>".
+// from the whole tensor (saved under tp = 1, or a weights file) cut as the plan cuts
+// it. Per-rank streams are "rank/<world rank>/rng/<stream>".
 #include <torch/types.h>
 
 #include <algorithm>
@@ -65,10 +65,13 @@ struct StateName {
   std::string name;
   bool saved_here = true;
 };
+std::string whole_name(const std::string& kind, const std::string& param_name) {
+  return kind + "/" + param_name;
+}
 StateName state_name(
     const std::string& kind, const std::string& param_name, bool replicated_over_tp, int tp_rank, int tp_size) {
-  if (replicated_over_tp) return {kind + "/" + param_name, tp_rank == 0};
-  return {kind + "/" + param_name + "@tp" + std::to_string(tp_rank) + "/" + std::to_string(tp_size), true};
+  if (replicated_over_tp) return {whole_name(kind, param_name), tp_rank == 0};
+  return {whole_name(kind, param_name) + "@tp" + std::to_string(tp_rank) + "/" + std::to_string(tp_size), true};
 }
 
 // What `where` names: a checkpoint directory, a root to take the newest under
@@ -203,15 +206,14 @@ std::string StepApplier::load_checkpoint(const std::string& where, bool latest) 
       const bool replicated_over_tp = !split_ || split_->copies(param) == tp_size;
       for (const auto& [kind, values] : slice.tensors) {
         const std::string name = state_name(kind, param_names_[slice.param], replicated_over_tp, tp_rank, tp_size).name;
-        const std::string whole_name = kind + "/" + param_names_[slice.param];
-        if (!reader->has(name) && !replicated_over_tp && reader->has(whole_name)) {
+        const std::string whole = whole_name(kind, param_names_[slice.param]);
+        if (!reader->has(name) && !replicated_over_tp && reader->has(whole)) {
           // Saved whole (under tp = 1, or a weights file): this rank's part of it, cut
           // as the plan cut the parameter. Every rank of the group reads the whole.
-          torch::Tensor whole =
-              torch::empty(reader->shape(whole_name), torch::TensorOptions(reader->dtype(whole_name)));
-          torch::Tensor flat = whole.view({-1});
-          reader->read(whole_name, 0, flat);
-          const torch::Tensor part = split_->part_of(param, whole.to(values.scalar_type())).reshape({-1});
+          torch::Tensor dense = torch::empty(reader->shape(whole), torch::TensorOptions(reader->dtype(whole)));
+          torch::Tensor flat = dense.view({-1});
+          reader->read(whole, 0, flat);
+          const torch::Tensor part = split_->part_of(param, dense.to(values.scalar_type())).reshape({-1});
           values.copy_(part.narrow(0, slice.offset, values.numel()));
           continue;
         }

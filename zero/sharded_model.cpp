@@ -117,6 +117,23 @@ struct ShardedModel::State {
     next_to_reap = g + 1;
   }
 
+  /// The compute-dtype parameters from the updated masters (after a step or a load):
+  /// each group's shard is written back (or, offloaded, fetched from the host; with
+  /// parameter offload the next gather fetches it), and replicated groups gather theirs.
+  void publish_masters() {
+    std::vector<WorkPtr> pending;
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      FlatGroup& group = *groups[g];
+      if (!offloaded) {
+        group.write_back_master();
+      } else if (group.shard().defined()) {
+        group.set_pending_update(read_master(g, group.shard()));
+      }
+      if (group.residency() == Residency::kReplicated) pending.push_back(group.gather_updated(*dp));
+    }
+    for (const auto& work : pending) work->wait();
+  }
+
   /// Offloaded: group g's updated master into `destination` (compute dtype, on the
   /// device): converted on the host, then copied on the side stream.
   offload::HostCopy read_master(std::size_t g, const torch::Tensor& destination) {
@@ -430,17 +447,7 @@ StepOutcome ShardedModel::step(double gradient_scale, double clip_norm, bool ski
   } else {
     s.optimizer->step();
   }
-  std::vector<WorkPtr> pending;
-  for (std::size_t g = 0; g < s.groups.size(); ++g) {
-    FlatGroup& group = *s.groups[g];
-    if (!s.offloaded) {
-      group.write_back_master();
-    } else if (group.shard().defined()) {  // else (parameter offload) the next gather fetches it
-      group.set_pending_update(s.read_master(g, group.shard()));
-    }
-    if (group.residency() == Residency::kReplicated) pending.push_back(group.gather_updated(*s.dp));
-  }
-  for (const auto& work : pending) work->wait();
+  s.publish_masters();
   for (const auto& group : s.groups) group->zero_gradients();
   return outcome;
 }
@@ -497,17 +504,7 @@ void ShardedModel::masters_changed() {
     std::lock_guard<std::mutex> lock(s.mutex);
     s.apply_locked(s.schedule->end_step());
   }
-  std::vector<WorkPtr> pending;
-  for (std::size_t g = 0; g < s.groups.size(); ++g) {
-    FlatGroup& group = *s.groups[g];
-    if (!s.offloaded) {
-      group.write_back_master();
-    } else if (group.shard().defined()) {  // else (parameter offload) the next gather fetches it
-      s.read_master(g, group.shard()).order_current_stream();
-    }
-    if (group.residency() == Residency::kReplicated) pending.push_back(group.gather_updated(*s.dp));
-  }
-  for (const auto& work : pending) work->wait();
+  s.publish_masters();
 }
 
 torch::optim::Optimizer& ShardedModel::optimizer() {

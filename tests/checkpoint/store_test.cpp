@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -277,15 +278,8 @@ TEST_F(StoreTest, AMissingRankFileIsNamedAndLatestFallsBack) {
 // A manifest is untrusted: names that leave the directory and indices or ranges past
 // what they describe are refused before a byte is read (tests/fuzz/ fuzzes the same).
 TEST(ManifestTest, EscapingNamesAndOutOfRangeEntriesAreRefused) {
-  const auto refused = [](const parallax::proto::CheckpointManifest& m, const std::string& why) {
-    try {
-      checkpoint::parse_manifest(m.SerializeAsString(), "manifest.pb");
-      ADD_FAILURE() << "accepted; expected: " << why;
-    } catch (const CheckpointError& e) {
-      EXPECT_NE(e.detail().find(why), std::string::npos) << e.detail();
-    }
-  };
-  parallax::proto::CheckpointManifest good;
+  using Manifest = parallax::proto::CheckpointManifest;
+  Manifest good;
   good.set_format_version(checkpoint::kManifestFormatVersion);
   good.set_block_bytes(1 << 20);
   auto* file = good.add_files();
@@ -300,35 +294,33 @@ TEST(ManifestTest, EscapingNamesAndOutOfRangeEntriesAreRefused) {
   piece->add_block_crc32(0);
   EXPECT_NO_THROW(checkpoint::parse_manifest(good.SerializeAsString(), "manifest.pb"));
 
+  // Each case: one change to the good manifest, and what the refusal must say.
+  struct Case {
+    std::function<void(Manifest&)> change;
+    std::string why;
+  };
+  std::vector<Case> cases;
   for (const char* name : {"../rank-00000.bin", "/etc/passwd", "..", "a/b"}) {
-    auto bad = good;
-    bad.mutable_files(0)->set_name(name);
-    refused(bad, "is not a plain name");
+    cases.push_back({[name](Manifest& m) { m.mutable_files(0)->set_name(name); }, "is not a plain name"});
   }
-  auto bad = good;
-  bad.mutable_pieces(0)->set_file(1);
-  refused(bad, "names file 1 of 1");
-  bad = good;
-  bad.mutable_pieces(0)->set_tensor(7);
-  refused(bad, "names tensor 7 of 1");
-  bad = good;
-  bad.mutable_pieces(0)->set_offset(1);
-  refused(bad, "which has 4");
-  bad = good;
-  bad.mutable_pieces(0)->set_byte_offset(4);
-  refused(bad, "ends past file");
-  bad = good;
-  bad.mutable_pieces(0)->clear_block_crc32();
-  refused(bad, "block CRCs");
-  bad = good;
-  bad.mutable_tensors(0)->set_dtype("QInt8");
-  refused(bad, "does not read");
-  bad = good;
-  bad.mutable_tensors(0)->add_shape(-1);
-  refused(bad, "has dimension -1");
-  bad = good;
-  bad.set_format_version(2);
-  refused(bad, "format version 2");
+  cases.push_back({[](Manifest& m) { m.mutable_pieces(0)->set_file(1); }, "names file 1 of 1"});
+  cases.push_back({[](Manifest& m) { m.mutable_pieces(0)->set_tensor(7); }, "names tensor 7 of 1"});
+  cases.push_back({[](Manifest& m) { m.mutable_pieces(0)->set_offset(1); }, "which has 4"});
+  cases.push_back({[](Manifest& m) { m.mutable_pieces(0)->set_byte_offset(4); }, "ends past file"});
+  cases.push_back({[](Manifest& m) { m.mutable_pieces(0)->clear_block_crc32(); }, "block CRCs"});
+  cases.push_back({[](Manifest& m) { m.mutable_tensors(0)->set_dtype("QInt8"); }, "does not read"});
+  cases.push_back({[](Manifest& m) { m.mutable_tensors(0)->add_shape(-1); }, "has dimension -1"});
+  cases.push_back({[](Manifest& m) { m.set_format_version(2); }, "format version 2"});
+  for (const Case& c : cases) {
+    Manifest bad = good;
+    c.change(bad);
+    try {
+      checkpoint::parse_manifest(bad.SerializeAsString(), "manifest.pb");
+      ADD_FAILURE() << "accepted; expected: " << c.why;
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(e.detail().find(c.why), std::string::npos) << e.detail();
+    }
+  }
 }
 
 // Weights files: what the writers stream, Reader::open_weights and read_torch_weights
