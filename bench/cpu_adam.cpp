@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "parallax/offload/cpu_adam.h"
+#include "parallax/offload/intra_op_pool.h"
 
 namespace {
 
@@ -44,7 +45,7 @@ double triad_bandwidth(std::int64_t n, int repeats) {
   double best = 1e30;
   for (int r = 0; r < repeats; ++r) {
     const auto start = Clock::now();
-    at::parallel_for(0, n, 1 << 16, [=](std::int64_t begin, std::int64_t end) {
+    parallax::offload::intra_op_parallel_for(n, 1 << 16, [=](std::int64_t begin, std::int64_t end) {
       for (std::int64_t i = begin; i < end; ++i) a[i] = b[i] + s * c[i];
     });
     best = std::min(best, seconds_since(start));
@@ -64,7 +65,7 @@ double update_floor_bandwidth(std::int64_t n, int repeats) {
   double best = 1e30;
   for (int r = 0; r < repeats; ++r) {
     const auto start = Clock::now();
-    at::parallel_for(0, n, 1 << 16, [=](std::int64_t begin, std::int64_t end) {
+    parallax::offload::intra_op_parallel_for(n, 1 << 16, [=](std::int64_t begin, std::int64_t end) {
       for (std::int64_t i = begin; i < end; ++i) {
         m[i] += g[i];
         v[i] += g[i];

@@ -239,8 +239,9 @@ std::vector<SafetensorsTensor> read_safetensors_header(const std::string& path) 
   std::vector<SafetensorsTensor> tensors;
   for (const auto& [name, value] : header.items()) {
     if (name == "__metadata__") continue;
+    const std::string& tensor_name = name;  // a lambda cannot capture a structured binding in C++17
     const auto bad = [&](const std::string& what) {
-      return CheckpointError(detail::concat(path, ": tensor '", name, "': ", what));
+      return CheckpointError(detail::concat(path, ": tensor '", tensor_name, "': ", what));
     };
     if (!value.is_object() || !value.contains("dtype") || !value.contains("shape") || !value.contains("data_offsets")) {
       throw bad("expected an object with dtype, shape and data_offsets");

@@ -17,13 +17,15 @@ find_package(Threads REQUIRED)
 # two of a runtime (they share sonames: the first loaded would serve both).
 set(PARALLAX_TORCH_LIB_DIR "${TORCH_INSTALL_PREFIX}/lib")
 get_filename_component(PARALLAX_TORCH_WHEEL_NVIDIA "${TORCH_INSTALL_PREFIX}/../nvidia" ABSOLUTE)
-# at::parallel_for is a header template: without OpenMP in the including translation
-# unit it runs serially, whatever at::get_num_threads() says. With LibTorch's own
-# libgomp, at::set_num_threads and our parallel regions size the same pool.
-if(EXISTS "${PARALLAX_TORCH_LIB_DIR}/libgomp.so.1" AND NOT OpenMP_gomp_LIBRARY)
-  set(OpenMP_gomp_LIBRARY "${PARALLAX_TORCH_LIB_DIR}/libgomp.so.1" CACHE FILEPATH "LibTorch's own OpenMP runtime")
+# LibTorch's OpenMP runtime (libgomp, the wheel's own copy first): the CPU Adam enters
+# its pool directly (offload/intra_op_pool.h), so no translation unit needs the
+# compiler's OpenMP, and one process never holds a second OpenMP pool.
+find_library(PARALLAX_GOMP_LIBRARY NAMES libgomp.so.1 gomp PATHS "${PARALLAX_TORCH_LIB_DIR}" NO_DEFAULT_PATH)
+find_library(PARALLAX_GOMP_LIBRARY NAMES libgomp.so.1 gomp)
+if(NOT PARALLAX_GOMP_LIBRARY)
+  message(FATAL_ERROR "libgomp (the OpenMP runtime LibTorch runs its intra-op threads on) was not found "
+                      "in ${PARALLAX_TORCH_LIB_DIR} or the system paths; set PARALLAX_GOMP_LIBRARY.")
 endif()
-find_package(OpenMP REQUIRED COMPONENTS CXX)
 # LibTorch's CMake config links the CUDA toolkit's runtime and NVRTC (CUDA::cudart,
 # CUDA::nvrtc, CUDA_NVRTC_LIB); the wheel's libraries load the copies in nvidia/cu*/lib.
 # Point those at the copies, so everything links what LibTorch runs with.

@@ -7,6 +7,7 @@
 
 #include "parallax/core/cpu_binding.h"
 #include "parallax/core/error.h"
+#include "parallax/offload/intra_op_pool.h"
 
 namespace parallax::offload {
 namespace {
@@ -42,7 +43,11 @@ inline void adam_kernel(float* __restrict p,
                         std::int64_t begin,
                         std::int64_t end,
                         const StepConstants& c) {
+#if defined(__clang__)
+#pragma clang loop vectorize(enable)
+#else
 #pragma GCC ivdep
+#endif
   for (std::int64_t i = begin; i < end; ++i) {
     // Each line rounds where LibTorch's vectorized kernels round: add(x, alpha) is a
     // fused multiply-add there, addcmul and addcdiv multiply by the scalar first.
@@ -109,7 +114,7 @@ void run(const CpuAdamOptions& o, float* p, const Grad* g, float* m, float* v, s
                         static_cast<float>(o.weight_decay_),
                         static_cast<float>(1.0 - o.lr_ * o.weight_decay_),
                         o.decoupled_};
-  at::parallel_for(0, numel, kGrain, [&](std::int64_t begin, std::int64_t end) {
+  intra_op_parallel_for(numel, kGrain, [&](std::int64_t begin, std::int64_t end) {
     switch (kIsa) {
       case Isa::kAvx512:
         kernel_avx512(p, g, m, v, begin, end, c);
@@ -165,13 +170,12 @@ std::vector<int> CpuAdam::bind_threads(const std::vector<int>& pus) {
   PARALLAX_CHECK(!pus.empty(), UsageError, "binding the optimizer's threads needs at least one PU");
   const int threads = at::get_num_threads();
   std::vector<int> bound(static_cast<std::size_t>(threads), -1);
-  // One index per thread: at::parallel_for gives each of the `threads` workers one.
-  at::parallel_for(0, threads, 1, [&](std::int64_t begin, std::int64_t end) {
-    for (std::int64_t i = begin; i < end; ++i) {
-      const int pu = pus[static_cast<std::size_t>(at::get_thread_num()) % pus.size()];
-      bind_calling_thread(pu);
-      bound[static_cast<std::size_t>(at::get_thread_num())] = pu;
-    }
+  // One index per thread: the pool gives each of the `threads` workers one.
+  intra_op_parallel_for(threads, 1, [&](std::int64_t, std::int64_t) {
+    const auto index = static_cast<std::size_t>(intra_op_thread_index());
+    const int pu = pus[index % pus.size()];
+    bind_calling_thread(pu);
+    bound[index] = pu;
   });
   return bound;
 }

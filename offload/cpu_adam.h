@@ -5,7 +5,7 @@
 // parameter and both moments: 28 bytes per parameter per step (fp32 gradient), the
 // memory traffic floor the bench compares against. The loop is compiled for AVX-512,
 // AVX2+FMA and a portable target, chosen at run time by what the CPU supports, and
-// split over LibTorch's intra-op thread pool (at::parallel_for).
+// split over LibTorch's intra-op thread pool (intra_op_pool.h).
 //
 // The arithmetic follows torch::optim::Adam / AdamW (LibTorch 1.13) term by term:
 //   AdamW:  p ← p·(1 − lr·wd)                      Adam:  g ← g + wd·p

@@ -5,7 +5,9 @@
 #                             TORCH=wheel, the LibTorch wheel's virtual environment
 #   configure_and_build ARGS  configures Release into $BUILD_DIR against the LibTorch
 #                             TORCH selects, with the cmake ARGS before "--", then builds
-#                             with the ARGS after it
+#                             with the ARGS after it; a new build directory gets Clang
+#                             (unless CXX names another compiler): with its precompiled
+#                             LibTorch header a file builds 3-4x faster than with GCC
 #   prefer_cpu_openblas_kernels  exports OPENBLAS_CORETYPE for this CPU's best kernels
 # and exports the environment Open MPI needs to run here (as root, in containers).
 
@@ -15,7 +17,7 @@ PARALLAX_DEB_PACKAGES=(
   libopenmpi-dev openmpi-bin
   libtomlplusplus-dev libprotobuf-dev protobuf-compiler libhwloc-dev zlib1g-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  clang libclang-rt-14-dev   # scripts/fuzz.sh: libFuzzer with AddressSanitizer
+  clang libclang-rt-14-dev   # the compiler the scripts build with; scripts/fuzz.sh's libFuzzer
 )
 
 # TORCH selects the LibTorch every script builds against (both are tested in CI):
@@ -104,9 +106,13 @@ configure_and_build() {
   while (($#)) && [[ "$1" != "--" ]]; do configure+=("$1"); shift; done
   (($#)) && shift
   build=("$@")
-  local dir="$BUILD_DIR" torch_args
+  local dir="$BUILD_DIR" torch_args compiler=()
   torch_args=$(torch_cmake_args)
-  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release ${torch_args:+"$torch_args"} "${configure[@]}"
+  # The compiler is chosen when the directory is first configured, and kept after.
+  if [[ ! -f "$dir/CMakeCache.txt" && -z "${CXX:-}" ]] && command -v clang++ >/dev/null; then
+    compiler=(-DCMAKE_CXX_COMPILER=clang++)
+  fi
+  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release ${torch_args:+"$torch_args"} "${compiler[@]}" "${configure[@]}"
   cmake --build "$dir" -j "$(nproc)" "${build[@]}"
 }
 

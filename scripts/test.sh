@@ -3,6 +3,7 @@
 # CTest suite except the tests labelled "gpu". Extra arguments go to ctest, e.g.
 #   scripts/test.sh -R config_test
 #   TORCH=wheel scripts/test.sh       against LibTorch 2.11 from PyPI, in build-wheel/
+#   PARALLAX_BUILD_BENCHMARKS=OFF scripts/test.sh   without the benchmarks (no test runs them)
 # (scripts/common.sh says what TORCH selects).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -14,6 +15,6 @@ ensure_dependencies
 nccl=AUTO
 if command -v nvcc >/dev/null; then nccl=ON; fi
 configure_and_build -DPARALLAX_BUILD_TESTS=ON -DPARALLAX_BUILD_EXAMPLES=ON \
-  -DPARALLAX_BUILD_BENCHMARKS=ON -DPARALLAX_WITH_NCCL="$nccl"
+  -DPARALLAX_BUILD_BENCHMARKS="${PARALLAX_BUILD_BENCHMARKS:-ON}" -DPARALLAX_WITH_NCCL="$nccl"
 cd "$BUILD_DIR"
 ctest --output-on-failure --timeout 600 -LE gpu "$@"

@@ -126,7 +126,7 @@ int train(parallax::Runtime& rt) {
   const auto& train = config.train;
   const int dp_rank = rt.mesh().coord().dp;
   const int dp = rt.mesh().degrees().dp;
-  auto optimizer_step = [&](std::int64_t step) {
+  auto optimizer_step = [&, &data = data](std::int64_t step) {
     for (std::int64_t micro = 0; micro < train.grad_accum; ++micro) {
       auto [inputs, targets] =
           data.batch(gpt::first_sample(step, micro, dp_rank, dp, train.micro_batch_size, train.grad_accum),

@@ -4,12 +4,18 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <mutex>
+#include <set>
+#include <stdexcept>
 #include <tuple>
+#include <vector>
 
 #include "figures.h"
 #include "parallax/core/error.h"
 #include "parallax/offload/cpu_adam.h"
+#include "parallax/offload/intra_op_pool.h"
 
 namespace parallax::offload {
 namespace {
@@ -94,6 +100,41 @@ TEST(CpuAdam, RejectsOptionsOutsideTheirRanges) {
   const CpuAdam adam(CpuAdamOptions(1e-3));
   float x = 0;
   EXPECT_THROW(adam.step(&x, &x, &x, &x, 1, 0), UsageError);
+}
+
+// The pool the kernel runs on is LibTorch's, sized by at::set_num_threads, whichever
+// compiler built it (a Clang build without it ran every chunk on one thread).
+TEST(IntraOpPool, ChunksCoverTheRangeOnceOnEveryThread) {
+  at::set_num_threads(2);
+  const std::int64_t n = 1000;
+  std::vector<int> hits(n, 0);
+  std::set<int> threads;
+  std::mutex mutex;
+  intra_op_parallel_for(n, 100, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t i = begin; i < end; ++i) ++hits[i];
+    const std::lock_guard<std::mutex> lock(mutex);
+    threads.insert(intra_op_thread_index());
+  });
+  EXPECT_EQ(std::count(hits.begin(), hits.end(), 1), n);
+  EXPECT_EQ(threads, (std::set<int>{0, 1}));
+  // One grain's worth runs inline on the caller.
+  int calls = 0;
+  intra_op_parallel_for(100, 100, [&](std::int64_t begin, std::int64_t end) {
+    ++calls;
+    EXPECT_EQ(begin, 0);
+    EXPECT_EQ(end, 100);
+  });
+  EXPECT_EQ(calls, 1);
+}
+
+TEST(IntraOpPool, AChunksExceptionReachesTheCaller) {
+  at::set_num_threads(2);
+  EXPECT_THROW(intra_op_parallel_for(1000, 1,
+                                     [&](std::int64_t begin, std::int64_t) {
+                                       if (begin > 0) throw std::runtime_error("second chunk failed");
+                                     }),
+               std::runtime_error);
+  EXPECT_THROW(intra_op_parallel_for(10, 0, [](std::int64_t, std::int64_t) {}), UsageError);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 
 #include "parallax/core/cpu_binding.h"
 #include "parallax/core/error.h"
+#include "parallax/offload/intra_op_pool.h"
 #include "parallax/offload/offloaded_adam.h"
 #include "parallax/offload/swap_file.h"
 
@@ -175,8 +176,8 @@ TEST(CpuAdamThreads, EachIntraOpThreadRunsOnItsPu) {
   const std::vector<int> bound = parallax::offload::CpuAdam::bind_threads(pus);
   ASSERT_EQ(bound.size(), static_cast<std::size_t>(at::get_num_threads()));
   std::vector<std::string> seen(bound.size());
-  at::parallel_for(0, static_cast<std::int64_t>(bound.size()), 1, [&](std::int64_t, std::int64_t) {
-    seen[static_cast<std::size_t>(at::get_thread_num())] = parallax::calling_thread_binding();
+  parallax::offload::intra_op_parallel_for(static_cast<std::int64_t>(bound.size()), 1, [&](std::int64_t, std::int64_t) {
+    seen[static_cast<std::size_t>(parallax::offload::intra_op_thread_index())] = parallax::calling_thread_binding();
   });
   for (std::size_t t = 0; t < bound.size(); ++t) {
     EXPECT_EQ(bound[t], pus[t % pus.size()]);
