@@ -59,9 +59,11 @@ int info(const std::string& where) {
   std::cout << checkpoint.directory() << ": step " << checkpoint.step() << ", saved under " << checkpoint.layout()
             << "\n";
   for (const std::string& skipped : checkpoint.skipped()) std::cout << "passed over: " << skipped << "\n";
-  for (const std::string& name : checkpoint.tensors()) {
+  for (const std::string& name : checkpoint.wholes()) {
     std::cout << "  " << name << " " << c10::toString(checkpoint.dtype(name)) << " "
-              << c10::IntArrayRef(checkpoint.shape(name)) << "\n";
+              << c10::IntArrayRef(checkpoint.shape(name));
+    if (const std::int64_t parts = checkpoint.parts_of(name)) std::cout << " (" << parts << " tensor-parallel parts)";
+    std::cout << "\n";
   }
   return 0;
 }

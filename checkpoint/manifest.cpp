@@ -1,9 +1,14 @@
 #include "parallax/checkpoint/manifest.h"
 
+#include <algorithm>
 #include <limits>
+#include <map>
+#include <set>
 #include <unordered_set>
+#include <vector>
 
 #include "parallax/core/error.h"
+#include "parallax/core/tensor_cut.h"
 #include "proto/checkpoint.pb.h"
 
 namespace parallax::checkpoint {
@@ -15,6 +20,71 @@ constexpr std::uint64_t kMaxElements = std::uint64_t{1} << 62;
 std::optional<std::uint64_t> bounded_product(std::uint64_t a, std::uint64_t b, std::uint64_t limit) {
   if (a != 0 && b > limit / a) return std::nullopt;
   return a * b;
+}
+
+// The number of elements of `shape`, or nothing when a dimension is negative or the
+// product reaches 2^62.
+std::optional<std::uint64_t> elements_of(const google::protobuf::RepeatedField<std::int64_t>& shape) {
+  std::uint64_t n = 1;
+  for (std::int64_t d : shape) {
+    std::optional<std::uint64_t> product;
+    if (d >= 0) product = bounded_product(n, static_cast<std::uint64_t>(d), kMaxElements);
+    if (!product) return std::nullopt;
+    n = *product;
+  }
+  return n;
+}
+
+// A tensor saved as a part: its cut fits its whole shape and gives its own shape.
+void check_part(const proto::CheckpointTensor& tensor, const std::string& path) {
+  const proto::TensorPart& part = tensor.part();
+  const std::string what = "tensor '" + tensor.name() + "', part " + std::to_string(part.index()) + " of " +
+                           std::to_string(part.count()) + " of '" + part.whole() + "'";
+  PARALLAX_CHECK(
+      !part.whole().empty() && part.whole() != tensor.name() && part.index() >= 0 && part.index() < part.count(),
+      CheckpointError, path, ": ", what, ": expected a whole of another name and an index below the count");
+  PARALLAX_CHECK(elements_of(part.whole_shape()).has_value(), CheckpointError, path, ": ", what,
+                 ": its whole shape has a negative dimension or exceeds 2^62 elements");
+  const std::vector<std::int64_t> whole(part.whole_shape().begin(), part.whole_shape().end());
+  std::vector<std::int64_t> expected;
+  try {
+    expected = part_shape(whole, TensorCut{part.dim(), part.blocks()}, part.count());
+  } catch (const UsageError& e) {
+    throw CheckpointError(detail::concat(path, ": ", what, ": ", e.detail()));
+  }
+  PARALLAX_CHECK(std::equal(expected.begin(), expected.end(), tensor.shape().begin(), tensor.shape().end()),
+                 CheckpointError, path, ": ", what, ": its shape is not the cut of its whole along dimension ",
+                 part.dim(), " in ", part.blocks(), " block(s)");
+}
+
+// Every tensor saved as parts: all its parts there, once each, cut alike, of one dtype.
+void check_parts(const proto::CheckpointManifest& manifest, const std::string& path) {
+  struct Whole {
+    int first = 0;  ///< the tensor index of the first part seen
+    std::set<std::int64_t> indexes;
+  };
+  std::map<std::string, Whole> wholes;
+  for (int t = 0; t < manifest.tensors_size(); ++t) {
+    const proto::CheckpointTensor& tensor = manifest.tensors(t);
+    if (tensor.part().count() == 0) continue;
+    PARALLAX_CHECK(tensor.part().count() > 0, CheckpointError, path, ": tensor '", tensor.name(), "' has part count ",
+                   tensor.part().count());
+    check_part(tensor, path);
+    auto [it, added] = wholes.try_emplace(tensor.part().whole(), Whole{t, {}});
+    const proto::CheckpointTensor& first = manifest.tensors(it->second.first);
+    proto::TensorPart same = tensor.part();
+    same.set_index(first.part().index());
+    PARALLAX_CHECK(same.SerializeAsString() == first.part().SerializeAsString() && first.dtype() == tensor.dtype(),
+                   CheckpointError, path, ": tensors '", first.name(), "' and '", tensor.name(), "' are parts of '",
+                   tensor.part().whole(), "' cut differently or of different dtypes");
+    PARALLAX_CHECK(it->second.indexes.insert(tensor.part().index()).second, CheckpointError, path, ": part ",
+                   tensor.part().index(), " of '", tensor.part().whole(), "' is saved twice");
+  }
+  for (const auto& [name, whole] : wholes) {
+    const std::int64_t count = manifest.tensors(whole.first).part().count();
+    PARALLAX_CHECK(static_cast<std::int64_t>(whole.indexes.size()) == count, CheckpointError, path, ": '", name,
+                   "' is saved as ", count, " parts, of which ", whole.indexes.size(), " are there");
+  }
 }
 
 }  // namespace
@@ -61,17 +131,13 @@ void check_manifest(const proto::CheckpointManifest& manifest, const std::string
     const std::optional<std::uint64_t> bytes = element_bytes(tensor.dtype());
     PARALLAX_CHECK(bytes.has_value(), CheckpointError, path, ": tensor '", tensor.name(), "' has dtype '",
                    tensor.dtype(), "', which this build does not read");
-    std::uint64_t n = 1;
-    for (std::int64_t d : tensor.shape()) {
-      std::optional<std::uint64_t> product;
-      if (d >= 0) product = bounded_product(n, static_cast<std::uint64_t>(d), kMaxElements);
-      PARALLAX_CHECK(product.has_value(), CheckpointError, path, ": tensor '", tensor.name(), "' has dimension ", d,
-                     " (negative, or the tensor exceeds 2^62 elements)");
-      n = *product;
-    }
-    numel[static_cast<std::size_t>(t)] = n;
+    const std::optional<std::uint64_t> n = elements_of(tensor.shape());
+    PARALLAX_CHECK(n.has_value(), CheckpointError, path, ": tensor '", tensor.name(),
+                   "' has a negative dimension or exceeds 2^62 elements");
+    numel[static_cast<std::size_t>(t)] = *n;
     element[static_cast<std::size_t>(t)] = *bytes;
   }
+  check_parts(manifest, path);
   for (int p = 0; p < manifest.pieces_size(); ++p) {
     const proto::CheckpointPiece& piece = manifest.pieces(p);
     PARALLAX_CHECK(piece.tensor() < numel.size(), CheckpointError, path, ": piece ", p, " names tensor ",

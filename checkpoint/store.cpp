@@ -12,6 +12,7 @@
 #include <map>
 #include <sstream>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 #include "parallax/checkpoint/files.h"
@@ -62,6 +63,15 @@ proto::CheckpointManifest write_pieces(const std::string& directory,
     tensor->set_name(piece.tensor);
     tensor->set_dtype(dtype_name(host.scalar_type()));
     for (std::int64_t d : piece.shape) tensor->add_shape(d);
+    if (piece.part.count > 0) {
+      proto::TensorPart* part = tensor->mutable_part();
+      part->set_whole(piece.part.whole);
+      for (std::int64_t d : piece.part.whole_shape) part->add_whole_shape(d);
+      part->set_dim(piece.part.cut.dim);
+      part->set_blocks(piece.part.cut.blocks);
+      part->set_index(piece.part.index);
+      part->set_count(piece.part.count);
+    }
     proto::CheckpointPiece* described = local.add_pieces();
     described->set_tensor(static_cast<std::uint32_t>(local.tensors_size() - 1));
     described->set_offset(piece.offset);
@@ -145,10 +155,12 @@ proto::CheckpointManifest merge(const std::vector<std::string>& descriptors,
         ranges.emplace_back();
       } else {
         const proto::CheckpointTensor& known = manifest.tensors(static_cast<int>(it->second));
-        PARALLAX_CHECK(known.dtype() == tensor.dtype() && std::equal(known.shape().begin(), known.shape().end(),
-                                                                     tensor.shape().begin(), tensor.shape().end()),
-                       InternalError, "checkpoint tensor '", tensor.name(), "': rank ", r,
-                       " saved a piece of another dtype or shape than an earlier rank");
+        PARALLAX_CHECK(
+            known.dtype() == tensor.dtype() &&
+                std::equal(known.shape().begin(), known.shape().end(), tensor.shape().begin(), tensor.shape().end()) &&
+                known.part().SerializeAsString() == tensor.part().SerializeAsString(),
+            InternalError, "checkpoint tensor '", tensor.name(), "': rank ", r,
+            " saved a piece of another dtype, shape or cut than an earlier rank");
       }
       proto::CheckpointPiece* kept = manifest.add_pieces();
       *kept = piece;
@@ -171,6 +183,7 @@ proto::CheckpointManifest merge(const std::vector<std::string>& descriptors,
     PARALLAX_CHECK(next == whole, InternalError, "checkpoint tensor '", manifest.tensors(static_cast<int>(t)).name(),
                    "': its saved pieces end at element ", next, " of ", whole);
   }
+  check_manifest(manifest, "the manifest being saved");  // parts that do not join, among others
   return manifest;
 }
 
@@ -269,6 +282,9 @@ SaveResult save(Communicator& world, const SaveRequest& request) {
 struct Reader::Index {
   std::unordered_map<std::string, std::uint32_t> tensors;
   std::vector<std::vector<int>> pieces;  ///< by tensor: indices into the manifest's pieces
+  /// A tensor saved as parts: its parts' tensor indices, in part order (check_manifest
+  /// has made sure they are all there and agree).
+  std::unordered_map<std::string, std::vector<std::uint32_t>> parts;
 };
 
 namespace {
@@ -368,6 +384,13 @@ void Reader::build_index() {
   }
   index_->pieces.resize(static_cast<std::size_t>(manifest_->tensors_size()));
   for (int p = 0; p < manifest_->pieces_size(); ++p) index_->pieces.at(manifest_->pieces(p).tensor()).push_back(p);
+  for (int t = 0; t < manifest_->tensors_size(); ++t) {
+    const proto::TensorPart& part = manifest_->tensors(t).part();
+    if (part.count() == 0) continue;
+    std::vector<std::uint32_t>& parts = index_->parts[part.whole()];
+    parts.resize(static_cast<std::size_t>(part.count()));
+    parts[static_cast<std::size_t>(part.index())] = static_cast<std::uint32_t>(t);
+  }
 }
 
 Reader::~Reader() = default;
@@ -393,25 +416,76 @@ std::vector<std::string> Reader::tensors() const {
   return names;
 }
 
-torch::ScalarType Reader::dtype(const std::string& tensor) const {
-  shape(tensor);  // names the tensor if it is missing
-  return dtype_from_name(manifest_->tensors(static_cast<int>(index_->tensors.at(tensor))).dtype());
+std::vector<std::string> Reader::wholes() const {
+  std::vector<std::string> names;
+  std::unordered_set<std::string> joined;
+  for (const proto::CheckpointTensor& tensor : manifest_->tensors()) {
+    if (tensor.part().count() == 0) {
+      names.push_back(tensor.name());
+    } else if (!has(tensor.part().whole()) && joined.insert(tensor.part().whole()).second) {
+      names.push_back(tensor.part().whole());
+    }
+  }
+  return names;
 }
 
 bool Reader::has(const std::string& tensor) const {
   return index_->tensors.count(tensor) > 0;
 }
 
-std::vector<std::int64_t> Reader::shape(const std::string& tensor) const {
-  const auto it = index_->tensors.find(tensor);
-  PARALLAX_CHECK(it != index_->tensors.end(), CheckpointError, "checkpoint ", directory_, " holds no tensor '", tensor,
+bool Reader::has_whole(const std::string& tensor) const {
+  return has(tensor) || index_->parts.count(tensor) > 0;
+}
+
+std::int64_t Reader::parts_of(const std::string& tensor) const {
+  if (has(tensor)) return 0;
+  const auto it = index_->parts.find(tensor);
+  return it == index_->parts.end() ? 0 : static_cast<std::int64_t>(it->second.size());
+}
+
+// The saved tensor `tensor` is, or its first part when it is saved as parts.
+const proto::CheckpointTensor& Reader::saved(const std::string& tensor) const {
+  if (const auto it = index_->tensors.find(tensor); it != index_->tensors.end()) {
+    return manifest_->tensors(static_cast<int>(it->second));
+  }
+  const auto parts = index_->parts.find(tensor);
+  PARALLAX_CHECK(parts != index_->parts.end(), CheckpointError, "checkpoint ", directory_, " holds no tensor '", tensor,
                  "' (saved under: ", layout(), ")");
-  const auto& shape = manifest_->tensors(static_cast<int>(it->second)).shape();
+  return manifest_->tensors(static_cast<int>(parts->second.front()));
+}
+
+torch::ScalarType Reader::dtype(const std::string& tensor) const {
+  return dtype_from_name(saved(tensor).dtype());
+}
+
+std::vector<std::int64_t> Reader::shape(const std::string& tensor) const {
+  const proto::CheckpointTensor& found = saved(tensor);
+  const auto& shape = found.name() == tensor ? found.shape() : found.part().whole_shape();
   return {shape.begin(), shape.end()};
+}
+
+torch::Tensor Reader::read_whole(const std::string& tensor) const {
+  torch::Tensor whole = torch::empty(shape(tensor), torch::TensorOptions(dtype(tensor)));
+  if (has(tensor)) {
+    torch::Tensor flat = whole.view({-1});
+    read(tensor, 0, flat);
+    return whole;
+  }
+  for (const std::uint32_t t : index_->parts.at(tensor)) {
+    const proto::CheckpointTensor& part = manifest_->tensors(static_cast<int>(t));
+    torch::Tensor values =
+        torch::empty(std::vector<std::int64_t>(part.shape().begin(), part.shape().end()), whole.options());
+    torch::Tensor flat = values.view({-1});
+    read(part.name(), 0, flat);
+    place(whole, values, TensorCut{part.part().dim(), part.part().blocks()}, part.part().index(), part.part().count());
+  }
+  return whole;
 }
 
 void Reader::read(const std::string& tensor, std::int64_t offset, torch::Tensor& out) const {
   shape(tensor);  // names the tensor if it is missing
+  PARALLAX_CHECK(has(tensor), InternalError, "Reader::read: '", tensor, "' is saved as ", parts_of(tensor),
+                 " parts, which read_whole() joins");
   const std::uint32_t t = index_->tensors.at(tensor);
   const proto::CheckpointTensor& saved = manifest_->tensors(static_cast<int>(t));
   PARALLAX_CHECK(out.is_contiguous() && out.device().is_cpu(), InternalError,

@@ -34,16 +34,29 @@
 
 #include "parallax/core/communicator.h"
 #include "parallax/core/error.h"
+#include "parallax/core/tensor_cut.h"
 
 namespace parallax::proto {
 class CheckpointManifest;
-}
+class CheckpointTensor;
+}  // namespace parallax::proto
 
 namespace parallax::checkpoint {
 
 /// The kind the engines save weights under ("param/<parameter name>"; optimizer state
 /// has other kinds): what a weights file holds and export writes.
 inline constexpr char kParamKind[] = "param";
+
+/// `tensor` is part `index` of `count` of the larger tensor `whole` (a tensor-parallel
+/// rank's), cut from a tensor of `whole_shape` as core/tensor_cut.h cuts: what lets a
+/// reader join the parts under any other part count. `count` 0: not a part.
+struct PartOf {
+  std::string whole;
+  std::vector<std::int64_t> whole_shape;
+  TensorCut cut;
+  std::int64_t index = 0;
+  std::int64_t count = 0;
+};
 
 /// Elements [offset, offset + values.numel()) of the flattened tensor `tensor`, whose
 /// whole shape is `shape`: a view of state this rank owns (any device; read at save).
@@ -52,6 +65,7 @@ struct Piece {
   std::vector<std::int64_t> shape;
   std::int64_t offset = 0;
   torch::Tensor values;
+  PartOf part;
 };
 
 struct SaveRequest {
@@ -131,12 +145,20 @@ class Reader {
 
   /// Whether it holds only weights (open_weights): no engine state to restore.
   bool weights_only() const { return weights_only_; }
-  /// Every tensor's name, in the manifest's order.
+  /// Every saved tensor's name (parts included), in the manifest's order.
   std::vector<std::string> tensors() const;
+  /// Every whole tensor: each saved tensor that is not a part, and each tensor saved as
+  /// parts (PartOf), once, where its first part is; in the manifest's order.
+  std::vector<std::string> wholes() const;
+  /// Whether `tensor` is saved (whole, or as a part).
   bool has(const std::string& tensor) const;
-  /// The tensor's saved dtype; throws CheckpointError when it is not in the checkpoint.
+  /// Whether `tensor` is saved whole or as parts: what read_whole() reads.
+  bool has_whole(const std::string& tensor) const;
+  /// How many parts `tensor` is saved as (0: saved whole, or not at all).
+  std::int64_t parts_of(const std::string& tensor) const;
+  /// The tensor's saved dtype and whole shape (a tensor saved as parts: the joined
+  /// one's); throw CheckpointError when it is not in the checkpoint.
   torch::ScalarType dtype(const std::string& tensor) const;
-  /// The whole tensor's shape; throws CheckpointError when it is not in the checkpoint.
   std::vector<std::int64_t> shape(const std::string& tensor) const;
   /// Fills `out` (contiguous, on the host, the tensor's dtype) with elements [offset,
   /// offset + out.numel()) of `tensor`, reading only the blocks that hold them and
@@ -144,6 +166,10 @@ class Reader {
   /// CheckpointError naming the file, the tensor and the block when a CRC does not
   /// match or a read comes short, and when the range is not saved or the dtype differs.
   void read(const std::string& tensor, std::int64_t offset, torch::Tensor& out) const;
+  /// The whole of `tensor`, in its saved dtype: read, or its parts read one after
+  /// another and joined (core/tensor_cut.h), holding the whole and one part at most.
+  /// Throws as read() does.
+  torch::Tensor read_whole(const std::string& tensor) const;
   /// Bytes this reader has read from data files.
   std::uint64_t bytes_read() const { return bytes_read_; }
 
@@ -151,6 +177,7 @@ class Reader {
   struct Index;
   Reader() = default;
   void build_index();
+  const proto::CheckpointTensor& saved(const std::string& tensor) const;
   std::string directory_;
   std::unique_ptr<proto::CheckpointManifest> manifest_;
   std::unique_ptr<Index> index_;

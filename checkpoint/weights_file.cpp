@@ -340,22 +340,17 @@ ExportResult export_weights(const Reader& checkpoint, const std::string& path, s
   const std::string prefix = std::string(kParamKind) + "/";
   std::vector<std::string> names;
   std::vector<WeightsEntry> entries;
-  for (const std::string& name : checkpoint.tensors()) {
+  for (const std::string& name : checkpoint.wholes()) {
     if (name.compare(0, prefix.size(), prefix) != 0) continue;
     PARALLAX_CHECK(name.find("@tp") == std::string::npos, CheckpointError, checkpoint.directory(), " (saved under ",
                    checkpoint.layout(), ") holds '", name,
-                   "', one tensor-parallel rank's part: export takes checkpoints saved with parallel.tp = 1 "
-                   "(load this one under tp = 1 and save it again)");
+                   "', one tensor-parallel rank's part of a model built with tensor_parallel/'s own layers, whose cut "
+                   "is not recorded (a [tensor_parallel.plan]'s is): it loads only under the same tp");
     names.push_back(name);
     entries.push_back({name.substr(prefix.size()), dtype.value_or(checkpoint.dtype(name)), checkpoint.shape(name)});
   }
   PARALLAX_CHECK(!entries.empty(), CheckpointError, checkpoint.directory(), " holds no weights ('", prefix, "*')");
-  return write_weights(path, entries, [&](std::size_t i) {
-    torch::Tensor whole = torch::empty(entries[i].shape, torch::TensorOptions(checkpoint.dtype(names[i])));
-    torch::Tensor flat = whole.view({-1});
-    checkpoint.read(names[i], 0, flat);
-    return whole;
-  });
+  return write_weights(path, entries, [&](std::size_t i) { return checkpoint.read_whole(names[i]); });
 }
 
 torch::ScalarType dtype_from_name(const std::string& name) {

@@ -84,9 +84,10 @@ ExportResult write_weights(const std::string& path,
                            std::vector<WeightsEntry> entries,
                            const std::function<torch::Tensor(std::size_t)>& values);
 /// Writes the weights of `checkpoint` ("param/<name>": the fp32 masters, whole-model
-/// names) to `path` (its extension picks the format), one whole tensor at a time,
-/// converted to `dtype` when given. Needs no MPI. Throws CheckpointError when the
-/// checkpoint's weights are split over tensor-parallel ranks ("@tp" parts), naming one.
+/// names) to `path` (its extension picks the format), one whole tensor at a time
+/// (tensor-parallel parts joined, Reader::read_whole), converted to `dtype` when given.
+/// Needs no MPI. Throws CheckpointError for a part whose cut is not recorded ("@tp"
+/// names of tensor_parallel/'s own layers), naming one.
 ExportResult export_weights(const Reader& checkpoint,
                             const std::string& path,
                             std::optional<torch::ScalarType> dtype = std::nullopt);

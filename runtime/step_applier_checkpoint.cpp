@@ -3,10 +3,12 @@
 // Names: "<kind>/<parameter>", kind "param" (the fp32 tensor the optimizer steps) or an
 // optimizer state ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer"),
 // parameter the whole model's name. A parameter split over the tensor-parallel group
-// is saved per part, "<kind>/<parameter>@tp<rank>/<size>"; one it replicates over the
-// group is saved once, by tensor-parallel rank 0. A part loads from its own name, or
-// from the whole tensor (saved under tp = 1, or a weights file) cut as the plan cuts
-// it. Per-rank streams are "rank/<world rank>/rng/<stream>".
+// is saved per part, "<kind>/<parameter>@tp<rank>/<size>", with the plan's cut
+// (checkpoint::PartOf) when a plan rule split it; one it replicates over the group is
+// saved once, by tensor-parallel rank 0. A part loads from its own name (the same tp),
+// or from the whole tensor (saved under tp = 1, a weights file, or parts saved under
+// another tp, joined by the reader) cut as the plan cuts it; a replicated parameter
+// loads whole from parts too. Per-rank streams are "rank/<world rank>/rng/<stream>".
 #include <torch/types.h>
 
 #include <algorithm>
@@ -106,16 +108,24 @@ checkpoint::SaveResult StepApplier::save_checkpoint(const std::string& trainer_s
   for (const StateSlice& slice : reduction_->state_slices(StateAccess::kOwned, /*create_optimizer_state=*/false)) {
     const torch::Tensor& param = params_[slice.param];
     const bool replicated_over_tp = !split_ || split_->copies(param) == tp_size;
+    // A planned cut is recorded with the part, so that readers can join the parts.
+    const auto split = replicated_over_tp ? std::nullopt : split_->split_of(param);
     for (const auto& [kind, values] : slice.tensors) {
       const StateName named = state_name(kind, param_names_[slice.param], replicated_over_tp, tp_rank, tp_size);
-      if (named.saved_here) request.pieces.push_back({named.name, param.sizes().vec(), slice.offset, values});
+      if (!named.saved_here) continue;
+      checkpoint::PartOf part;
+      if (split) {
+        part = {whole_name(kind, param_names_[slice.param]), split->whole_shape, split->cut, split->index,
+                split->count};
+      }
+      request.pieces.push_back({named.name, param.sizes().vec(), slice.offset, values, std::move(part)});
     }
   }
   const tensor_parallel::RngTracker::Snapshot rng = runtime_->rng_tracker().capture();
   const int rank = runtime_->world().rank();
-  request.pieces.push_back({rank_stream_name(rank, "default"), {rng.default_state.numel()}, 0, rng.default_state});
+  request.pieces.push_back({rank_stream_name(rank, "default"), {rng.default_state.numel()}, 0, rng.default_state, {}});
   for (const auto& [stream, state] : rng.streams) {
-    request.pieces.push_back({rank_stream_name(rank, stream), {state.numel()}, 0, state});
+    request.pieces.push_back({rank_stream_name(rank, stream), {state.numel()}, 0, state, {}});
   }
   proto::EngineCheckpointState engine;
   engine.set_global_step(global_step_);
@@ -207,13 +217,19 @@ std::string StepApplier::load_checkpoint(const std::string& where, bool latest) 
       for (const auto& [kind, values] : slice.tensors) {
         const std::string name = state_name(kind, param_names_[slice.param], replicated_over_tp, tp_rank, tp_size).name;
         const std::string whole = whole_name(kind, param_names_[slice.param]);
-        if (!reader->has(name) && !replicated_over_tp && reader->has(whole)) {
-          // Saved whole (under tp = 1, or a weights file): this rank's part of it, cut
-          // as the plan cut the parameter. Every rank of the group reads the whole.
-          torch::Tensor dense = torch::empty(reader->shape(whole), torch::TensorOptions(reader->dtype(whole)));
-          torch::Tensor flat = dense.view({-1});
-          reader->read(whole, 0, flat);
-          const torch::Tensor part = split_->part_of(param, dense.to(values.scalar_type())).reshape({-1});
+        const auto split = replicated_over_tp ? std::nullopt : split_->split_of(param);
+        if (!reader->has(name) && reader->has_whole(whole) && (replicated_over_tp || split)) {
+          // Saved under another tp (whole, or as parts that the reader joins): every
+          // rank of the group reads the whole tensor and takes its part, cut as the
+          // plan cut the parameter.
+          const std::vector<std::int64_t> dense_shape = split ? split->whole_shape : param.sizes().vec();
+          if (reader->shape(whole) != dense_shape) {
+            differences.push_back("'" + whole + "' has shape " + shape_text(reader->shape(whole)) +
+                                  ", this model's parameter " + shape_text(dense_shape));
+            continue;
+          }
+          const torch::Tensor dense = reader->read_whole(whole).to(values.scalar_type());
+          const torch::Tensor part = (split ? split_->part_of(param, dense) : dense).reshape({-1});
           values.copy_(part.narrow(0, slice.offset, values.numel()));
           continue;
         }

@@ -15,6 +15,7 @@
 #include "parallax/core/config_loader.h"
 #include "parallax/core/error.h"
 #include "parallax/core/operator_interception.h"
+#include "parallax/core/tensor_cut.h"
 #include "parallax/tensor_parallel/parallel_blocks.h"
 #include "parallax/tensor_parallel/parallel_linear.h"
 #include "parallax/tensor_parallel/regions.h"
@@ -244,18 +245,8 @@ std::string rule_name(const TpPlanRule& rule) {
   return "tensor_parallel.plan.\"" + rule.pattern + "\"" + rule.position;
 }
 
-/// How a split parameter was cut, per parameter: dense tensor → this rank's part.
-using Cuts = std::unordered_map<const c10::TensorImpl*, std::function<torch::Tensor(const torch::Tensor&)>>;
-
-// Rank r's part of every one of `parts` equal blocks of `t` along dim 0, concatenated.
-torch::Tensor column_part(const torch::Tensor& t, std::int64_t parts, const Communicator& tp) {
-  std::vector<std::int64_t> blocks = t.sizes().vec();
-  blocks[0] /= parts;
-  blocks.insert(blocks.begin(), parts);
-  std::vector<std::int64_t> out = t.sizes().vec();
-  out[0] /= tp.size();
-  return t.detach().reshape(blocks).chunk(tp.size(), 1)[static_cast<std::size_t>(tp.rank())].reshape(out).clone();
-}
+/// How a split parameter was cut from its dense tensor, per parameter.
+using Cuts = std::unordered_map<const c10::TensorImpl*, ParallelizedModel::Split>;
 
 }  // namespace
 
@@ -306,9 +297,10 @@ void check_split(const std::string& what,
 }
 
 // Replaces `parameter`'s data by this rank's part and remembers the cut (part_of).
-void cut_in_place(Cuts& cuts, torch::Tensor& parameter, std::function<torch::Tensor(const torch::Tensor&)> cut) {
-  parameter.set_data(cut(parameter));
-  cuts[parameter.unsafeGetTensorImpl()] = std::move(cut);
+void cut_in_place(Cuts& cuts, torch::Tensor& parameter, TensorCut how, const Communicator& tp) {
+  ParallelizedModel::Split split{how, parameter.sizes().vec(), tp.rank(), tp.size()};
+  parameter.set_data(cut(parameter.detach(), how, tp.rank(), tp.size()));
+  cuts[parameter.unsafeGetTensorImpl()] = std::move(split);
 }
 
 }  // namespace
@@ -460,24 +452,22 @@ ParallelizedModel::ParallelizedModel(torch::nn::Module& model,
       bias = linear->bias;
       switch (rule.style) {
         case TpStyle::kColumn: {
-          const auto cut = [parts = rule.parts, &tp](const torch::Tensor& t) { return column_part(t, parts, tp); };
-          cut_in_place(s.cuts, weight, cut);
+          const TensorCut rows{0, rule.parts};
+          cut_in_place(s.cuts, weight, rows, tp);
           // A gathered output gets the whole bias, added after the gather.
-          if (bias.defined() && !rule.gather_output) cut_in_place(s.cuts, bias, cut);
+          if (bias.defined() && !rule.gather_output) cut_in_place(s.cuts, bias, rows, tp);
           break;
         }
         case TpStyle::kRow:
-          cut_in_place(s.cuts, weight, [&tp](const torch::Tensor& t) {
-            return t.detach().chunk(tp.size(), 1)[static_cast<std::size_t>(tp.rank())].clone();
-          });
+          cut_in_place(s.cuts, weight, TensorCut{1, 1}, tp);
           layer->local_in = weight.size(1);
           break;
         case TpStyle::kVocabOutput: {
           layer->vocab_size = weight.size(0);
           layer->vocabulary = VocabRange::of(weight.size(0), tp.rank(), tp.size());
-          const auto cut = [range = layer->vocabulary](const torch::Tensor& t) { return vocab_rows(t, range); };
-          cut_in_place(s.cuts, weight, cut);
-          if (bias.defined() && !rule.gather_output) cut_in_place(s.cuts, bias, cut);
+          // Rows past the vocabulary (padding to a multiple of tp) are zero: VocabRange's.
+          cut_in_place(s.cuts, weight, TensorCut{0, 1}, tp);
+          if (bias.defined() && !rule.gather_output) cut_in_place(s.cuts, bias, TensorCut{0, 1}, tp);
           if (!rule.gather_output) s.output_vocabulary = layer->vocab_size;
           break;
         }
@@ -499,8 +489,7 @@ ParallelizedModel::ParallelizedModel(torch::nn::Module& model,
       weight = embedding->weight;
       if (rule.style == TpStyle::kVocabEmbedding) {
         layer->vocabulary = VocabRange::of(weight.size(0), tp.rank(), tp.size());
-        cut_in_place(s.cuts, weight,
-                     [range = layer->vocabulary](const torch::Tensor& t) { return vocab_rows(t, range); });
+        cut_in_place(s.cuts, weight, TensorCut{0, 1}, tp);
         embedding->options.num_embeddings(weight.size(0));
       }
     }
@@ -555,16 +544,21 @@ std::int64_t ParallelizedModel::copies(const torch::Tensor& parameter) const {
   return found == state_->copies.end() ? state_->tp->size() : found->second;
 }
 
-torch::Tensor ParallelizedModel::part_of(const torch::Tensor& parameter, const torch::Tensor& whole) const {
+std::optional<ParallelizedModel::Split> ParallelizedModel::split_of(const torch::Tensor& parameter) const {
   const auto found = state_->cuts.find(parameter.unsafeGetTensorImpl());
-  PARALLAX_CHECK(found != state_->cuts.end(), UsageError, "part_of: a parameter of shape ", parameter.sizes(),
+  if (found == state_->cuts.end()) return std::nullopt;
+  return found->second;
+}
+
+torch::Tensor ParallelizedModel::part_of(const torch::Tensor& parameter, const torch::Tensor& whole) const {
+  const std::optional<Split> split = split_of(parameter);
+  PARALLAX_CHECK(split.has_value(), UsageError, "part_of: a parameter of shape ", parameter.sizes(),
                  " that no plan rule split (a replicated one, or one of tensor_parallel/'s own layers, which are "
                  "built split)");
+  PARALLAX_CHECK(whole.sizes().vec() == split->whole_shape, UsageError, "part_of: a dense tensor of shape ",
+                 whole.sizes(), ", this parameter's is ", c10::IntArrayRef(split->whole_shape));
   torch::NoGradGuard no_grad;
-  const torch::Tensor part = found->second(whole);
-  PARALLAX_CHECK(part.sizes() == parameter.sizes(), UsageError, "part_of: a dense tensor of shape ", whole.sizes(),
-                 " cuts to ", part.sizes(), ", this rank's part has ", parameter.sizes());
-  return part;
+  return cut(whole, split->cut, split->index, split->count);
 }
 
 std::vector<torch::Tensor> ParallelizedModel::partial_gradient_parameters() const {

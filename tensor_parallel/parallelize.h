@@ -53,11 +53,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "parallax/core/communicator.h"
 #include "parallax/core/config.h"
+#include "parallax/core/tensor_cut.h"
 
 namespace parallax::tensor_parallel {
 
@@ -124,6 +126,16 @@ class ParallelizedModel {
   /// state of that shape), cut as the plan cut `parameter`. Throws UsageError for a
   /// parameter no plan rule split, or a `whole` of another shape.
   torch::Tensor part_of(const torch::Tensor& parameter, const torch::Tensor& whole) const;
+  /// How a plan rule cut `parameter` from its dense tensor: this rank's part `index` of
+  /// `count`, cut as `cut` from a tensor of `whole_shape` (what a checkpoint records to
+  /// join the parts under another tp). Nothing for a parameter no rule split.
+  struct Split {
+    TensorCut cut;
+    std::vector<std::int64_t> whole_shape;
+    std::int64_t index = 0;
+    std::int64_t count = 1;
+  };
+  std::optional<Split> split_of(const torch::Tensor& parameter) const;
   /// The replicated parameters whose gradients are partial sums over the group (with
   /// sequence parallelism: every replicated one; otherwise none).
   std::vector<torch::Tensor> partial_gradient_parameters() const;

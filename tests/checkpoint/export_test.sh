@@ -8,6 +8,7 @@
 #     loads the .pt file and computes the loss of step 6's global batch, which must be
 #     the training run's own step-6 loss within TOLERANCE (relative: the dp ranks sum in
 #     another order; measured 3.2e-8);
+#  3b. the same for a checkpoint saved under tp 2, whose split parameters the export joins;
 #  4. with PYTHON (a PyTorch 2.11 interpreter), torch.load and the safetensors library
 #     read the same names and values (their checksum equals the C++ reader's); PyTorch
 #     writes them back: torch.save of the dict converts to exactly our safetensors export,
@@ -18,8 +19,9 @@
 #     exported .pt converted): its first loss must be the plain program's loss on batch 0
 #     with the same weights.
 # Mutants this catches: an export that pairs names with the wrong tensors, or writes a
-# rank's shard instead of the whole tensor (step 3 fails); an import that leaves a stage's
-# weights at their initial values (step 5 fails).
+# rank's shard instead of the whole tensor (step 3 fails), or joins tp parts ignoring
+# their cut (3b); an import that leaves a stage's weights at their initial values (step
+# 5 fails).
 #
 #   export_test.sh MPIEXEC TRAIN_GPT PARALLAX_CHECKPOINT PLAIN_GPT_LOSS CONFIG_DIR [PYTHON]
 set -euo pipefail
@@ -43,7 +45,7 @@ fail() {
 run() {
   local name="$1" ranks="$2"
   shift 2
-  timeout 300 "$MPIEXEC" --oversubscribe --bind-to none -np "$ranks" "$TRAIN" --config "$CONFIGS/gpt_base.toml" \
+  timeout 300 "$MPIEXEC" --oversubscribe --bind-to none -np "$ranks" "$TRAIN" --config "$CONFIGS/${CONFIG:-gpt_base.toml}" \
     --set logging.every=0 --set "logging.metrics_file=\"$WORK/$name.jsonl\"" "$@" >"$WORK/$name.log" 2>&1 ||
     { cat "$WORK/$name.log"; fail "$name"; }
 }
@@ -73,6 +75,14 @@ grep -q "wrote 29 tensors" "$WORK/export.log" || fail "expected the model's 29 p
 
 read -r _ plain_loss _ plain_checksum < <("$PLAIN" "$WORK/gpt.pt" 160 32)
 close_to "plain LibTorch loss, step 6's batch" "$plain_loss" "$(loss_at zero1-dp2 6)"
+
+# A checkpoint saved under tp 2 (configs/tp.toml: fused [q | k | v], row and vocabulary
+# cuts) exports whole: the parts are joined, and the plain program's loss matches again.
+CONFIG=tp.toml run tp2 2 --set train.steps=6 --set "checkpoint.dir=\"$WORK/tp2\"" --set checkpoint.every=5
+"$TOOL" export "$WORK/tp2/step-000000000005" "$WORK/tp2.pt" >"$WORK/export-tp2.log"
+grep -q "wrote 29 tensors" "$WORK/export-tp2.log" || fail "tp 2: expected the model's 29 parameters, whole"
+read -r _ tp2_loss _ < <("$PLAIN" "$WORK/tp2.pt" 160 32)
+close_to "plain LibTorch loss, tp 2's step 6 batch" "$tp2_loss" "$(loss_at tp2 6)"
 
 # The weights back from PyTorch: a torch.save'd dict converts to exactly our own
 # safetensors export; a Module.state_dict() (an OrderedDict) is refused with advice;

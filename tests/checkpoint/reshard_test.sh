@@ -13,7 +13,8 @@
 # tighter than the issue's 1e-5. A load that leaves state behind (the moments, the
 # optimizer's step count, a rank's part) moves the losses after it far more (see
 # resume_test.cpp's mutants); a tp rank that takes the first elements of a whole tensor
-# instead of its cut part misses by 1e-1 at step 6.
+# instead of its cut part misses by 1e-1 at step 6, and a join of tp 2's parts that
+# ignores the fused [q | k | v] blocks by 5e-3 (1.6e-2 by step 10).
 set -euo pipefail
 MPIEXEC="$1"
 TRAIN="$2"
@@ -57,6 +58,7 @@ compare() {
 
 # The saving runs.
 run zero3-dp4 4 --set zero.stage=3 --set "checkpoint.dir=\"$WORK/zero3-dp4\"" --set checkpoint.every=5
+CONFIG=tp.toml run tp2-dp2 4 --set zero.stage=1 --set "checkpoint.dir=\"$WORK/tp2-dp2\"" --set checkpoint.every=5
 run pp2-1f1b 2 --set parallel.pp=2 --set 'pipeline.schedule="1f1b"' --set "checkpoint.dir=\"$WORK/pp2-1f1b\"" \
   --set checkpoint.every=5
 step5() { echo "checkpoint.load=\"$WORK/$1/step-000000000005\""; }
@@ -84,4 +86,12 @@ compare pp2-1f1b pp2-to-zero1
 run pp2-to-pp2dp2 4 --set parallel.pp=2 --set 'pipeline.schedule="interleaved"' --set pipeline.virtual_stages=2 \
   --set zero.stage=2 --set "$(step5 pp2-1f1b)"
 compare pp2-1f1b pp2-to-pp2dp2
+# tp 2 x dp 2 ZeRO-1 (each part saved with its cut) -> one process (the parts joined),
+# -> tp 4 (joined, then cut in four), -> tp 2 x pp 2 (the same tp: each rank reads its part).
+run tp2-to-single 1 --set zero.stage=0 --set "$(step5 tp2-dp2)"
+compare tp2-dp2 tp2-to-single
+CONFIG=tp.toml run tp2-to-tp4 4 --set parallel.tp=4 --set zero.stage=0 --set "$(step5 tp2-dp2)"
+compare tp2-dp2 tp2-to-tp4
+CONFIG=tp.toml run tp2-to-tp2pp2 4 --set parallel.pp=2 --set zero.stage=0 --set "$(step5 tp2-dp2)"
+compare tp2-dp2 tp2-to-tp2pp2
 exit "$failed"

@@ -5,7 +5,8 @@
 // save on every rank while the previous checkpoint stays loadable; the same for a save
 // in the background, whose snapshot is what it writes. A rank's file missing; a
 // manifest that names files outside its directory or ranges past its files; weights
-// files (safetensors, torch.save's format) written and read back in parts.
+// files (safetensors, torch.save's format) written and read back in parts; tensor-
+// parallel parts joined into their whole tensors.
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -25,6 +26,7 @@
 #include "parallax/checkpoint/weights_file.h"
 #include "parallax/core/error.h"
 #include "parallax/core/mpi_communicator.h"
+#include "parallax/core/tensor_cut.h"
 #include "proto/checkpoint.pb.h"
 
 namespace {
@@ -93,8 +95,8 @@ class StoreTest : public ::testing::Test {
     r.layout = "test";
     const std::int64_t begin = kNumel * rank() / size(), end = kNumel * (rank() + 1) / size();
     r.pieces.push_back(
-        {"param/w", {kNumel}, begin, torch::arange(begin, end, torch::kFloat32).add_(static_cast<double>(step))});
-    if (rank() == size() - 1) r.pieces.push_back({"rank/b", {3}, 0, torch::tensor({7, 8, 9}, torch::kUInt8)});
+        {"param/w", {kNumel}, begin, torch::arange(begin, end, torch::kFloat32).add_(static_cast<double>(step)), {}});
+    if (rank() == size() - 1) r.pieces.push_back({"rank/b", {3}, 0, torch::tensor({7, 8, 9}, torch::kUInt8), {}});
     r.engine_state = "engine@" + std::to_string(step);
     r.trainer_state = "loader@" + std::to_string(step);
     return r;
@@ -309,7 +311,24 @@ TEST(ManifestTest, EscapingNamesAndOutOfRangeEntriesAreRefused) {
   cases.push_back({[](Manifest& m) { m.mutable_pieces(0)->set_byte_offset(4); }, "ends past file"});
   cases.push_back({[](Manifest& m) { m.mutable_pieces(0)->clear_block_crc32(); }, "block CRCs"});
   cases.push_back({[](Manifest& m) { m.mutable_tensors(0)->set_dtype("QInt8"); }, "does not read"});
-  cases.push_back({[](Manifest& m) { m.mutable_tensors(0)->add_shape(-1); }, "has dimension -1"});
+  cases.push_back({[](Manifest& m) { m.mutable_tensors(0)->add_shape(-1); }, "has a negative dimension"});
+  // Parts (of a tensor-parallel cut): the part's shape must be the cut of its whole, and
+  // every part of the whole must be there.
+  const auto as_part = [](Manifest& m, std::int64_t whole_rows, std::int64_t blocks, std::int64_t count) {
+    parallax::proto::TensorPart* part = m.mutable_tensors(0)->mutable_part();
+    part->set_whole("param/whole");
+    part->add_whole_shape(whole_rows);
+    part->set_blocks(blocks);
+    part->set_count(count);
+  };
+  cases.push_back({[&](Manifest& m) { as_part(m, 8, 1, 3); }, "is not the cut of its whole"});
+  cases.push_back({[&](Manifest& m) { as_part(m, 8, 3, 2); }, "does not form 3 equal blocks"});
+  cases.push_back({[&](Manifest& m) { as_part(m, 8, 1, 2); }, "is saved as 2 parts, of which 1 are there"});
+  cases.push_back({[&](Manifest& m) {
+                     as_part(m, 8, 1, 2);
+                     m.mutable_tensors(0)->mutable_part()->set_dim(1);
+                   },
+                   "does not fit a tensor of 1 dimension"});
   cases.push_back({[](Manifest& m) { m.set_format_version(2); }, "format version 2"});
   for (const Case& c : cases) {
     Manifest bad = good;
@@ -321,6 +340,64 @@ TEST(ManifestTest, EscapingNamesAndOutOfRangeEntriesAreRefused) {
       EXPECT_NE(e.detail().find(c.why), std::string::npos) << e.detail();
     }
   }
+}
+
+// Tensor-parallel parts (PartOf): each rank saves its part of three tensors, cut as
+// plans cut them: a fused [q | k | v] projection (dim 0, 3 blocks), a row layer's weight
+// (dim 1) and a vocabulary that does not divide by the ranks (dim 0, zero padding). The
+// reader joins each whole from the parts, export writes it whole, and it cuts again for
+// another part count. Mutants: a join that ignores the blocks (qkv's rows interleave
+// wrongly) or keeps the padding (vocab's shape) fail; a part left out fails the save.
+TEST_F(StoreTest, PartsSavedUnderOnePartCountJoinIntoTheWholeAndExportWhole) {
+  struct Whole {
+    std::string name;
+    torch::Tensor values;
+    parallax::TensorCut cut;
+  };
+  const std::vector<Whole> wholes = {{"param/qkv", torch::arange(0, 24 * 5, torch::kFloat32).reshape({24, 5}), {0, 3}},
+                                     {"param/proj", torch::arange(0, 6 * 8, torch::kFloat32).reshape({6, 8}), {1, 1}},
+                                     {"param/vocab", torch::arange(0, 7 * 3, torch::kFloat32).reshape({7, 3}), {0, 1}}};
+  const auto parts_request = [&](std::int64_t step, bool leave_last_out) {
+    checkpoint::SaveRequest r;
+    r.root = root_;
+    r.step = step;
+    r.layout = "parts";
+    for (const Whole& w : wholes) {
+      if (leave_last_out && rank() == size() - 1) continue;
+      const torch::Tensor part = parallax::cut(w.values, w.cut, rank(), size());
+      checkpoint::PartOf of{w.name, w.values.sizes().vec(), w.cut, rank(), size()};
+      r.pieces.push_back({w.name + "@" + std::to_string(rank()), part.sizes().vec(), 0, part, std::move(of)});
+    }
+    return r;
+  };
+  checkpoint::save(*world_, parts_request(1, false));
+  const checkpoint::Reader reader = checkpoint::Reader::open(dir(1), checkpoint::Reader::kExactly);
+  EXPECT_EQ(reader.wholes(), (std::vector<std::string>{"param/qkv", "param/proj", "param/vocab"}));
+  for (const Whole& w : wholes) {
+    EXPECT_TRUE(reader.has_whole(w.name));
+    EXPECT_FALSE(reader.has(w.name));
+    EXPECT_EQ(reader.parts_of(w.name), size());
+    EXPECT_EQ(reader.shape(w.name), w.values.sizes().vec());
+    EXPECT_TRUE(torch::equal(reader.read_whole(w.name), w.values)) << w.name;
+    // Cut again for another part count (a run under another tp), the parts join back.
+    std::vector<torch::Tensor> three;
+    for (int i = 0; i < 3; ++i) three.push_back(parallax::cut(reader.read_whole(w.name), w.cut, i, 3));
+    EXPECT_TRUE(torch::equal(parallax::join(three, w.cut, w.values.sizes().vec()), w.values)) << w.name;
+  }
+  const std::string exported = root_ + "/joined.safetensors";
+  if (rank() == 0) checkpoint::export_weights(reader, exported);
+  world_->barrier()->wait();
+  const checkpoint::Reader weights = checkpoint::Reader::open_weights(exported);
+  for (const Whole& w : wholes) EXPECT_TRUE(torch::equal(weights.read_whole(w.name), w.values)) << w.name;
+
+  try {
+    checkpoint::save(*world_, parts_request(2, true));
+    ADD_FAILURE() << "a save with a part missing was published";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(e.detail().find("parts, of which " + std::to_string(size() - 1) + " are there"), std::string::npos)
+        << e.detail();
+  }
+  EXPECT_FALSE(fs::exists(dir(2)));
 }
 
 // Weights files: what the writers stream, Reader::open_weights and read_torch_weights
