@@ -82,7 +82,9 @@ CONFIG=tp.toml run tp2 2 --set train.steps=6 --set "checkpoint.dir=\"$WORK/tp2\"
 "$TOOL" export "$WORK/tp2/step-000000000005" "$WORK/tp2.pt" >"$WORK/export-tp2.log"
 grep -q "wrote 29 tensors" "$WORK/export-tp2.log" || fail "tp 2: expected the model's 29 parameters, whole"
 read -r _ tp2_loss _ < <("$PLAIN" "$WORK/tp2.pt" 160 32)
-close_to "plain LibTorch loss, tp 2's step 6 batch" "$tp2_loss" "$(loss_at tp2 6)"
+# tp 2's split products sum in another order: measured 6.4e-8 (Debian), 1.3e-7 (wheel);
+# a join that ignores the fused [q | k | v] blocks misses by 5e-3.
+TOLERANCE=1.5e-6 close_to "plain LibTorch loss, tp 2's step 6 batch" "$tp2_loss" "$(loss_at tp2 6)"
 
 # The weights back from PyTorch: a torch.save'd dict converts to exactly our own
 # safetensors export; a Module.state_dict() (an OrderedDict) is refused with advice;
