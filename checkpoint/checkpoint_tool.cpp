@@ -20,6 +20,7 @@
 #include "parallax/checkpoint/store.h"
 #include "parallax/checkpoint/weights_file.h"
 #include "parallax/core/error.h"
+#include "parallax/runtime/program_flags.h"
 
 namespace {
 
@@ -90,11 +91,17 @@ int write_weights(const std::string& from, const std::string& to, std::optional<
 }  // namespace
 
 int main(int argc, char** argv) {
+  parallax::ProgramHelp help;
+  help.description = "Reads, exports and converts checkpoints and weights files, in one process (no MPI).";
+  help.flags = {{"--dtype", "D", "export, convert: write float32, bfloat16 or float16 (default: as saved)."}};
+  help.reads_config = false;
+  help.usage = kUsage;
+  parallax::answer_informational_flags(argc, argv, help);  // --help, --version
   const std::vector<std::string> args(argv + 1, argv + argc);
   try {
-    if (args.empty() || args[0] == "--help" || args[0] == "-h") {
-      std::cout << kUsage;
-      return args.empty() ? 2 : 0;
+    if (args.empty()) {
+      std::cerr << kUsage;
+      return 2;
     }
     if (args[0] == "info" && args.size() == 2) return info(args[1]);
     if ((args[0] == "export" || args[0] == "convert") && (args.size() == 3 || args.size() == 5)) {

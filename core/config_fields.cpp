@@ -491,3 +491,11 @@ void write_section(const SectionDef& section, const Config& config, std::ostream
 }
 
 }  // namespace parallax::detail
+
+namespace parallax {
+
+std::string closest_spelling(const std::string& word, const std::vector<std::string>& candidates) {
+  return detail::closest(word, candidates);
+}
+
+}  // namespace parallax

@@ -76,6 +76,18 @@ Config load_config(const ConfigSources& sources, const LoadOptions& options = {}
 /// except std::bad_alloc.
 std::string to_toml(const Config& config);
 
+/// Every key the loader reads, "section.key", in to_toml order.
+std::vector<std::string> config_keys();
+
+/// The configuration reference (Markdown, kept as docs/config.md): per section, what it
+/// is for and how its keys interact, then every key's type, default, allowed values and
+/// meaning, from the loader's own field table. Never throws except std::bad_alloc.
+std::string config_reference();
+
+/// The candidate closest to `word` by edit distance when close enough to be a typo
+/// (for "did you mean"), else "".
+std::string closest_spelling(const std::string& word, const std::vector<std::string>& candidates);
+
 /// 64-bit FNV-1a hash of to_toml(config): equal configs give equal hashes on every
 /// platform, so ranks can compare them.
 std::uint64_t config_hash(const Config& config);

@@ -74,120 +74,189 @@ constexpr Rule kBucketMegabytes{[](double v) { return v >= 0.001 && v <= 8192; }
 // ---- Fields ------------------------------------------------------------------------
 
 void train_fields(FieldVisitor& v, Config& c) {
-  v.integer_or_inferred("global_batch_size", c.train.global_batch_size, kCount);
-  v.integer_or_inferred("micro_batch_size", c.train.micro_batch_size, kCount);
-  v.integer_or_inferred("grad_accum", c.train.grad_accum, kCount);
-  v.integer("steps", c.train.steps, kCount);
-  v.integer("seed", c.train.seed, kAnyInteger);
+  v.integer_or_inferred("global_batch_size", c.train.global_batch_size, kCount,
+                        "Samples per optimizer step, over all data-parallel ranks.");
+  v.integer_or_inferred("micro_batch_size", c.train.micro_batch_size, kCount,
+                        "Samples each data-parallel rank feeds per micro-step (per pipeline micro-batch).");
+  v.integer_or_inferred("grad_accum", c.train.grad_accum, kCount,
+                        "Micro-steps per optimizer step: gradient accumulation, or a pipeline's micro-batches.");
+  v.integer("steps", c.train.steps, kCount, "Optimizer steps to train.");
+  v.integer("seed", c.train.seed, kAnyInteger,
+            "Seed of LibTorch's default generator on every rank (set by init), so models built after init start "
+            "identical; tensor-parallel dropout streams derive from it.");
   // "cuda" is accepted here; whether this build and this node have one is the runtime's.
-  v.choice("device", c.train.device, kDeviceNames);
+  v.choice("device", c.train.device, kDeviceNames,
+           "Where the engine trains: the CPU, or each rank's GPU (the one nearest its cores, else local rank order).");
 }
 
 void optimizer_fields(FieldVisitor& v, Config& c) {
-  v.choice("type", c.optimizer.type, kOptimizerNames);
-  v.number("lr", c.optimizer.lr, kPositive);
-  v.number_pair("betas", c.optimizer.betas, kUnitInterval);
-  v.number("eps", c.optimizer.eps, kPositive);
-  v.number("weight_decay", c.optimizer.weight_decay, kNonNegative);
-  v.number("momentum", c.optimizer.momentum, kNonNegative);
-  v.number("grad_clip", c.optimizer.grad_clip, kNonNegative);
+  v.choice("type", c.optimizer.type, kOptimizerNames, "The optimizer the engine builds over its fp32 state.");
+  v.number("lr", c.optimizer.lr, kPositive, "Peak learning rate (the scheduler's).");
+  v.number_pair("betas", c.optimizer.betas, kUnitInterval, "Adam's coefficients of the running averages.");
+  v.number("eps", c.optimizer.eps, kPositive, "Adam's epsilon, added to the denominator.");
+  v.number("weight_decay", c.optimizer.weight_decay, kNonNegative,
+           "Weight decay: L2 added to the gradient (sgd, adam) or decoupled (adamw).");
+  v.number("momentum", c.optimizer.momentum, kNonNegative, "SGD's momentum (type = \"sgd\" only).");
+  v.number("grad_clip", c.optimizer.grad_clip, kNonNegative,
+           "Clip gradients to this global norm, over every rank's parts; 0: off.");
 }
 
 void scheduler_fields(FieldVisitor& v, Config& c) {
-  v.choice("type", c.scheduler.type, kSchedulerNames);
-  v.integer("warmup_steps", c.scheduler.warmup_steps, kCountOrZero);
-  v.number("min_lr", c.scheduler.min_lr, kNonNegative);
+  v.choice("type", c.scheduler.type, kSchedulerNames,
+           "Learning rate over optimizer steps: constant, or decaying linearly or as a cosine to min_lr at "
+           "train.steps.");
+  v.integer("warmup_steps", c.scheduler.warmup_steps, kCountOrZero,
+            "Steps of linear warmup first: step k (from 0) uses lr x (k + 1) / warmup_steps.");
+  v.number("min_lr", c.scheduler.min_lr, kNonNegative, "Where linear and cosine decay end.");
 }
 
 void precision_fields(FieldVisitor& v, Config& c) {
-  v.choice("dtype", c.precision.dtype, kDtypeNames);
-  v.number("loss_scale_initial", c.precision.loss_scale_initial, kLossScale);
-  v.integer("loss_scale_growth_interval", c.precision.loss_scale_growth_interval, kCount);
-  v.number("loss_scale_backoff", c.precision.loss_scale_backoff, kBackoff);
-  v.integer("loss_scale_hysteresis", c.precision.loss_scale_hysteresis, kCount);
-  v.number("loss_scale_min", c.precision.loss_scale_min, kLossScale);
+  v.choice("dtype", c.precision.dtype, kDtypeNames,
+           "Compute dtype of the parameters and activations; bf16 and fp16 keep fp32 masters for the optimizer.");
+  v.number("loss_scale_initial", c.precision.loss_scale_initial, kLossScale, "fp16: the first loss scale.");
+  v.integer("loss_scale_growth_interval", c.precision.loss_scale_growth_interval, kCount,
+            "fp16: steps without an overflow after which the scale doubles.");
+  v.number("loss_scale_backoff", c.precision.loss_scale_backoff, kBackoff,
+           "fp16: factor the scale is multiplied by when overflows exhaust the hysteresis.");
+  v.integer("loss_scale_hysteresis", c.precision.loss_scale_hysteresis, kCount,
+            "fp16: consecutive overflowing steps tolerated (each skipped) before the scale backs off.");
+  v.number("loss_scale_min", c.precision.loss_scale_min, kLossScale,
+           "fp16: the smallest scale; an overflow below it is an error (training diverged).");
 }
 
 void parallel_fields(FieldVisitor& v, Config& c) {
-  v.choice("mode", c.parallel.mode, kModeNames);
-  v.integer("tp", c.parallel.tp, kCount);
-  v.integer("pp", c.parallel.pp, kCount);
-  v.integer("dp", c.parallel.dp, kDataDegree);
-  v.choice("order", c.parallel.order, kAxisOrderNames);
+  v.choice("mode", c.parallel.mode, kModeNames,
+           "manual: the degrees below; auto (the planner) is not available yet and is refused.");
+  v.integer("tp", c.parallel.tp, kCount, "Tensor-parallel degree: ranks that split each layer (kept inside a node).");
+  v.integer("pp", c.parallel.pp, kCount, "Pipeline-parallel degree: stages the model's layers are cut into.");
+  v.integer("dp", c.parallel.dp, kDataDegree, "Data-parallel degree; -1: the world size / (tp x pp).");
+  v.choice("order", c.parallel.order, kAxisOrderNames,
+           "Mesh axes, innermost first: tp-dp-pp puts pipeline stages across nodes first, tp-pp-dp data-parallel "
+           "replicas.");
 }
 
 void zero_fields(FieldVisitor& v, Config& c) {
-  v.integer("stage", c.zero.stage, kZeroStage);
-  v.number("bucket_mb", c.zero.bucket_mb, kBucketMegabytes);
-  v.boolean("overlap_comm", c.zero.overlap_comm);
-  v.number("prefetch_mb", c.zero.prefetch_mb, kMegabytesOrZero);
-  v.integer("persistence_threshold", c.zero.persistence_threshold, kCountOrZero);
-  v.number("max_live_mb", c.zero.max_live_mb, kMegabytesOrZero);
-  v.boolean("reshard_after_forward", c.zero.reshard_after_forward);
-  v.boolean("reshard_after_backward", c.zero.reshard_after_backward);
-  v.text_list("wrap", c.zero.wrap);
-  v.integer("wrap_min_params", c.zero.wrap_min_params, kCountOrZero);
+  v.integer("stage", c.zero.stage, kZeroStage,
+            "0: plain data parallelism; 1: optimizer state sharded over dp; 2: also gradients; 3: also parameters.");
+  v.number("bucket_mb", c.zero.bucket_mb, kBucketMegabytes,
+           "Gradient bucket size; buckets are reduced as they fill. Stages 1-2: one flat sharded buffer.");
+  v.boolean("overlap_comm", c.zero.overlap_comm, "Launch bucket reductions during backward.");
+  v.number("prefetch_mb", c.zero.prefetch_mb, kMegabytesOrZero,
+           "Stage 3: parameters gathered ahead of use, in the execution order recorded the step before; 0: on use.");
+  v.integer("persistence_threshold", c.zero.persistence_threshold, kCountOrZero,
+            "Stage 3: parameters of at most this many elements stay gathered on every rank (gradients still "
+            "reduce-scattered).");
+  v.number("max_live_mb", c.zero.max_live_mb, kMegabytesOrZero,
+           "Stage 3: gathered bytes kept during forward; beyond it the least recently used unit is released.");
+  v.boolean("reshard_after_forward", c.zero.reshard_after_forward,
+            "Stage 3: release every unit but the forward's last when forward ends (false: keep them until their "
+            "backward).");
+  v.boolean("reshard_after_backward", c.zero.reshard_after_backward,
+            "Stage 3: release each unit when its backward is done (false: keep it until the optimizer step).");
+  v.text_list("wrap", c.zero.wrap,
+              "Stage 3: module type names (\"Block\" matches BlockImpl) whose instances are units, gathered and "
+              "released together; other parameters form the root unit.");
+  v.integer("wrap_min_params", c.zero.wrap_min_params, kCountOrZero,
+            "Stage 3: a module holding at least this many parameters not yet in a unit becomes one; 0: off.");
 }
 
 void offload_fields(FieldVisitor& v, Config& c) {
-  v.choice("optimizer", c.offload.optimizer, kOffloadNames);
-  v.choice("param", c.offload.param, kOffloadNames);
-  v.boolean("pin_memory", c.offload.pin_memory);
-  v.text("nvme_path", c.offload.nvme_path);
-  v.number("buffer_mb", c.offload.buffer_mb, kBucketMegabytes);
-  v.integer("buffer_count", c.offload.buffer_count, kBufferCount);
+  v.choice("optimizer", c.offload.optimizer, kOffloadNames,
+           "Where this rank's optimizer shard lives: cpu (masters and moments in host memory, the fused CPU Adam), "
+           "nvme (moments in a file under nvme_path).");
+  v.choice("param", c.offload.param, kOffloadNames,
+           "Stage 3: no parameter shard stays on the device; gathers read this rank's part from the host master "
+           "(cpu) or its file (nvme).");
+  v.boolean("pin_memory", c.offload.pin_memory, "Page-locked host buffers (CUDA tensors only).");
+  v.text("nvme_path", c.offload.nvme_path, "Directory of the NVMe tier's files (one per rank, unlinked once opened).");
+  v.number("buffer_mb", c.offload.buffer_mb, kBucketMegabytes,
+           "One host buffer of the NVMe tier: one tile's moments (and master).");
+  v.integer("buffer_count", c.offload.buffer_count, kBufferCount,
+            "Host buffers of the NVMe tier: reading tile k+1 and writing k-1 overlap updating k.");
 }
 
 constexpr Rule kFromTheEnd{[](double v) { return v <= -1; }, "a dimension counted from the end (-1, -2, ...)"};
 
 void tensor_parallel_fields(FieldVisitor& v, Config& c) {
-  v.boolean("sequence_parallel", c.tensor_parallel.sequence_parallel);
-  v.integer("sequence_dim", c.tensor_parallel.sequence_dim, kFromTheEnd);
-  v.module_plan("plan", c.tensor_parallel.plan);  // last: printed as one inline table
+  v.boolean("sequence_parallel", c.tensor_parallel.sequence_parallel,
+            "Split the activations between tensor-parallel regions along the sequence (all-gather and "
+            "reduce-scatter replace the all-reduces).");
+  v.integer("sequence_dim", c.tensor_parallel.sequence_dim, kFromTheEnd,
+            "With sequence_parallel: the activations' sequence dimension, counted from the end.");
+  v.module_plan("plan", c.tensor_parallel.plan,  // last: printed as one inline table
+                "Module path glob -> how its Linear or Embedding is split; every one must match exactly one rule. "
+                "Empty: the model is written with tensor_parallel/ layers.");
 }
 
 void pipeline_fields(FieldVisitor& v, Config& c) {
-  v.choice("schedule", c.pipeline.schedule, kScheduleNames);
-  v.integer("virtual_stages", c.pipeline.virtual_stages, kCount);
-  v.choice_or_integers("partition", c.pipeline.partition, kPartitionNames, c.pipeline.boundaries);
-  v.choice("recompute", c.pipeline.recompute, kRecomputeNames);
+  v.choice("schedule", c.pipeline.schedule, kScheduleNames,
+           "gpipe: all forwards, then all backwards; 1f1b: at most pp - stage micro-batches in flight; "
+           "interleaved: 1F1B over virtual_stages chunks per rank; zb-h1: weight gradients deferred into the "
+           "bubbles.");
+  v.integer("virtual_stages", c.pipeline.virtual_stages, kCount,
+            "Model chunks per rank: > 1 only with interleaved, which needs > 1.");
+  v.choice_or_integers("partition", c.pipeline.partition, kPartitionNames, c.pipeline.boundaries,
+                       "How layers are cut into pp x virtual_stages parts: equal layer counts, equal parameter "
+                       "counts, measured time, or the first layer of each part then the layer count.");
+  v.choice("recompute", c.pipeline.recompute, kRecomputeNames,
+           "full: keep only each stage's input during forward and run the forward again before its backward.");
 }
 
 void comm_fields(FieldVisitor& v, Config& c) {
   // "nccl" is accepted here; whether this build and these tensors can use it is the
   // runtime's question.
-  v.choice("backend", c.comm.backend, kBackendNames);
-  v.number("timeout_s", c.comm.timeout_s, kTimeoutSeconds);
+  v.choice("backend", c.comm.backend, kBackendNames,
+           "Collectives' library: auto is NCCL for CUDA tensors when built with it, MPI otherwise.");
+  v.number("timeout_s", c.comm.timeout_s, kTimeoutSeconds,
+           "The longest any single collective may take before it fails, naming the op and group.");
 }
 
 void topology_fields(FieldVisitor& v, Config& c) {
-  v.integer("emulate_nodes", c.topology.emulate_nodes, kCountOrZero);
-  v.text("emulate_node", c.topology.emulate_node);
-  v.choice("emulate_rank_order", c.topology.emulate_rank_order, kLauncherOrderNames);
+  v.integer("emulate_nodes", c.topology.emulate_nodes, kCountOrZero,
+            "Emulated nodes (the world size must be a multiple) to place the mesh on; 0: the real machine (hwloc).");
+  v.text("emulate_node", c.topology.emulate_node,
+         "Each emulated node: an hwloc synthetic description, optionally with \"gpu:N\".");
+  v.choice("emulate_rank_order", c.topology.emulate_rank_order, kLauncherOrderNames,
+           "How the emulated launcher deals ranks onto nodes: block (--map-by slot) or round_robin (--map-by node).");
 }
 
 void thread_fields(FieldVisitor& v, Config& c) {
-  v.integer("intra_op", c.threads.intra_op, kCountOrZero);
-  v.integer("blas", c.threads.blas, kCountOrZero);
-  v.boolean("bind", c.threads.bind);
+  v.integer("intra_op", c.threads.intra_op, kCountOrZero,
+            "LibTorch's intra-op threads per rank; 0: decided from the cores this rank owns.");
+  v.integer("blas", c.threads.blas, kCountOrZero, "The BLAS library's own threads per rank; 0: decided.");
+  v.boolean("bind", c.threads.bind,
+            "Bind each rank to its share of the node's cores, unless the launcher bound it or the ranks outnumber "
+            "the cores.");
 }
 
 void logging_fields(FieldVisitor& v, Config& c) {
-  v.integer("every", c.logging.every, kCountOrZero);
-  v.choice("level", c.logging.level, kLogLevelNames);
-  v.text("metrics_file", c.logging.metrics_file);
-  v.text("trace_file", c.logging.trace_file);
+  v.integer("every", c.logging.every, kCountOrZero, "A progress line on rank 0 every this many steps; 0: never.");
+  v.choice("level", c.logging.level, kLogLevelNames, "The least severe message printed.");
+  v.text("metrics_file", c.logging.metrics_file,
+         "JSON lines written by rank 0, one object per optimizer step; \"\": off.");
+  v.text("trace_file", c.logging.trace_file,
+         "Chrome trace JSON of every rank's spans, written by rank 0 at shutdown; \"\": off.");
 }
 
 void checkpoint_fields(FieldVisitor& v, Config& c) {
-  v.text("dir", c.checkpoint.dir);
-  v.integer("every", c.checkpoint.every, kCountOrZero);
-  v.integer("keep", c.checkpoint.keep, kCountOrZero);
-  v.text("load", c.checkpoint.load);
-  v.number("timeout_s", c.checkpoint.timeout_s, kTimeoutSeconds);
-  v.boolean("async", c.checkpoint.async);
-  v.boolean("preemption", c.checkpoint.preemption);
-  v.text("export_on_finish", c.checkpoint.export_on_finish);
+  v.text("dir", c.checkpoint.dir, "Root directory of the checkpoints (one step-<N> directory each); \"\": none.");
+  v.integer("every", c.checkpoint.every, kCountOrZero,
+            "Save after every this many optimizer steps; 0: only when the trainer calls save_checkpoint().");
+  v.integer("keep", c.checkpoint.keep, kCountOrZero,
+            "Complete checkpoints kept under dir, the oldest removed after each save; 0: all.");
+  v.text("load", c.checkpoint.load,
+         "What resume() loads: \"none\" or \"\", \"latest\" (the newest complete one under dir), a checkpoint "
+         "directory, or a .safetensors file (weights only, any layout).");
+  v.number("timeout_s", c.checkpoint.timeout_s, kTimeoutSeconds,
+           "The longest a rank waits for the others while a checkpoint is written or read.");
+  v.boolean("async", c.checkpoint.async,
+            "Copy the state to host memory at the step boundary and write it from a thread while training goes on.");
+  v.boolean("preemption", c.checkpoint.preemption,
+            "On SIGTERM or SIGUSR1 to any rank, every rank saves at the next step boundary and the engine reports "
+            "preempted() (needs dir).");
+  v.text("export_on_finish", c.checkpoint.export_on_finish,
+         "At finish(), write the final weights whole under the model's names to this .safetensors, .pt or .pth "
+         "file; \"\": none.");
 }
 
 // ---- Checks across keys and against this build ---------------------------------------
@@ -337,20 +406,45 @@ void tensor_parallel_check(const Config& c, const KeyPositions&) {
 const std::vector<SectionDef>& sections() {
   // One row per section, in to_toml order. Immutable; built on first use.
   static const std::vector<SectionDef> kSections = {
-      {"train", train_fields, nullptr},
-      {"optimizer", optimizer_fields, optimizer_check},
-      {"scheduler", scheduler_fields, scheduler_check},
-      {"precision", precision_fields, precision_check},
-      {"parallel", parallel_fields, nullptr},
-      {"zero", zero_fields, nullptr},
-      {"offload", offload_fields, offload_check},
-      {"tensor_parallel", tensor_parallel_fields, tensor_parallel_check},
-      {"pipeline", pipeline_fields, pipeline_check},
-      {"topology", topology_fields, nullptr},
-      {"threads", thread_fields, nullptr},
-      {"comm", comm_fields, nullptr},
-      {"logging", logging_fields, nullptr},
-      {"checkpoint", checkpoint_fields, checkpoint_check},
+      {"train",
+       "The batch and the run's length. `global_batch_size = micro_batch_size x grad_accum x dp` exactly "
+       "(dp from [parallel]); one of the three may be omitted and is inferred.",
+       train_fields, nullptr},
+      {"optimizer", "The optimizer the engine steps. `momentum` needs `type = \"sgd\"`.", optimizer_fields,
+       optimizer_check},
+      {"scheduler", "The learning rate over optimizer steps. `min_lr` must not exceed `optimizer.lr`.",
+       scheduler_fields, scheduler_check},
+      {"precision",
+       "Mixed precision. The `loss_scale_*` keys apply to fp16 only; `loss_scale_min` must not exceed "
+       "`loss_scale_initial`.",
+       precision_fields, precision_check},
+      {"parallel",
+       "How the ranks are divided: `tp x pp x dp` must equal the world size. Every product the strategy matrix "
+       "allows runs; the rest are refused naming the keys (`parallax-matrix` prints it).",
+       parallel_fields, nullptr},
+      {"zero",
+       "How model state is sharded over the data-parallel group (ZeRO). The stage 3 keys apply at stage 3 only.",
+       zero_fields, nullptr},
+      {"offload",
+       "Where the sharded model state lives. `optimizer` needs `zero.stage` >= 1 and Adam or AdamW; `param` needs "
+       "`zero.stage = 3` and the optimizer offloaded, and `param = \"nvme\"` needs `optimizer = \"nvme\"`; "
+       "`nvme_path` is required by nvme and refused otherwise.",
+       offload_fields, offload_check},
+      {"tensor_parallel",
+       "How each (stage's) model is split over the tensor-parallel group (`parallel.tp` > 1). "
+       "`sequence_parallel` needs a `plan`.",
+       tensor_parallel_fields, tensor_parallel_check},
+      {"pipeline",
+       "How a model given as layer specs runs over `parallel.pp` stages; `train.grad_accum` is the number of "
+       "micro-batches per step. `virtual_stages` > 1 goes with `schedule = \"interleaved\"`.",
+       pipeline_fields, pipeline_check},
+      {"topology", "The machine the mesh is placed on: the real one (hwloc), or emulated nodes.", topology_fields,
+       nullptr},
+      {"threads", "Each rank's CPU threads; by default decided from the cores it owns.", thread_fields, nullptr},
+      {"comm", "Communication.", comm_fields, nullptr},
+      {"logging", "What rank 0 prints and writes.", logging_fields, nullptr},
+      {"checkpoint", "Saving and resuming. `every`, `load = \"latest\"` and `export_on_finish` need `dir`.",
+       checkpoint_fields, checkpoint_check},
   };
   return kSections;
 }

@@ -93,33 +93,52 @@ class FieldVisitor {
     kInferred,  // std::int64_t field where 0 means "not given, inferred later"
   };
 
-  void integer(const char* key, std::int64_t& value, const Rule& rule) {
+  // Each key comes with `meaning`, one line for the configuration reference.
+  void integer(const char* key, std::int64_t& value, const Rule& rule, const char* meaning) {
+    meaning_ = meaning;
     on_integer(key, value, rule, IntegerKind::kInt64);
   }
-  void integer(const char* key, int& value, const Rule& rule) {
+  void integer(const char* key, int& value, const Rule& rule, const char* meaning) {
+    meaning_ = meaning;
     std::int64_t wide = value;
     on_integer(key, wide, rule, IntegerKind::kInt32);
     value = static_cast<int>(wide);
   }
   /// An integer that may be omitted: 0 in the struct means "not given, inferred
   /// later"; a given value must satisfy `rule`.
-  void integer_or_inferred(const char* key, std::int64_t& value, const Rule& rule) {
+  void integer_or_inferred(const char* key, std::int64_t& value, const Rule& rule, const char* meaning) {
+    meaning_ = meaning;
     on_integer(key, value, rule, IntegerKind::kInferred);
   }
-  void number(const char* key, double& value, const Rule& rule) { on_number(key, value, rule); }
-  void number_pair(const char* key, std::array<double, 2>& value, const Rule& rule) {
+  void number(const char* key, double& value, const Rule& rule, const char* meaning) {
+    meaning_ = meaning;
+    on_number(key, value, rule);
+  }
+  void number_pair(const char* key, std::array<double, 2>& value, const Rule& rule, const char* meaning) {
+    meaning_ = meaning;
     on_number_pair(key, value, rule);
   }
-  void boolean(const char* key, bool& value) { on_boolean(key, value); }
-  void text(const char* key, std::string& value) { on_text(key, value); }
-  void text_list(const char* key, std::vector<std::string>& value) { on_text_list(key, value); }
+  void boolean(const char* key, bool& value, const char* meaning) {
+    meaning_ = meaning;
+    on_boolean(key, value);
+  }
+  void text(const char* key, std::string& value, const char* meaning) {
+    meaning_ = meaning;
+    on_text(key, value);
+  }
+  void text_list(const char* key, std::vector<std::string>& value, const char* meaning) {
+    meaning_ = meaning;
+    on_text_list(key, value);
+  }
   /// A string among the choices (all but the last), or an array of integers (the last
   /// choice, whose values land in `integers`), e.g. partition = "uniform" or [0, 3, 6].
   template <typename E, std::size_t N>
   void choice_or_integers(const char* key,
                           E& value,
                           const EnumName<E> (&names)[N],
-                          std::vector<std::int64_t>& integers) {
+                          std::vector<std::int64_t>& integers,
+                          const char* meaning) {
+    meaning_ = meaning;
     std::vector<const char*> spelled;
     std::size_t index = 0;
     for (std::size_t i = 0; i < N; ++i) {
@@ -130,9 +149,13 @@ class FieldVisitor {
     value = names[index].value;
   }
   /// A table of module path globs → style or { style, parts, heads, gather_output }.
-  void module_plan(const char* key, std::vector<TpPlanRule>& rules) { on_module_plan(key, rules); }
+  void module_plan(const char* key, std::vector<TpPlanRule>& rules, const char* meaning) {
+    meaning_ = meaning;
+    on_module_plan(key, rules);
+  }
   template <typename E, std::size_t N>
-  void choice(const char* key, E& value, const EnumName<E> (&names)[N]) {
+  void choice(const char* key, E& value, const EnumName<E> (&names)[N], const char* meaning) {
+    meaning_ = meaning;
     std::vector<const char*> spelled;
     std::size_t index = 0;
     for (std::size_t i = 0; i < N; ++i) {
@@ -156,6 +179,11 @@ class FieldVisitor {
                                      std::size_t& index,
                                      const std::vector<const char*>& names,
                                      std::vector<std::int64_t>& integers) = 0;
+  /// The meaning of the key being visited.
+  const char* meaning() const { return meaning_; }
+
+ private:
+  const char* meaning_ = "";
 };
 
 /// Where each key that was read came from: "optimizer.lr" → " at a.toml:3:6"
@@ -166,6 +194,9 @@ using KeyPositions = std::map<std::string, std::string>;
 /// two functions; nothing else in the loader changes.
 struct SectionDef {
   const char* name;  // "optimizer"
+  /// What the section is for and how its keys interact with others (the reference's
+  /// paragraph under the section's heading).
+  const char* about;
   /// Visits every key of the section (see FieldVisitor).
   void (*fields)(FieldVisitor& visitor, Config& config);
   /// Checks that involve several keys or this build's capabilities, after every

@@ -171,8 +171,12 @@ void check_same_config(World& world, const Config& config) {
 
 Runtime::Runtime(int& argc, char**& argv, const InitOptions& options) : state_(std::make_unique<State>()) {
   State& s = *state_;
-  s.world = std::make_unique<World>(argc, argv);
+  // What needs no MPI, before it starts: a --help answered, or a mistyped flag refused.
+  const ProgramHelp help{options.description, options.flags, options.app_tables};
+  answer_informational_flags(argc, argv, help);
   const CommandLine command_line = parse_command_line(argc, argv);
+  check_flags(command_line, help);
+  s.world = std::make_unique<World>(argc, argv);
   s.args = command_line.rest;
   s.config = load_config_everywhere(*s.world, command_line.sources, options);
   start(options);

@@ -7,6 +7,9 @@
 //   }
 //
 // init runs, in order, on every rank (it is collective):
+//  0. Before MPI starts: --help, --version and --config-reference are answered (on the
+//     launcher's first rank) and the process exits 0; a flag that is neither Parallax's
+//     nor one of InitOptions::flags is a UsageError (runtime/program_flags.h).
 //  1. World: MPI with MPI_THREAD_MULTIPLE (a world of one without mpirun).
 //  2. Config: --config FILE... and --set k=v from argv, strictly validated. Ranks agree
 //     on success (one failing rank fails all, each with a clear message), then compare
@@ -32,6 +35,7 @@
 #include "parallax/core/config.h"
 #include "parallax/core/logging.h"
 #include "parallax/core/trace.h"
+#include "parallax/runtime/program_flags.h"
 
 namespace parallax {
 struct ThreadBudget;
@@ -57,6 +61,11 @@ struct InitOptions {
   std::vector<std::string> app_tables;
   /// Print the resolved config, cluster and mesh on rank 0. Default: true.
   bool print_summary = true;
+  /// One line saying what the program does, for --help. Default: none.
+  std::string description{};
+  /// The application's own flags, for --help; init refuses any other flag
+  /// (program_flags.h). Default: none.
+  std::vector<AppFlag> flags{};
 };
 
 class Runtime {

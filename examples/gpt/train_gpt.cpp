@@ -160,7 +160,12 @@ int train(parallax::Runtime& rt) {
 
 int main(int argc, char** argv) {
   try {
-    auto rt = parallax::init(argc, argv, {{"model", "data"}});
+    parallax::InitOptions options;
+    options.app_tables = {"model", "data"};
+    options.description = "Trains a small GPT on a synthetic token stream with the strategy the config chooses.";
+    options.flags = {{"--print-schedule", "", "With parallel.pp > 1: print the pipeline schedule's timeline and exit."},
+                     {"--explain", "", "Print the plan, run one step, print each rank's memory and traffic; exit."}};
+    auto rt = parallax::init(argc, argv, options);
     try {
       return train(rt);
     } catch (const std::exception& error) {
