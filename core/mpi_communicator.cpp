@@ -13,6 +13,7 @@
 #include <climits>
 
 #include "parallax/core/error.h"
+#include "parallax/core/failure_watch.h"
 #include "parallax/core/logging.h"
 #include "parallax/core/mpi_datatypes.h"
 #include "parallax/core/mpi_progress.h"
@@ -26,6 +27,23 @@ std::string host_name() {
     return "unknown host";
   }
   return host;
+}
+
+// The world rank of each rank of `comm`.
+std::vector<int> world_ranks(MPI_Comm comm) {
+  MPI_Group group = MPI_GROUP_NULL;
+  MPI_Group world = MPI_GROUP_NULL;
+  MPI_Comm_group(comm, &group);
+  MPI_Comm_group(MPI_COMM_WORLD, &world);
+  int size = 0;
+  MPI_Group_size(group, &size);
+  std::vector<int> ranks(static_cast<std::size_t>(size));
+  std::vector<int> translated(ranks.size());
+  for (int r = 0; r < size; ++r) ranks[static_cast<std::size_t>(r)] = r;
+  MPI_Group_translate_ranks(group, size, ranks.data(), world, translated.data());
+  MPI_Group_free(&group);
+  MPI_Group_free(&world);
+  return translated;
 }
 
 bool overlaps(const at::Tensor& a, const at::Tensor& b) {
@@ -44,12 +62,14 @@ class MpiCommunicator final : public Communicator {
     check_mpi(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
     set_default_timeout(default_timeout);
     engine_ = std::make_unique<detail::MpiProgressEngine>(
-        detail::concat("on rank ", rank_, " (world rank ", process_rank(), ", host ", host_, ")"),
-        [this](CommOp op, std::int64_t bytes, std::int64_t ns) { record(op, bytes, ns); });
+        detail::concat("on rank ", rank_, " (world rank ", process_rank(), ", host ", host_, ")"), name_,
+        world_ranks(comm_), [this](CommOp op, std::int64_t bytes, std::int64_t ns) { record(op, bytes, ns); });
   }
 
   ~MpiCommunicator() override {
-    engine_->shutdown(detail::MpiProgressEngine::kDefaultGrace);
+    // After the job failed, what is still in flight will not complete: do not wait for it.
+    engine_->shutdown(failure_watch::job_failed() ? std::chrono::milliseconds(100)
+                                                  : detail::MpiProgressEngine::kDefaultGrace);
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized) {

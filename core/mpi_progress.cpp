@@ -9,6 +9,8 @@
 #include <algorithm>
 
 #include "parallax/core/error.h"
+#include "parallax/core/failure_watch.h"
+#include "parallax/core/flight_recorder.h"
 #include "parallax/core/logging.h"
 #include "parallax/core/mpi_datatypes.h"
 
@@ -24,9 +26,11 @@ struct MpiOpState {
   std::shared_ptr<MpiEngineShared> shared;
   Clock::time_point submitted;
   Clock::time_point deadline;
-  bool completing = false;  ///< request done; `finish` is running on the thread
-  bool finished = false;    ///< succeeded or failed
-  std::string error;        ///< non-empty when failed
+  bool completing = false;       ///< request done; `finish` is running on the thread
+  bool finished = false;         ///< succeeded or failed
+  bool timed_out = false;        ///< failed by its deadline (diagnosed by its waiter)
+  std::string error;             ///< non-empty when failed
+  FlightRecorder::Begun record;  ///< its flight-recorder entry
 };
 
 namespace {
@@ -43,17 +47,28 @@ class MpiWork final : public Work {
   void wait() override {
     MpiEngineShared& shared = *op_->shared;
     std::unique_lock<std::mutex> lock(shared.mutex);
-    shared.done_cv.wait_until(lock, op_->deadline, [&] { return op_->finished || op_->completing; });
+    shared.done_cv.wait_until(lock, op_->deadline,
+                              [&] { return op_->finished || op_->completing || !shared.failure.empty(); });
     // A completed request whose `finish` is still running (a division, a split) is not
     // a hang: give it a grace period rather than fail an operation that has succeeded.
     shared.done_cv.wait_until(lock, Clock::now() + MpiProgressEngine::kDefaultGrace,
                               [&] { return op_->finished || !op_->completing; });
+    if (!op_->finished && !shared.failure.empty() && Clock::now() < op_->deadline) {
+      shared.fail_locked(*op_, op_->spec.what + " was abandoned: " + shared.failure, /*fail_group=*/false);
+    }
     if (!op_->finished) {
       shared.time_out_locked(*op_);
     }
-    if (!op_->error.empty()) {
-      throw CommError(op_->error);
-    }
+    if (op_->error.empty()) return;
+    if (!op_->timed_out) throw CommError(op_->error);
+    // Who never joined: asked of every rank over the failure channel, outside the lock.
+    TimeoutFacts facts{shared.group,         to_string(op_->spec.op),
+                       op_->record.sequence, op_->record.step,
+                       shared.members,       std::chrono::duration<double>(Clock::now() - op_->submitted).count()};
+    const std::string error = op_->error;
+    lock.unlock();
+    const std::string verdict = failure_watch::diagnose_timeout(facts, diagnosis_window(op_->spec.timeout));
+    throw CommError(verdict.empty() ? error : error + "\n  " + verdict);
   }
 
  private:
@@ -67,10 +82,15 @@ struct Active {
 
 }  // namespace
 
+std::chrono::milliseconds diagnosis_window(std::chrono::milliseconds timeout) {
+  return std::clamp<std::chrono::milliseconds>(timeout / 10, std::chrono::seconds(1), std::chrono::seconds(5));
+}
+
 void MpiEngineShared::fail_locked(MpiOpState& op, const std::string& message, bool fail_group) {
   if (!op.finished) {
     op.finished = true;
     op.error = message;
+    FlightRecorder::instance().end(op.record.id, /*ok=*/false);
   }
   if (fail_group && failure.empty()) {
     failure = message;
@@ -78,6 +98,7 @@ void MpiEngineShared::fail_locked(MpiOpState& op, const std::string& message, bo
       if (!queued->finished) {
         queued->finished = true;
         queued->error = queued->spec.what + " was abandoned: " + failure;
+        FlightRecorder::instance().end(queued->record.id, /*ok=*/false);
       }
     }
     queue.clear();
@@ -86,19 +107,44 @@ void MpiEngineShared::fail_locked(MpiOpState& op, const std::string& message, bo
   queue_cv.notify_all();
 }
 
+void MpiEngineShared::fail_group_locked(const std::string& reason) {
+  if (!failure.empty()) return;
+  failure = reason;
+  for (auto& queued : queue) {
+    if (!queued->finished) {
+      queued->finished = true;
+      queued->error = queued->spec.what + " was abandoned: " + reason;
+      FlightRecorder::instance().end(queued->record.id, /*ok=*/false);
+    }
+  }
+  queue.clear();
+  done_cv.notify_all();
+  queue_cv.notify_all();
+}
+
 void MpiEngineShared::time_out_locked(MpiOpState& op) {
   if (op.finished) {
     return;
   }
+  op.timed_out = true;
   fail_locked(
       op,
       concat(op.spec.what, " timed out after ", op.spec.timeout.count(), " ms ", where, "; the group is now unusable"),
       /*fail_group=*/true);
 }
 
-MpiProgressEngine::MpiProgressEngine(std::string where, Recorder recorder)
+MpiProgressEngine::MpiProgressEngine(std::string where, std::string group, std::vector<int> members, Recorder recorder)
     : shared_(std::make_shared<MpiEngineShared>()), recorder_(std::move(recorder)) {
   shared_->where = std::move(where);
+  shared_->group = std::move(group);
+  shared_->members = std::move(members);
+  failure_callback_ =
+      failure_watch::on_job_failure([weak = std::weak_ptr<MpiEngineShared>(shared_)](const std::string& reason) {
+        if (const auto shared = weak.lock()) {
+          std::lock_guard<std::mutex> lock(shared->mutex);
+          shared->fail_group_locked(reason);
+        }
+      });
   thread_ = std::thread([this] { run(); });
 }
 
@@ -113,6 +159,7 @@ WorkPtr MpiProgressEngine::submit(MpiOpSpec spec) {
   op->spec = std::move(spec);
   op->shared = shared_;
   op->submitted = Clock::now();
+  op->record = FlightRecorder::instance().begin(shared_->group, to_string(op->spec.op), op->spec.bytes);
   op->deadline = op->submitted + op->spec.timeout;
   {
     std::lock_guard<std::mutex> lock(shared_->mutex);
@@ -131,6 +178,7 @@ void MpiProgressEngine::shutdown(std::chrono::milliseconds grace) {
     return;
   }
   shut_down_ = true;
+  failure_watch::forget(failure_callback_);
   {
     std::lock_guard<std::mutex> lock(shared_->mutex);
     shared_->stopping = true;
@@ -203,6 +251,7 @@ void MpiProgressEngine::run() {
         s.fail_locked(op, error, /*fail_group=*/false);
       } else {
         op.finished = true;
+        FlightRecorder::instance().end(op.record.id, /*ok=*/true);
         s.done_cv.notify_all();
       }
     }

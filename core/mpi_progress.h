@@ -22,7 +22,11 @@
 //   d. Each operation has a deadline (submit time + timeout). When it passes, the
 //      thread or the waiting caller, whichever notices first, fails the operation with
 //      a CommError naming op, group, bytes and rank, and marks the group failed: every
-//      other pending operation fails and every later submit() throws at once.
+//      other pending operation fails and every later submit() throws at once. The
+//      waiting caller then asks the other ranks where they are (failure_watch.h) and
+//      adds the verdict, who never joined, to its error. Every operation is in the
+//      flight recorder (flight_recorder.h) from submit to its end. When the job fails
+//      elsewhere, every group fails at once with that reason.
 //   e. MPI forbids freeing an active collective request, so the requests of failed
 //      operations are kept, together with the tensors they read and write, and polled
 //      until they complete (a late peer may still match them).
@@ -77,6 +81,10 @@ struct MpiOpSpec {
 
 struct MpiOpState;
 
+/// How long a rank whose operation timed out waits for the other ranks' answers before
+/// it names who never joined: a tenth of the timeout, within [1 s, 5 s].
+std::chrono::milliseconds diagnosis_window(std::chrono::milliseconds timeout);
+
 /// Shared by the engine, its thread and every Work it handed out (a Work may outlive
 /// the communicator).
 struct MpiEngineShared {
@@ -91,11 +99,18 @@ struct MpiEngineShared {
   std::string failure;
   /// "on rank 1 (world rank 3, host node07)": appended to timeout messages.
   std::string where;
+  /// The communicator's name and its ranks' world ranks (the flight recorder's group,
+  /// and who a timeout's diagnosis expects in it).
+  std::string group;
+  std::vector<int> members;
 
   /// Fails `op` with a timeout and the group with it. Caller holds `mutex`.
   void time_out_locked(MpiOpState& op);
   /// Fails `op` with `message`; with `fail_group`, later submits throw. Holds `mutex`.
   void fail_locked(MpiOpState& op, const std::string& message, bool fail_group);
+  /// The job failed elsewhere (failure_watch.h): fails the queued operations and wakes
+  /// the waiters of those in flight, which fail theirs; later submits throw. Holds `mutex`.
+  void fail_group_locked(const std::string& reason);
 };
 
 class MpiProgressEngine {
@@ -111,8 +126,9 @@ class MpiProgressEngine {
   static constexpr std::chrono::microseconds kAttentiveBase{1000};
   static constexpr std::chrono::nanoseconds kAttentivePerByte{8};
 
-  /// Starts the thread. `where` locates this rank in errors (see MpiEngineShared).
-  MpiProgressEngine(std::string where, Recorder recorder);
+  /// Starts the thread. `where` locates this rank in errors, `group` and `members` name
+  /// the communicator and its world ranks (see MpiEngineShared).
+  MpiProgressEngine(std::string where, std::string group, std::vector<int> members, Recorder recorder);
   /// Calls shutdown(kDefaultGrace) if not done yet.
   ~MpiProgressEngine();
   MpiProgressEngine(const MpiProgressEngine&) = delete;
@@ -134,6 +150,7 @@ class MpiProgressEngine {
 
   std::shared_ptr<MpiEngineShared> shared_;
   Recorder recorder_;
+  std::uint64_t failure_callback_ = 0;  ///< failure_watch's registration
   std::thread thread_;
   std::size_t leaked_ = 0;
   bool shut_down_ = false;

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "parallax/core/error.h"
+#include "parallax/core/failure_watch.h"
 #include "parallax/core/mpi_communicator.h"
 
 namespace parallax {
@@ -65,21 +66,29 @@ World::~World() {
   world_comm_.reset();
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!owns_mpi_ || finalized) return;
+  if (!owns_mpi_ || finalized) {
+    if (!finalized) failure_watch::stop();
+    return;
+  }
   // MPI_Finalize waits for every rank; a rank stuck in a collective would make it hang
-  // forever. Meet at a nonblocking barrier with a deadline first.
+  // forever. Meet at a nonblocking barrier with a deadline first. After the job failed
+  // (failure_watch.h) every live rank has heard so and comes at once: wait briefly.
   MPI_Request request = MPI_REQUEST_NULL;
   MPI_Ibarrier(MPI_COMM_WORLD, &request);
-  const auto deadline = std::chrono::steady_clock::now() + shutdown_timeout_;
+  const std::chrono::milliseconds wait =
+      failure_watch::job_failed() ? std::min(shutdown_timeout_, kShutdownAfterFailure) : shutdown_timeout_;
+  const auto deadline = std::chrono::steady_clock::now() + wait;
   int done = 0;
   while (MPI_Test(&request, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done) {
     if (std::chrono::steady_clock::now() > deadline) {
       std::fprintf(stderr, "%sshutdown: the other ranks did not arrive within %lld ms; aborting the job\n",
-                   rank_prefix().c_str(), static_cast<long long>(shutdown_timeout_.count()));
+                   rank_prefix().c_str(), static_cast<long long>(wait.count()));
+      std::fflush(stderr);
       MPI_Abort(MPI_COMM_WORLD, 1);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
+  failure_watch::stop();
   MPI_Finalize();
 }
 

@@ -29,9 +29,11 @@ class World {
   World(const World&) = delete;
   World& operator=(const World&) = delete;
   /// Releases the world communicator, then meets the other ranks at a shutdown barrier
-  /// (bounded by shutdown_timeout()) and finalizes MPI if this World initialized it. If
-  /// the peers do not arrive in time (a rank died or is stuck in a collective after an
-  /// error), it aborts the job instead of hanging in MPI_Finalize.
+  /// (bounded by shutdown_timeout(), or kShutdownAfterFailure once the job failed) and
+  /// finalizes MPI if this World initialized it. If the peers do not arrive in time (a
+  /// rank died or is stopped, or is stuck in a collective after an error), it aborts the
+  /// job instead of hanging in MPI_Finalize. It also starts and stops the failure channel
+  /// (failure_watch.h).
   ~World();
 
   int rank() const { return rank_; }
@@ -50,6 +52,9 @@ class World {
   /// after a timed-out collective a plain return could leave peers blocked.
   [[noreturn]] static void abort(int exit_code);
 
+  /// How long the destructor waits for the other ranks once the job has failed
+  /// (failure_watch.h): every live rank has heard so by then.
+  static constexpr std::chrono::milliseconds kShutdownAfterFailure{1000};
   /// How long the destructor waits for the other ranks. Default: 60 s.
   void set_shutdown_timeout(std::chrono::milliseconds timeout) { shutdown_timeout_ = timeout; }
   std::chrono::milliseconds shutdown_timeout() const { return shutdown_timeout_; }

@@ -15,6 +15,8 @@
 #include "parallax/core/cpu_binding.h"
 #include "parallax/core/device_routed_communicator.h"
 #include "parallax/core/error.h"
+#include "parallax/core/failure_watch.h"
+#include "parallax/core/flight_recorder.h"
 #include "parallax/core/mesh.h"
 #include "parallax/core/metrics.h"
 #include "parallax/core/topology.h"
@@ -177,6 +179,7 @@ Runtime::Runtime(int& argc, char**& argv, const InitOptions& options) : state_(s
   const CommandLine command_line = parse_command_line(argc, argv);
   check_flags(command_line, help);
   s.world = std::make_unique<World>(argc, argv);
+  failure_watch::start();  // a timeout or a rank's error fails the job, naming the culprit
   s.args = command_line.rest;
   s.config = load_config_everywhere(*s.world, command_line.sources, options);
   start(options);
@@ -187,6 +190,7 @@ Runtime::Runtime(Config config, const InitOptions& options) : state_(std::make_u
   int argc = 0;
   char** argv = nullptr;
   s.world = std::make_unique<World>(argc, argv);
+  failure_watch::start();
   s.config = std::move(config);
   check_same_config(*s.world, s.config);
   start(options);
@@ -335,8 +339,15 @@ int report_error(const std::exception& error) {
   const std::string what = error.what();
   // parallax::Error already carries the rank; anything else gets it here.
   const bool has_prefix = what.rfind("[rank ", 0) == 0;
+  const bool heard = failure_watch::job_failed();  // a timeout here, or another rank's failure
   std::fprintf(stderr, "%s%s\n", has_prefix ? "" : rank_prefix().c_str(), what.c_str());
+  if (dynamic_cast<const CommError*>(&error) != nullptr) {
+    std::fprintf(stderr, "%sflight recorder (last 8 operations):\n%s", rank_prefix().c_str(),
+                 FlightRecorder::instance().dump(8).c_str());
+  }
   std::fflush(stderr);
+  // This rank's own failure: the others stop waiting for it (failure_watch.h).
+  if (!heard) failure_watch::announce_failure(has_prefix ? what.substr(what.find("] ") + 2) : what);
   return 1;
 }
 

@@ -8,6 +8,7 @@
 #include "parallax/checkpoint/async_saver.h"
 #include "parallax/core/config_loader.h"
 #include "parallax/core/error.h"
+#include "parallax/core/flight_recorder.h"
 #include "parallax/core/mesh.h"
 #include "parallax/core/world.h"
 #include "parallax/runtime/gradient_reduction.h"
@@ -269,6 +270,7 @@ StepApplier::StepApplier(Runtime& runtime,
   reduction_ = make_gradient_reduction(runtime, *model_, params_, dtype_, spec_.optimizer, std::move(model_split));
   const CheckpointOptions& checkpoints = runtime.config().checkpoint;
   if (!checkpoints.dir.empty() && checkpoints.preemption) preemption_ = std::make_unique<PreemptionSignals>();
+  FlightRecorder::instance().set_step(global_step_ + 1);  // the step in progress, for failure reports
 }
 
 StepApplier::~StepApplier() = default;
@@ -310,6 +312,7 @@ void StepApplier::apply_step(double local_loss) {
                                " skipped so far)");
   }
   ++global_step_;
+  FlightRecorder::instance().set_step(global_step_ + 1);
   last_ = telemetry_->end_window(global_step_, local_loss, lr, outcome.grad_norm, model_state_bytes());
 }
 

@@ -22,6 +22,7 @@
 #include "parallax/checkpoint/weights_file.h"
 #include "parallax/core/config_loader.h"
 #include "parallax/core/error.h"
+#include "parallax/core/flight_recorder.h"
 #include "parallax/core/mesh.h"
 #include "parallax/core/world.h"
 #include "parallax/runtime/gradient_reduction.h"
@@ -267,6 +268,7 @@ std::string StepApplier::load_checkpoint(const std::string& where, bool latest) 
   reduction_->state_loaded();
   reduction_->set_optimizer_steps(engine.optimizer_steps());
   global_step_ = engine.global_step();
+  FlightRecorder::instance().set_step(global_step_ + 1);
   if (scaler_ && !reader->weights_only()) {
     scaler_->restore({engine.loss_scale(), engine.loss_scale_good_steps(), engine.loss_scale_hysteresis_left(),
                       engine.skipped_steps()});

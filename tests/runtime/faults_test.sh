@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Faults injected into real mpirun jobs of tests/runtime/fault_trainer.cpp end the job
+# promptly, non-zero, with a message that names the cause, and leave no process behind:
+#   stop       a rank stalls (SIGSTOP) mid-training: every live rank ends within
+#              comm.timeout_s + 5 s, naming the stalled rank ("rank R never joined ...")
+#   exception  a rank's own error: the others stop at once, naming it ("rank R failed: ...")
+#   kill       a rank dies (SIGKILL): mpirun ends the job, naming it
+#   config     one rank started with another config: the ranks that differ are named
+#   nvme_path  a missing NVMe directory: the path is named
+# over data parallelism, ZeRO-3 with its state offloaded to the host, and tensor
+# parallelism. Prints one line per case: the time from the fault to the job's end and
+# the message. Mutants: a shutdown that waits its full fixed grace (the stop cases
+# exceed the bound), a diagnosis that names no rank (the stop cases' pattern).
+#
+#   faults_test.sh MPIEXEC FAULT_TRAINER CONFIG_DIR
+set -uo pipefail
+MPIEXEC="$1"
+TRAINER="$2"
+CONFIGS="$3"
+TIMEOUT_S=5
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/faults_test.XXXXXX")"
+trap 'rm -rf "$WORK"' EXIT
+failures=0
+
+# The trainer's command line for one MPMD part: FAULT RANK ARGS...
+trainer() {
+  local fault="$1" rank="$2"
+  shift 2
+  echo "$TRAINER" --config "$CONFIGS/existing_trainer.toml" --set train.steps=400 --set "comm.timeout_s=$TIMEOUT_S" \
+    --fault "$fault" --fault-rank "$rank" --fault-step 20 --fault-time "$WORK/fault_time" "$@"
+}
+
+# run_case NAME RANKS FAULT RANK PATTERN BOUND_S ARGS...: the job must fail within BOUND_S
+# of the fault (of its start when FAULT is none), print a line matching PATTERN, and
+# leave no fault_trainer process. RANKS "1+1": two parts, the second with ARGS.
+run_case() {
+  local name="$1" ranks="$2" fault="$3" rank="$4" pattern="$5" bound="$6"
+  shift 6
+  local started ended fault_at rc=0
+  local -a launch
+  if [[ "$ranks" == 1+1 ]]; then
+    read -r -a first <<<"$(trainer "$fault" "$rank")"
+    read -r -a second <<<"$(trainer "$fault" "$rank" "$@")"
+    launch=(-np 1 "${first[@]}" : -np 1 "${second[@]}")
+  else
+    read -r -a one <<<"$(trainer "$fault" "$rank" "$@")"
+    launch=(-np "$ranks" "${one[@]}")
+  fi
+  rm -f "$WORK/fault_time"
+  started="$(date +%s.%N)"
+  timeout 120 "$MPIEXEC" --oversubscribe --bind-to none "${launch[@]}" >"$WORK/$name.log" 2>&1 || rc=$?
+  ended="$(date +%s.%N)"
+  fault_at="$started"
+  local since="fault"
+  [[ -s "$WORK/fault_time" ]] && fault_at="$(cat "$WORK/fault_time")" || since="start"
+  local took
+  took="$(awk -v a="$fault_at" -v b="$ended" 'BEGIN { printf "%.1f", b - a }')"
+  local message
+  message="$(grep -m1 -E -- "$pattern" "$WORK/$name.log")"
+  local why=""
+  if [[ "$rc" == 0 ]]; then why="exit status 0"; fi
+  if [[ "$rc" == 124 ]]; then why="a hang (killed after 120 s)"; fi
+  if [[ -z "$why" ]] && awk -v t="$took" -v b="$bound" 'BEGIN { exit !(t > b) }'; then
+    why="ended ${took} s after the $since, beyond ${bound} s"
+  fi
+  if [[ -z "$why" && -z "$message" ]]; then why="no line matches /$pattern/"; fi
+  sleep 0.5
+  # Exited children a container's init has not reaped yet (state Z) are gone already.
+  local pid state
+  for pid in $(pgrep -x -- "$(basename "$TRAINER")"); do
+    state="$(ps -o stat= -p "$pid" | tr -d ' ')"
+    [[ -z "$why" && -n "$state" && "$state" != Z* ]] && why="fault_trainer process $pid ($state) left behind"
+  done
+  if [[ -n "$why" ]]; then
+    echo "FAIL $name: $why (exit $rc); log:"
+    tail -30 "$WORK/$name.log"
+    pkill -9 -f "$TRAINER" 2>/dev/null
+    failures=$((failures + 1))
+    return
+  fi
+  printf '[ figures  ] fault %-20s exit %-3s %5s s after the %-5s | %s\n' "$name" "$rc" "$took" "$since" \
+    "$(sed -E 's/^ *//; s/^(\[rank [0-9]+\] [A-Za-z]+: )?//' <<<"$message" | cut -c1-150)"
+}
+
+BOUND=$((TIMEOUT_S + 5))
+TP_PLAN='tensor_parallel.plan={"fc1"="column","fc2"="row"}'
+run_case dp-stop 3 stop 1 "rank 1 never joined" "$BOUND"
+run_case zero3-offload-stop 2 stop 1 "rank 1 never joined" "$BOUND" --set zero.stage=3 \
+  --set 'offload.optimizer="cpu"' --set 'offload.param="cpu"'
+run_case tp-stop 2 stop 0 "rank 0 never joined" "$BOUND" --set parallel.tp=2 --set "$TP_PLAN"
+run_case dp-exception 3 exception 2 "rank 2 failed: .*injected exception" "$BOUND"
+run_case zero3-exception 2 exception 0 "rank 0 failed: .*injected exception" "$BOUND" --set zero.stage=3
+run_case dp-kill 3 kill 1 "rank 1 .*(signal 9|Killed|killed)" "$BOUND"
+run_case config-differs 1+1 none 0 "ranks hold different configurations" 60 --set train.seed=7
+run_case nvme-path-missing 2 none 0 "$WORK/absent" 60 --set zero.stage=2 --set 'offload.optimizer="nvme"' \
+  --set "offload.nvme_path=\"$WORK/absent\""
+exit "$failures"
