@@ -24,7 +24,7 @@ namespace parallax::failure_watch {
 namespace {
 
 constexpr int kTag = 4242;
-constexpr std::chrono::milliseconds kPoll{5};
+constexpr std::chrono::milliseconds kPoll{10};  // an idle listener: 100 probes a second
 
 std::atomic<bool> g_job_failed{false};
 std::atomic<bool> g_dump_requested{false};

@@ -92,23 +92,13 @@ void MpiEngineShared::fail_locked(MpiOpState& op, const std::string& message, bo
     op.error = message;
     FlightRecorder::instance().end(op.record.id, /*ok=*/false);
   }
-  if (fail_group && failure.empty()) {
-    failure = message;
-    for (auto& queued : queue) {
-      if (!queued->finished) {
-        queued->finished = true;
-        queued->error = queued->spec.what + " was abandoned: " + failure;
-        FlightRecorder::instance().end(queued->record.id, /*ok=*/false);
-      }
-    }
-    queue.clear();
-  }
+  if (fail_group) fail_group_locked(message);
   done_cv.notify_all();
   queue_cv.notify_all();
 }
 
 void MpiEngineShared::fail_group_locked(const std::string& reason) {
-  if (!failure.empty()) return;
+  if (!failure.empty()) return;  // the first failure is the reason
   failure = reason;
   for (auto& queued : queue) {
     if (!queued->finished) {

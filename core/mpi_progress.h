@@ -108,8 +108,9 @@ struct MpiEngineShared {
   void time_out_locked(MpiOpState& op);
   /// Fails `op` with `message`; with `fail_group`, later submits throw. Holds `mutex`.
   void fail_locked(MpiOpState& op, const std::string& message, bool fail_group);
-  /// The job failed elsewhere (failure_watch.h): fails the queued operations and wakes
-  /// the waiters of those in flight, which fail theirs; later submits throw. Holds `mutex`.
+  /// Fails the group with `reason` (the first reason wins): fails the queued operations
+  /// and wakes the waiters of those in flight, which fail theirs; later submits throw.
+  /// Also how the job's failure elsewhere reaches it (failure_watch.h). Holds `mutex`.
   void fail_group_locked(const std::string& reason);
 };
 
