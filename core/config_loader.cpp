@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <sstream>
 
 #include "parallax/core/config_toml.h"
@@ -49,6 +50,93 @@ void merge_into(toml::table& target, toml::table&& source) {
   }
 }
 
+// Debian's TOML++ 3.3 reaches undefined behaviour when it tests a non-ASCII code point
+// for whitespace (marzer/tomlplusplus#295, fixed upstream in 2026), which it does wherever
+// whitespace may stand: outside strings and comments, where TOML allows no non-ASCII
+// character anyway, and after a multi-line basic string's line-ending backslash. Such
+// text is refused here with a parse error, as TOML++'s own, before TOML++ sees it.
+void refuse_what_toml_cannot_parse_safely(const std::string& text, const std::string& name) {
+  const auto fail = [&](std::size_t at, const char* what) {
+    toml::source_position position{1, 1};
+    for (std::size_t i = 0; i < at; ++i) {
+      if (text[i] == '\n') {
+        ++position.line;
+        position.column = 1;
+      } else {
+        ++position.column;
+      }
+    }
+    throw toml::parse_error(what, position, std::make_shared<const std::string>(name));
+  };
+  const auto quotes_at = [&](std::size_t at, char quote) {
+    std::size_t n = 0;
+    while (at + n < text.size() && text[at + n] == quote) ++n;
+    return n;
+  };
+  enum class In { kCode, kComment, kBasic, kLiteral, kMultiBasic, kMultiLiteral } in = In::kCode;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    switch (in) {
+      case In::kCode:
+        if (c >= 0x80) fail(i, "a non-ASCII character outside a string or comment");
+        if (c == '#') in = In::kComment;
+        if (c == '"' || c == '\'') {
+          const bool multi = quotes_at(i, static_cast<char>(c)) >= 3;
+          in = c == '"' ? (multi ? In::kMultiBasic : In::kBasic) : (multi ? In::kMultiLiteral : In::kLiteral);
+          if (multi) i += 2;
+        }
+        break;
+      case In::kComment:
+        if (c == '\n') in = In::kCode;
+        break;
+      case In::kBasic:
+        if (c == '\\') {
+          ++i;  // the escaped character
+        } else if (c == '"' || c == '\n') {
+          in = In::kCode;
+        }
+        break;
+      case In::kLiteral:
+        if (c == '\'' || c == '\n') in = In::kCode;
+        break;
+      case In::kMultiBasic:
+      case In::kMultiLiteral: {
+        const char quote = in == In::kMultiBasic ? '"' : '\'';
+        if (in == In::kMultiBasic && c == '\\') {
+          std::size_t next = i + 1;
+          while (next < text.size() && (text[next] == ' ' || text[next] == '\t')) ++next;
+          if (next < text.size() && (text[next] == '\n' || text[next] == '\r')) {  // a line-ending backslash
+            while (next < text.size() && std::string(" \t\r\n").find(text[next]) != std::string::npos) ++next;
+            if (next < text.size() && static_cast<unsigned char>(text[next]) >= 0x80) {
+              fail(next, "a non-ASCII character first after a line-ending backslash in a multi-line string");
+            }
+            i = next - 1;
+          } else {
+            ++i;  // the escaped character
+          }
+        } else if (c == static_cast<unsigned char>(quote) && quotes_at(i, quote) >= 3) {
+          i += std::min<std::size_t>(quotes_at(i, quote), 5) - 1;  // up to two quotes end the content
+          in = In::kCode;
+        }
+        break;
+      }
+    }
+  }
+}
+
+// TOML++'s parse of `text`, after the refusal above; an internal check of TOML++'s that
+// fails (config_toml.h) is a parse error too.
+toml::table parse_toml(const std::string& text, const std::string& name) {
+  refuse_what_toml_cannot_parse_safely(text, name);
+  try {
+    return toml::parse(text, name);
+  } catch (const detail::TomlAssertion& failed) {
+    throw toml::parse_error(
+        ("not valid TOML (TOML++ stopped at its check '" + std::string(failed.what()) + "')").c_str(),
+        toml::source_position{1, 1}, std::make_shared<const std::string>(name));
+  }
+}
+
 toml::table parse_file(const fs::path& path, const std::string& included_from) {
   const std::string name = path.string();
   const std::string origin = included_from.empty() ? "" : " (extended from " + included_from + ")";
@@ -60,7 +148,7 @@ toml::table parse_file(const fs::path& path, const std::string& included_from) {
   text << in.rdbuf();
   PARALLAX_CHECK(in.good() || in.eof(), ConfigError, "cannot read config file '", name, "'", origin);
   try {
-    return toml::parse(text.str(), name);
+    return parse_toml(text.str(), name);
   } catch (const toml::parse_error& e) {
     throw ConfigError("TOML syntax error at " + detail::location(e.source()) + ": " + std::string(e.description()));
   }
@@ -135,13 +223,13 @@ toml::table load_file(const fs::path& path,
 /// as a string, but text that starts like a string, array or inline table must parse.
 toml::table parse_override(const std::string& key, const std::string& value, const std::string& origin) {
   try {
-    return toml::parse(key + " = " + value, origin);
+    return parse_toml(key + " = " + value, origin);
   } catch (const toml::parse_error& error) {
     const std::string trimmed = trim(value);
     const bool looks_like_toml = !trimmed.empty() && std::string("\"'[{").find(trimmed[0]) != std::string::npos;
     if (!looks_like_toml) {
       try {
-        return toml::parse(key + " = " + detail::quote(trimmed), origin);
+        return parse_toml(key + " = " + detail::quote(trimmed), origin);
       } catch (const toml::parse_error&) {
         // The key itself is malformed: report the first error.
       }

@@ -19,7 +19,26 @@
 #include <utility>
 #include <vector>
 
+#include <stdexcept>
+
+namespace parallax::detail {
+/// What TOML++'s internal checks (TOML_ASSERT, TOML_ASSERT_ASSUME) throw here instead of
+/// being assumed true: Debian's TOML++ 3.3 reaches some of them on malformed input
+/// (config_fuzz found "[" followed by a newline), where a release build's assumption is
+/// undefined behaviour. The loader reports it as a syntax error.
+struct TomlAssertion : std::logic_error {
+  using std::logic_error::logic_error;
+};
+[[noreturn]] inline void toml_assertion_failed(const char* expression) {
+  throw TomlAssertion(expression);
+}
+}  // namespace parallax::detail
+
+#define TOML_ASSERT(expr) ((expr) ? static_cast<void>(0) : ::parallax::detail::toml_assertion_failed(#expr))
+#pragma push_macro("NDEBUG")
+#undef NDEBUG  // TOML++ then checks TOML_ASSERT_ASSUME with TOML_ASSERT instead of assuming it
 #include <toml++/toml.h>
+#pragma pop_macro("NDEBUG")
 
 #include "parallax/core/config.h"
 

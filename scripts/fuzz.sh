@@ -6,11 +6,16 @@
 # input), leak or sanitizer report; the input that caused it is left in
 # tests/fuzz/findings/, to be fixed and then moved to tests/fuzz/regressions/<harness>/.
 #
-#   scripts/fuzz.sh [SECONDS]
-# Harnesses: manifest (checkpoint/manifest.h's parse_manifest).
+#   scripts/fuzz.sh [SECONDS [HARNESS...]]
+# Harnesses (default: all): manifest (checkpoint/manifest.h's parse_manifest), config
+# (core/config_loader.h's load_config with --set overrides and extends, then to_toml's
+# round trip and Config::resolve).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 SECONDS_EACH="${1:-60}"
+shift || true
+HARNESSES=("$@")
+[[ ${#HARNESSES[@]} -gt 0 ]] || HARNESSES=(manifest config)
 CXX="${FUZZ_CXX:-clang++}"
 command -v "$CXX" >/dev/null || { echo "fuzz.sh: $CXX not found (Debian: apt-get install clang libclang-rt-14-dev)" >&2; exit 1; }
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/fuzz.XXXXXX")"
@@ -22,8 +27,23 @@ ln -s "$PWD" "$WORK/include/parallax"
 protoc --cpp_out="$WORK/include" proto/checkpoint.proto
 
 flags=(-std=c++17 -g -O1 "-fsanitize=fuzzer,address,undefined" -fno-sanitize-recover=undefined -I"$WORK/include")
-"$CXX" "${flags[@]}" -o "$WORK/manifest_fuzzer" tests/fuzz/manifest_fuzzer.cpp checkpoint/manifest.cpp \
-  core/error.cpp "$WORK/include/proto/checkpoint.pb.cc" -lprotobuf -lpthread
+build() {
+  case "$1" in
+    manifest)
+      "$CXX" "${flags[@]}" -o "$WORK/manifest_fuzzer" tests/fuzz/manifest_fuzzer.cpp checkpoint/manifest.cpp \
+        core/error.cpp "$WORK/include/proto/checkpoint.pb.cc" -lprotobuf -lpthread
+      ;;
+    config)
+      "$CXX" "${flags[@]}" -o "$WORK/config_fuzzer" tests/fuzz/config_fuzzer.cpp core/config.cpp \
+        core/config_loader.cpp core/config_fields.cpp core/config_sections.cpp core/config_reference.cpp \
+        core/app_table.cpp core/error.cpp core/logging.cpp -lpthread
+      ;;
+    *)
+      echo "fuzz.sh: unknown harness $1 (manifest, config)" >&2
+      exit 2
+      ;;
+  esac
+}
 
 # fuzz HARNESS: replay its regressions, then fuzz it from its seed corpus.
 fuzz() {
@@ -34,9 +54,9 @@ fuzz() {
     "$fuzzer" "${regressions[@]}" 2>"$WORK/replay.log" || { cat "$WORK/replay.log"; exit 1; }
     echo "fuzz: $harness: ${#regressions[@]} regression input(s) pass"
   fi
-  mkdir -p "$WORK/corpus" tests/fuzz/findings
+  mkdir -p "$WORK/corpus-$harness" tests/fuzz/findings
   if ! "$fuzzer" -max_total_time="$SECONDS_EACH" -timeout=5 -rss_limit_mb=2048 -print_final_stats=1 \
-    -artifact_prefix=tests/fuzz/findings/"$harness"- "$WORK/corpus" tests/fuzz/corpus/"$harness" 2>"$WORK/fuzz.log"; then
+    -artifact_prefix=tests/fuzz/findings/"$harness"- "$WORK/corpus-$harness" tests/fuzz/corpus/"$harness" 2>"$WORK/fuzz.log"; then
     tail -n 60 "$WORK/fuzz.log"
     echo "fuzz: $harness: a finding, kept in tests/fuzz/findings/" >&2
     exit 1
@@ -45,4 +65,7 @@ fuzz() {
   echo "[ figures  ] fuzz $harness: $runs executions in $SECONDS_EACH s, no finding"
 }
 
-fuzz manifest
+for harness in "${HARNESSES[@]}"; do
+  build "$harness"
+  fuzz "$harness"
+done

@@ -225,6 +225,24 @@ TEST_F(ConfigTest, SyntaxErrorHasPositionAndDescription) {
   EXPECT_CONTAINS(error, path + ":3:");
 }
 
+// What Debian's TOML++ 3.3 cannot parse without undefined behaviour (a non-ASCII code
+// point where whitespace may stand, marzer/tomlplusplus#295; "[" before a newline; both
+// found by config_fuzz) is a syntax error; non-ASCII text in strings and comments loads.
+TEST_F(ConfigTest, NonAsciiWhereTomlAllowsNoneIsASyntaxErrorNotUndefinedBehaviour) {
+  std::string path;
+  EXPECT_CONTAINS(load_error("[train]\nsteps = 3 \xcc\xaa\n", &path),
+                  path + ":2:11: a non-ASCII character outside a string or comment");
+  EXPECT_CONTAINS(load_error("[model]\ns = \"\"\"\\\n  \xc2\xa7\"\"\"\n", &path),
+                  path + ":3:3: a non-ASCII character first after a line-ending backslash");
+  EXPECT_CONTAINS(error_of([&] { load({}, {"tr\xcc\xaain.steps=3"}); }), "a non-ASCII character outside");
+  // Where TOML++ 3.3 would assume its own check true (undefined behaviour in a release build).
+  EXPECT_CONTAINS(load_error("[\nx = 1\n", &path), "TOML syntax error at " + path);
+  const std::string fine = write("fine.toml",
+                                 "# d\xc3\xa9j\xc3\xa0 vu\n[model]\nname = \"caf\xc3\xa9\"\n"
+                                 "note = \"\"\"\xc2\xa7 \\\n  x \xc2\xa7\"\"\"\nraw = '\xc2\xa7'\n");
+  EXPECT_EQ(load({fine}, {}, {"model"}).app_table("model").get_string("name", ""), "caf\xc3\xa9");
+}
+
 TEST_F(ConfigTest, MissingFileNamesThePath) {
   const std::string missing = (dir_ / "nope.toml").string();
   EXPECT_CONTAINS(error_of([&] { load({missing}); }), "config file '" + missing + "' does not exist");
