@@ -4,6 +4,7 @@
 #   scripts/test.sh -R config_test
 #   TORCH=wheel scripts/test.sh       against LibTorch 2.11 from PyPI, in build-wheel/
 #   PARALLAX_BUILD_BENCHMARKS=OFF scripts/test.sh   without the benchmarks (no test runs them)
+#   PARALLAX_TEST_EXCLUDE='gpu|fuzz' scripts/test.sh  without the labels matched (default: gpu)
 # (scripts/common.sh says what TORCH selects).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -17,4 +18,6 @@ if command -v nvcc >/dev/null; then nccl=ON; fi
 configure_and_build -DPARALLAX_BUILD_TESTS=ON -DPARALLAX_BUILD_EXAMPLES=ON \
   -DPARALLAX_BUILD_BENCHMARKS="${PARALLAX_BUILD_BENCHMARKS:-ON}" -DPARALLAX_WITH_NCCL="$nccl"
 cd "$BUILD_DIR"
-ctest --output-on-failure --timeout 600 -LE gpu "$@"
+# PARALLAX_TEST_EXCLUDE: the labels left out (a regex; default "gpu"). The fuzzers (label
+# "fuzz") use neither LibTorch, so CI runs them in its first pass only.
+ctest --output-on-failure --timeout 600 -LE "${PARALLAX_TEST_EXCLUDE:-gpu}" "$@"
