@@ -28,7 +28,6 @@ struct MpiOpState {
   Clock::time_point deadline;
   bool completing = false;       ///< request done; `finish` is running on the thread
   bool finished = false;         ///< succeeded or failed
-  bool timed_out = false;        ///< failed by its deadline (diagnosed by its waiter)
   std::string error;             ///< non-empty when failed
   FlightRecorder::Begun record;  ///< its flight-recorder entry
 };
@@ -60,14 +59,14 @@ class MpiWork final : public Work {
       shared.time_out_locked(*op_);
     }
     if (op_->error.empty()) return;
-    if (!op_->timed_out) throw CommError(op_->error);
-    // Who never joined: asked of every rank over the failure channel, outside the lock.
-    TimeoutFacts facts{shared.group,         to_string(op_->spec.op),
-                       op_->record.sequence, op_->record.step,
-                       shared.members,       std::chrono::duration<double>(Clock::now() - op_->submitted).count()};
+    // An operation of a group a timeout failed (this one, or one it was abandoned with):
+    // who never joined is asked of every rank over the failure channel, outside the lock.
+    if (!shared.timeout) throw CommError(op_->error);
+    const TimeoutFacts facts = *shared.timeout;
     const std::string error = op_->error;
     lock.unlock();
-    const std::string verdict = failure_watch::diagnose_timeout(facts, diagnosis_window(op_->spec.timeout));
+    const std::string verdict = failure_watch::diagnose_timeout(
+        facts, diagnosis_window(std::chrono::milliseconds(static_cast<std::int64_t>(facts.waited_s * 1000))));
     throw CommError(verdict.empty() ? error : error + "\n  " + verdict);
   }
 
@@ -116,7 +115,14 @@ void MpiEngineShared::time_out_locked(MpiOpState& op) {
   if (op.finished) {
     return;
   }
-  op.timed_out = true;
+  if (!timeout) {
+    timeout = TimeoutFacts{group,
+                           to_string(op.spec.op),
+                           op.record.sequence,
+                           op.record.step,
+                           members,
+                           std::chrono::duration<double>(op.spec.timeout).count()};
+  }
   fail_locked(
       op,
       concat(op.spec.what, " timed out after ", op.spec.timeout.count(), " ms ", where, "; the group is now unusable"),

@@ -51,6 +51,7 @@
 #include <vector>
 
 #include "parallax/core/communicator.h"
+#include "parallax/core/failure_watch.h"
 
 namespace parallax::detail {
 
@@ -103,6 +104,9 @@ struct MpiEngineShared {
   /// and who a timeout's diagnosis expects in it).
   std::string group;
   std::vector<int> members;
+  /// The operation whose timeout failed the group, as its waiters (and those of every
+  /// operation abandoned with it) report it to the diagnosis; empty until then.
+  std::optional<TimeoutFacts> timeout;
 
   /// Fails `op` with a timeout and the group with it. Caller holds `mutex`.
   void time_out_locked(MpiOpState& op);

@@ -8,15 +8,19 @@
 #   config     one rank started with another config: the ranks that differ are named
 #   nvme_path  a missing NVMe directory: the path is named
 # over data parallelism, ZeRO-3 with its state offloaded to the host, and tensor
-# parallelism. Prints one line per case: the time from the fault to the job's end and
+# parallelism; and a pipeline's stage stopped (below). Prints one line per case: the time from the fault to the job's end and
 # the message. Mutants: a shutdown that waits its full fixed grace (the stop cases
 # exceed the bound), a diagnosis that names no rank (the stop cases' pattern).
 #
-#   faults_test.sh MPIEXEC FAULT_TRAINER CONFIG_DIR
+# With TRAIN_GPT, also a pipeline (configs/pp.toml, 1F1B over 2 stages) whose second
+# stage is stopped from outside (kill -STOP) once it has trained a few steps.
+#
+#   faults_test.sh MPIEXEC FAULT_TRAINER CONFIG_DIR [TRAIN_GPT]
 set -uo pipefail
 MPIEXEC="$1"
 TRAINER="$2"
 CONFIGS="$3"
+TRAIN_GPT="${4:-}"
 TIMEOUT_S=5
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/faults_test.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
@@ -94,4 +98,41 @@ run_case dp-kill 3 kill 1 "rank 1 .*(signal 9|Killed|killed)" "$BOUND"
 run_case config-differs 1+1 none 0 "ranks hold different configurations" 60 --set train.seed=7
 run_case nvme-path-missing 2 none 0 "$WORK/absent" 60 --set zero.stage=2 --set 'offload.optimizer="nvme"' \
   --set "offload.nvme_path=\"$WORK/absent\""
+# pipeline-stop: the second stage of a 1F1B pipeline stopped from outside.
+if [[ -n "$TRAIN_GPT" ]]; then
+  started="$(date +%s.%N)"
+  timeout 120 "$MPIEXEC" --oversubscribe --bind-to none -np 2 "$TRAIN_GPT" --config "$CONFIGS/pp.toml" \
+    --set train.steps=100000 --set "comm.timeout_s=$TIMEOUT_S" --set logging.every=0 \
+    --set "logging.metrics_file=\"$WORK/pp.jsonl\"" >"$WORK/pipeline-stop.log" 2>&1 &
+  job=$!
+  # Wait for a few steps, then stop world rank 1 (found by its launcher's rank variable).
+  for _ in $(seq 600); do [[ "$(wc -l <"$WORK/pp.jsonl" 2>/dev/null || echo 0)" -ge 3 ]] && break; sleep 0.1; done
+  stopped=""
+  for pid in $(pgrep -x -- "$(basename "$TRAIN_GPT")"); do
+    if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1"; then
+      kill -STOP "$pid" && stopped="$pid" && date +%s.%N >"$WORK/fault_time"
+    fi
+  done
+  rc=0
+  wait "$job" || rc=$?
+  ended="$(date +%s.%N)"
+  took="$(awk -v a="$(cat "$WORK/fault_time" 2>/dev/null || echo "$started")" -v b="$ended" 'BEGIN { printf "%.1f", b - a }')"
+  message="$(grep -m1 -E "^ *rank 1 never joined" "$WORK/pipeline-stop.log")"
+  why=""
+  [[ -z "$stopped" ]] && why="no rank 1 process found to stop"
+  [[ -z "$why" && "$rc" == 0 ]] && why="exit status 0"
+  if [[ -z "$why" ]] && awk -v t="$took" -v b="$BOUND" 'BEGIN { exit !(t > b) }'; then
+    why="ended ${took} s after the fault, beyond ${BOUND} s"
+  fi
+  [[ -z "$why" && -z "$message" ]] && why="no line names rank 1"
+  if [[ -n "$why" ]]; then
+    echo "FAIL pipeline-stop: $why (exit $rc); log:"
+    tail -30 "$WORK/pipeline-stop.log"
+    pkill -9 -x "$(basename "$TRAIN_GPT")" 2>/dev/null
+    failures=$((failures + 1))
+  else
+    printf '[ figures  ] fault %-20s exit %-3s %5s s after the fault | %s\n' pipeline-stop "$rc" "$took" \
+      "$(sed -E 's/^ *//' <<<"$message" | cut -c1-150)"
+  fi
+fi
 exit "$failures"
