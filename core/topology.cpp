@@ -1,6 +1,5 @@
 #include "parallax/core/topology.h"
 
-#include <ATen/ATen.h>
 #include <hwloc.h>
 #include <unistd.h>
 
@@ -124,6 +123,11 @@ void count_objects(hwloc_topology_t topo, NodeTopology& node) {
   node.pus = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_PU);
 }
 
+// A synthetic node larger than any real one (a DGX H100 has 224 PUs, an 8-socket server
+// under 2,000) is a typo, and
+// hwloc would spend minutes and gigabytes building it.
+constexpr long long kMaxSyntheticPus = 1 << 14;
+
 // Splits "pack:2 numa:2 core:8 pu:2 gpu:4" into hwloc's part and the GPU count.
 std::string strip_gpu_token(const std::string& description, int& gpus) {
   std::istringstream in(description);
@@ -146,6 +150,27 @@ std::string strip_gpu_token(const std::string& description, int& gpus) {
     rest += rest.empty() ? token : " " + token;
   }
   return rest;
+}
+
+// The PUs a synthetic description makes: the product of its levels' arities ("core:8"
+// or "8"; attributes in parentheses and memory levels in brackets do not multiply).
+// Tokens hwloc would reject count as 1: hwloc rejects them itself.
+long long synthetic_pus(const std::string& hwloc_part) {
+  std::istringstream in(hwloc_part);
+  std::string token;
+  long long product = 1;
+  while (in >> token) {
+    if (token[0] == '[') continue;
+    const std::size_t colon = token.find(':');
+    const std::size_t paren = token.find('(');
+    const std::size_t digits = colon != std::string::npos && colon < paren ? colon + 1 : 0;
+    long long arity = 0;
+    for (std::size_t i = digits; i < token.size() && std::isdigit(static_cast<unsigned char>(token[i])); ++i) {
+      arity = std::min(arity * 10 + (token[i] - '0'), kMaxSyntheticPus + 1);
+    }
+    if (arity > 0) product = std::min(product * arity, kMaxSyntheticPus + 1);
+  }
+  return product;
 }
 
 std::string local_hostname() {
@@ -210,10 +235,22 @@ NodeTopology NodeTopology::from_xml(const std::string& path) {
 }
 
 NodeTopology NodeTopology::from_synthetic(const std::string& description) {
+  // hwloc reads a C string: a NUL would silently cut the description short. The
+  // message cannot quote such a description (what() would end at the NUL), so it
+  // names the offending byte instead.
+  const auto unprintable = std::find_if(description.begin(), description.end(), [](char c) {
+    return !std::isprint(static_cast<unsigned char>(c)) && !std::isspace(static_cast<unsigned char>(c));
+  });
+  PARALLAX_CHECK(unprintable == description.end(), TopologyError, "bad synthetic topology: byte ",
+                 unprintable - description.begin(), " (code ", static_cast<int>(static_cast<unsigned char>(*unprintable)),
+                 ") is neither printable ASCII nor white space");
   int gpus = 0;
   const std::string hwloc_part = strip_gpu_token(description, gpus);
   PARALLAX_CHECK(!hwloc_part.empty(), TopologyError, "bad synthetic topology '", description,
                  "': no hwloc levels (expected e.g. \"pack:2 numa:1 core:8 pu:2\")");
+  PARALLAX_CHECK(synthetic_pus(hwloc_part) <= kMaxSyntheticPus, TopologyError, "bad synthetic topology '",
+                 description, "': its levels multiply to more than ", kMaxSyntheticPus,
+                 " PUs (expected one node, e.g. \"pack:2 numa:1 core:8 pu:2\")");
   HwlocTopology topo("synthetic topology '" + description + "'");
   PARALLAX_CHECK(hwloc_topology_set_synthetic(topo.get(), hwloc_part.c_str()) == 0, TopologyError,
                  "bad synthetic topology '", description, "': hwloc rejected \"", hwloc_part,
@@ -327,30 +364,6 @@ Cluster Cluster::from_rank_topologies(const std::vector<NodeTopology>& per_rank)
     ranks.push_back(RankLocation{it->second, next_local[it->second]++});
   }
   return Cluster(std::move(nodes), std::move(ranks));
-}
-
-Cluster Cluster::gather(Communicator& world, const NodeTopology& self) {
-  const std::string bytes = self.serialize();
-  const int size = world.size();
-  at::Tensor length = at::full({1}, static_cast<std::int64_t>(bytes.size()), at::kLong);
-  at::Tensor lengths = at::empty({size}, at::kLong);
-  world.all_gather(lengths, length)->wait();
-  // At least one byte per rank: a zero-sized all_gather helps nobody.
-  const std::int64_t width = std::max<std::int64_t>(1, lengths.max().item<std::int64_t>());
-  at::Tensor mine = at::zeros({width}, at::kByte);
-  std::memcpy(mine.data_ptr<std::uint8_t>(), bytes.data(), bytes.size());
-  at::Tensor all = at::empty({size * width}, at::kByte);
-  world.all_gather(all, mine)->wait();
-
-  const auto* data = all.data_ptr<std::uint8_t>();
-  const auto* lens = lengths.data_ptr<std::int64_t>();
-  std::vector<NodeTopology> per_rank;
-  per_rank.reserve(size);
-  for (int rank = 0; rank < size; ++rank) {
-    const char* start = reinterpret_cast<const char*>(data + rank * width);
-    per_rank.push_back(NodeTopology::parse(std::string(start, static_cast<std::size_t>(lens[rank]))));
-  }
-  return from_rank_topologies(per_rank);
 }
 
 RankLocation dealt_location(int rank, int nodes, int per_node, LauncherOrder order) {

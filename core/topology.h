@@ -24,10 +24,11 @@
 #include <string>
 #include <vector>
 
-#include "parallax/core/communicator.h"
 #include "parallax/core/config.h"
 
 namespace parallax {
+
+class Communicator;  // core/communicator.h; only Cluster::gather uses one
 
 /// A GPU or a NIC (an hwloc OS device) and its locality.
 struct DeviceInfo {
@@ -74,8 +75,9 @@ struct NodeTopology {
   /// Synthetic topologies have no I/O devices, so the description may also carry a
   /// token "gpu:N" (anywhere, e.g. "pack:2 numa:2 core:16 pu:2 gpu:8"): N GPUs named
   /// "gpu0".."gpuN-1", dealt over the NUMA nodes in order (GPU i near NUMA node
-  /// i × numa_nodes / N). Throws TopologyError naming `description` when hwloc rejects
-  /// it or the gpu token is malformed.
+  /// i × numa_nodes / N, N at most 4096). Throws TopologyError naming `description`
+  /// when hwloc rejects it, the gpu token is malformed, or its levels multiply to more
+  /// than 16,384 PUs (no one node has that many; hwloc would take minutes to build it).
   static NodeTopology from_synthetic(const std::string& description);
 
   /// Protobuf wire form (proto/topology.proto), for exchanging between ranks.

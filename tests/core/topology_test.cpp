@@ -138,6 +138,21 @@ TEST(NodeTopology, BadInputsNameTheInput) {
   EXPECT_NE(topology_error([] { NodeTopology::from_synthetic("gpu:2"); }).find("no hwloc levels"), std::string::npos);
 }
 
+// Found by tests/fuzz/topology_fuzzer.cpp (its regressions keep both inputs): a
+// description of more PUs than any node has made hwloc run for minutes, and a NUL cut
+// the description short without a word.
+TEST(NodeTopology, SyntheticDescriptionsAreBoundedAndWhole) {
+  EXPECT_NE(topology_error([] { NodeTopology::from_synthetic("pack:2 numa:2 core:16 8888"); }).find("16384 PUs"),
+            std::string::npos);
+  EXPECT_NE(topology_error([] { NodeTopology::from_synthetic("pack:64 core:64(indexes=0-63) pu:5"); }).find("16384"),
+            std::string::npos);
+  EXPECT_EQ(NodeTopology::from_synthetic("pack:4 core:64 pu:64").pus, 16384);  // the largest accepted
+  EXPECT_NE(topology_error([] { NodeTopology::from_synthetic(std::string("pack:2 core:2 \0u:2", 18)); })
+                .find("byte 14 (code 0) is neither printable"),
+            std::string::npos);
+  EXPECT_EQ(NodeTopology::from_synthetic("pack:2\tcore:2\npu:1").pus, 4);  // white space of any kind separates
+}
+
 TEST(NodeTopology, SerializeParseRoundTrip) {
   NodeTopology node = NodeTopology::from_synthetic("pack:2 numa:2 core:4 pu:2 gpu:8");
   node.hostname = "dgx-07";
