@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "parallax/core/error.h"
+#include "parallax/pipeline/transfer_meta.h"
 #include "proto/pipeline.pb.h"
 
 namespace parallax::pipeline {
@@ -64,33 +65,29 @@ void Transport::send(const Activation& value, int peer, Stream stream) {
 
 Activation Transport::recv(int peer, Stream stream) {
   const int tag = static_cast<int>(stream);
+  const std::string origin = ::parallax::detail::concat("pipeline transfer from stage ", peer, " on group '", comm_.name(), "'");
   torch::Tensor header = torch::empty({1}, torch::kInt64);
   comm_.recv(header, peer, tag)->wait();
   const std::int64_t length = header.item<std::int64_t>();
-  std::string& meta_bytes = received_meta_[{peer, stream}];
+  detail::check_meta_length(length, origin);
+  std::vector<detail::WireTensor>& shapes = received_meta_[{peer, stream}];
   if (length > 0) {
     torch::Tensor bytes = torch::empty({length}, torch::kUInt8);
     comm_.recv(bytes, peer, tag)->wait();
-    meta_bytes.assign(static_cast<const char*>(bytes.data_ptr()), static_cast<std::size_t>(length));
+    shapes = detail::decode_transfer_meta(
+        std::string(static_cast<const char*>(bytes.data_ptr()), static_cast<std::size_t>(length)), origin);
   }
-  proto::TransferMeta meta;
-  PARALLAX_CHECK(!meta_bytes.empty() || length == 0, CommError, "pipeline transfer from stage ", peer,
-                 " without shapes");
-  PARALLAX_CHECK(meta.ParseFromString(meta_bytes), CommError, "pipeline transfer from stage ", peer, " on group '",
-                 comm_.name(), "': its TransferMeta does not parse");
-  PARALLAX_CHECK(meta.tensors_size() > 0, CommError, "pipeline transfer from stage ", peer, " on group '", comm_.name(),
-                 "' announced no shapes before its first payload");
+  PARALLAX_CHECK(!shapes.empty(), CommError, origin, " announced no shapes before its first payload");
   Activation value;
-  for (const proto::TensorMeta& m : meta.tensors()) {
-    if (!m.defined()) {
+  for (const detail::WireTensor& m : shapes) {
+    if (!m.defined) {
       value.emplace_back();
       continue;
     }
-    std::vector<std::int64_t> shape(m.shape().begin(), m.shape().end());
-    torch::Tensor t = torch::empty(shape, torch::TensorOptions().dtype(static_cast<c10::ScalarType>(m.dtype())));
+    torch::Tensor t = torch::empty(m.shape, torch::TensorOptions().dtype(m.dtype));
     torch::Tensor wire = wire_view(t);
     comm_.recv(wire, peer, tag)->wait();
-    if (m.requires_grad() && t.is_floating_point()) t.requires_grad_(true);
+    if (m.requires_grad && t.is_floating_point()) t.requires_grad_(true);
     value.push_back(t);
   }
   return value;

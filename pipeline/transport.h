@@ -23,6 +23,7 @@
 
 #include "parallax/core/communicator.h"
 #include "parallax/pipeline/layers.h"
+#include "parallax/pipeline/transfer_meta.h"
 
 namespace parallax::pipeline {
 
@@ -52,7 +53,7 @@ class Transport {
  private:
   Communicator& comm_;
   std::map<std::pair<int, Stream>, std::string> sent_meta_;              // last meta sent, serialized
-  std::map<std::pair<int, Stream>, std::string> received_meta_;          // last meta received, serialized
+  std::map<std::pair<int, Stream>, std::vector<detail::WireTensor>> received_meta_;  // last shapes received
   std::vector<std::pair<WorkPtr, std::vector<torch::Tensor>>> pending_;  // sends and what they read
   std::int64_t meta_sent_ = 0;
 };

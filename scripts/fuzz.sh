@@ -9,13 +9,16 @@
 #   scripts/fuzz.sh [SECONDS [HARNESS...]]
 # Harnesses (default: all): manifest (checkpoint/manifest.h's parse_manifest), config
 # (core/config_loader.h's load_config with --set overrides and extends, then to_toml's
-# round trip and Config::resolve).
+# round trip and Config::resolve), topology (core/topology.h's synthetic
+# descriptions and a peer's serialized NodeTopology; topology_xml, not in the default
+# list, adds hwloc XML files), transfer_meta (the pipeline
+# transport's header and TransferMeta, pipeline/transfer_meta.h).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 SECONDS_EACH="${1:-60}"
 shift || true
 HARNESSES=("$@")
-[[ ${#HARNESSES[@]} -gt 0 ]] || HARNESSES=(manifest config)
+[[ ${#HARNESSES[@]} -gt 0 ]] || HARNESSES=(manifest config topology transfer_meta)
 CXX="${FUZZ_CXX:-clang++}"
 command -v "$CXX" >/dev/null || { echo "fuzz.sh: $CXX not found (Debian: apt-get install clang libclang-rt-14-dev)" >&2; exit 1; }
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/fuzz.XXXXXX")"
@@ -24,7 +27,7 @@ trap 'rm -rf "$WORK"' EXIT
 # Generated protobuf sources and the "parallax/..." include root, as the CMake build has them.
 mkdir -p "$WORK/include"
 ln -s "$PWD" "$WORK/include/parallax"
-protoc --cpp_out="$WORK/include" proto/checkpoint.proto
+protoc --cpp_out="$WORK/include" proto/checkpoint.proto proto/topology.proto proto/pipeline.proto
 
 flags=(-std=c++17 -g -O1 "-fsanitize=fuzzer,address,undefined" -fno-sanitize-recover=undefined -I"$WORK/include")
 build() {
@@ -38,12 +41,28 @@ build() {
         core/config_loader.cpp core/config_fields.cpp core/config_sections.cpp core/config_reference.cpp \
         core/app_table.cpp core/error.cpp core/logging.cpp -lpthread
       ;;
+    topology | topology_xml)
+      # topology_xml also mutates hwloc XML: it fuzzes hwloc's importer, which Debian's
+      # hwloc 2.9.0 crashes in on crafted files (tests/fuzz/topology_fuzzer.cpp says which).
+      local xml=()
+      [[ $1 == topology_xml ]] && xml=(-DPARALLAX_FUZZ_HWLOC_XML)
+      "$CXX" "${flags[@]}" "${xml[@]}" -o "$WORK/$1_fuzzer" tests/fuzz/topology_fuzzer.cpp core/topology.cpp \
+        core/error.cpp core/logging.cpp "$WORK/include/proto/topology.pb.cc" -lhwloc -lprotobuf -lpthread
+      ;;
+    transfer_meta)
+      # c10 alone (ScalarType): the harness links none of LibTorch's tensor libraries.
+      "$CXX" "${flags[@]}" -o "$WORK/transfer_meta_fuzzer" tests/fuzz/transfer_meta_fuzzer.cpp \
+        pipeline/transfer_meta.cpp core/error.cpp "$WORK/include/proto/pipeline.pb.cc" -lc10 -lprotobuf -lpthread
+      ;;
     *)
-      echo "fuzz.sh: unknown harness $1 (manifest, config)" >&2
+      echo "fuzz.sh: unknown harness $1 (manifest, config, topology, topology_xml, transfer_meta)" >&2
       exit 2
       ;;
   esac
 }
+
+# Leaks inside libraries we do not build (tests/fuzz/lsan.supp says which, and why).
+export LSAN_OPTIONS="suppressions=$PWD/tests/fuzz/lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
 
 # fuzz HARNESS: replay its regressions, then fuzz it from its seed corpus.
 fuzz() {
