@@ -209,7 +209,10 @@ class Watch {
       std::string bytes(static_cast<std::size_t>(std::max(count, 0)), '\0');
       MPI_Recv(bytes.data(), count, MPI_BYTE, status.MPI_SOURCE, kTag, comm_, MPI_STATUS_IGNORE);
       proto::FailureNotice notice;
-      if (notice.ParseFromString(bytes)) handle(notice);
+      if (!notice.ParseFromString(bytes)) continue;
+      // MPI says who sent it: a malformed rank field must not aim a reply outside the job.
+      notice.set_rank(status.MPI_SOURCE);
+      handle(notice);
     }
   }
 

@@ -1,9 +1,14 @@
 #include "parallax/runtime/program_flags.h"
 
+#include <elf.h>
+#include <link.h>
 #include <torch/version.h>
+#include <unistd.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <sstream>
 
@@ -90,6 +95,41 @@ std::string version_text() {
   return out.str();
 }
 
+// The hex of the main program's NT_GNU_BUILD_ID note, or "" (dl_iterate_phdr visits the
+// program first).
+std::string main_program_build_id() {
+  std::string id;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, std::size_t, void* out) -> int {
+        for (int i = 0; i < info->dlpi_phnum; ++i) {
+          const ElfW(Phdr)& header = info->dlpi_phdr[i];
+          if (header.p_type != PT_NOTE) continue;
+          const char* at = reinterpret_cast<const char*>(info->dlpi_addr + header.p_vaddr);
+          const char* end = at + header.p_memsz;
+          while (at + sizeof(ElfW(Nhdr)) <= end) {
+            const auto* note = reinterpret_cast<const ElfW(Nhdr)*>(at);
+            const char* name = at + sizeof(ElfW(Nhdr));
+            const char* desc = name + ((note->n_namesz + 3u) & ~3u);
+            if (desc + note->n_descsz > end) break;
+            if (note->n_type == NT_GNU_BUILD_ID && note->n_namesz == 4 && std::memcmp(name, "GNU", 4) == 0) {
+              static constexpr char kHex[] = "0123456789abcdef";
+              auto& id = *static_cast<std::string*>(out);
+              for (std::uint32_t b = 0; b < note->n_descsz; ++b) {
+                const auto byte = static_cast<unsigned char>(desc[b]);
+                id += kHex[byte >> 4];
+                id += kHex[byte & 15];
+              }
+              return 1;
+            }
+            at = desc + ((note->n_descsz + 3u) & ~3u);
+          }
+        }
+        return 1;
+      },
+      &id);
+  return id;
+}
+
 // Whether this process is the launcher's first rank, or alone (read before MPI starts).
 bool first_rank_or_alone() {
   for (const char* variable : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"}) {
@@ -155,6 +195,18 @@ void check_flags(const CommandLine& command_line, const ProgramHelp& help) {
                                     suggestion.empty() ? "" : "; did you mean '" + suggestion + "'?", " ", program,
                                     " takes: ", list, " (--help says what each does)"));
   }
+}
+
+std::string program_identity() {
+  const std::string id = main_program_build_id();
+  return (id.empty() ? std::string("no build id") : "build id " + id) + ", Parallax " + PARALLAX_VERSION +
+         ", LibTorch " + TORCH_VERSION;
+}
+
+std::string executable_path() {
+  char path[4096];
+  const ssize_t length = ::readlink("/proc/self/exe", path, sizeof(path) - 1);
+  return length > 0 ? std::string(path, static_cast<std::size_t>(length)) : "";
 }
 
 }  // namespace parallax

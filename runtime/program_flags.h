@@ -51,4 +51,14 @@ void answer_informational_flags(int argc, const char* const* argv, const Program
 /// none.
 void check_flags(const CommandLine& command_line, const ProgramHelp& help);
 
+/// What a rank compares with the others before anything else (Runtime's first check):
+/// the program's GNU build id (the ELF note the linker writes: two builds of the same
+/// source differ), Parallax's version and the LibTorch it was built against, e.g.
+/// "build id 3d14afcd..., Parallax 0.1.0, LibTorch 2.11.0". Without a build id (a linker
+/// told --build-id=none) it says so, and only the versions are compared. Never throws.
+std::string program_identity();
+
+/// This process's executable (/proc/self/exe), e.g. "/opt/train/train_gpt"; "" if unknown.
+std::string executable_path();
+
 }  // namespace parallax

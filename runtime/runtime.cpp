@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <sstream>
 
 #include "parallax/core/config_loader.h"
@@ -161,6 +162,17 @@ Config load_config_everywhere(World& world, const ConfigSources& sources, const 
   return config;
 }
 
+// All ranks must run the same build: another binary on one node (a stale copy, another
+// version) would otherwise fail later and obscurely, or train wrongly.
+void check_same_program(World& world) {
+  const std::string identity = program_identity();
+  const std::vector<int> differing =
+      ranks_differing_from_root(world.communicator(), std::hash<std::string>{}(identity));
+  PARALLAX_CHECK(differing.empty(), ConfigError, "ranks run different programs: rank(s) ", format_rank_set(differing),
+                 " differ from rank 0; this rank runs ", executable_path(), " (", identity,
+                 "). Launch the same build on every node");
+}
+
 // All ranks must train with the same configuration.
 void check_same_config(World& world, const Config& config) {
   const std::vector<int> differing = ranks_differing_from_root(world.communicator(), config_hash(config));
@@ -181,6 +193,7 @@ Runtime::Runtime(int& argc, char**& argv, const InitOptions& options) : state_(s
   s.world = std::make_unique<World>(argc, argv);
   failure_watch::start();  // a timeout or a rank's error fails the job, naming the culprit
   s.args = command_line.rest;
+  check_same_program(*s.world);
   s.config = load_config_everywhere(*s.world, command_line.sources, options);
   start(options);
 }
@@ -191,6 +204,7 @@ Runtime::Runtime(Config config, const InitOptions& options) : state_(std::make_u
   char** argv = nullptr;
   s.world = std::make_unique<World>(argc, argv);
   failure_watch::start();
+  check_same_program(*s.world);
   s.config = std::move(config);
   check_same_config(*s.world, s.config);
   start(options);

@@ -4,8 +4,12 @@
 //   --fault exception   throws (the trainer's own error: report_error tells the others)
 //   --fault stop        raise(SIGSTOP): stalls, as a hung node does
 //   --fault kill        raise(SIGKILL): dies, as a crashed node does
+//   --fault disk-full   its file writes fail from then on (RLIMIT_FSIZE 0, SIGXFSZ
+//                       ignored: each write fails with EFBIG), as on a full drive: the
+//                       NVMe tier's next write, or the next checkpoint, fails mid-run
 // Just before, it writes the wall-clock time (seconds since the epoch) to --fault-time FILE,
 // so the test measures the time from the fault to the job's end.
+#include <sys/resource.h>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -39,6 +43,13 @@ void inject(const std::string& fault, const std::string& time_file) {
   if (fault == "exception") throw std::runtime_error("fault_trainer: the injected exception");
   if (fault == "stop") std::raise(SIGSTOP);
   if (fault == "kill") std::raise(SIGKILL);
+  if (fault == "disk-full") {
+    std::signal(SIGXFSZ, SIG_IGN);
+    rlimit limit{};
+    getrlimit(RLIMIT_FSIZE, &limit);
+    limit.rlim_cur = 0;
+    setrlimit(RLIMIT_FSIZE, &limit);
+  }
 }
 
 }  // namespace
@@ -47,7 +58,7 @@ int main(int argc, char** argv) {
   try {
     parallax::InitOptions options;
     options.description = "Trains a small MLP and fails on purpose (tests/runtime/faults_test.sh).";
-    options.flags = {{"--fault", "HOW", "exception, stop or kill"},
+    options.flags = {{"--fault", "HOW", "exception, stop, kill or disk-full"},
                      {"--fault-rank", "R", "the rank that fails"},
                      {"--fault-step", "S", "the step it fails at"},
                      {"--fault-time", "FILE", "where the fault's wall-clock time is written"}};

@@ -5,8 +5,12 @@
 #              comm.timeout_s + 5 s, naming the stalled rank ("rank R never joined ...")
 #   exception  a rank's own error: the others stop at once, naming it ("rank R failed: ...")
 #   kill       a rank dies (SIGKILL): mpirun ends the job, naming it
+#   disk-full  a rank's file writes start failing (as on a full drive) mid-run: the NVMe
+#              tier's next write, or the next checkpoint, fails; the others stop at once,
+#              naming it, and the last complete checkpoint still exports whole
 #   config     one rank started with another config: the ranks that differ are named
-#   nvme_path  a missing NVMe directory: the path is named
+#   program    one rank started with another program (train_gpt): the same, for the build
+#   nvme_path  a missing NVMe directory, or a file where it should be: the path is named
 # over data parallelism, ZeRO-3 with its state offloaded to the host, and tensor
 # parallelism; and a pipeline's stage stopped (below). Prints one line per case: the time from the fault to the job's end and
 # the message. Mutants: a shutdown that waits its full fixed grace (the stop cases
@@ -15,12 +19,13 @@
 # With TRAIN_GPT, also a pipeline (configs/pp.toml, 1F1B over 2 stages) whose second
 # stage is stopped from outside (kill -STOP) once it has trained a few steps.
 #
-#   faults_test.sh MPIEXEC FAULT_TRAINER CONFIG_DIR [TRAIN_GPT]
+#   faults_test.sh MPIEXEC FAULT_TRAINER CONFIG_DIR CHECKPOINT_TOOL [TRAIN_GPT]
 set -uo pipefail
 MPIEXEC="$1"
 TRAINER="$2"
 CONFIGS="$3"
-TRAIN_GPT="${4:-}"
+CHECKPOINT_TOOL="$4"
+TRAIN_GPT="${5:-}"
 TIMEOUT_S=5
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/faults_test.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
@@ -36,7 +41,8 @@ trainer() {
 
 # run_case NAME RANKS FAULT RANK PATTERN BOUND_S ARGS...: the job must fail within BOUND_S
 # of the fault (of its start when FAULT is none), print a line matching PATTERN, and
-# leave no fault_trainer process. RANKS "1+1": two parts, the second with ARGS.
+# leave no fault_trainer process. RANKS "1+1": two parts, the second with ARGS; "1+gpt":
+# the second part is TRAIN_GPT with ARGS.
 run_case() {
   local name="$1" ranks="$2" fault="$3" rank="$4" pattern="$5" bound="$6"
   shift 6
@@ -46,6 +52,9 @@ run_case() {
     read -r -a first <<<"$(trainer "$fault" "$rank")"
     read -r -a second <<<"$(trainer "$fault" "$rank" "$@")"
     launch=(-np 1 "${first[@]}" : -np 1 "${second[@]}")
+  elif [[ "$ranks" == 1+gpt ]]; then
+    read -r -a first <<<"$(trainer "$fault" "$rank")"
+    launch=(-np 1 "${first[@]}" : -np 1 "$TRAIN_GPT" "$@")
   else
     read -r -a one <<<"$(trainer "$fault" "$rank" "$@")"
     launch=(-np "$ranks" "${one[@]}")
@@ -78,12 +87,12 @@ run_case() {
   if [[ -n "$why" ]]; then
     echo "FAIL $name: $why (exit $rc); log:"
     tail -30 "$WORK/$name.log"
-    pkill -9 -f "$TRAINER" 2>/dev/null
+    pkill -9 -x -- "$(basename "$TRAINER")" 2>/dev/null  # not -f: this script's own command line names it
     failures=$((failures + 1))
     return
   fi
   printf '[ figures  ] fault %-20s exit %-3s %5s s after the %-5s | %s\n' "$name" "$rc" "$took" "$since" \
-    "$(sed -E 's/^ *//; s/^(\[rank [0-9]+\] [A-Za-z]+: )?//' <<<"$message" | cut -c1-150)"
+    "$(sed -E "s/^ *//; s/^(\[rank [0-9]+\] [A-Za-z]+: )?//; s|$WORK/||g" <<<"$message" | cut -c1-220)"
 }
 
 BOUND=$((TIMEOUT_S + 5))
@@ -98,6 +107,28 @@ run_case dp-kill 3 kill 1 "rank 1 .*(signal 9|Killed|killed)" "$BOUND"
 run_case config-differs 1+1 none 0 "ranks hold different configurations" 60 --set train.seed=7
 run_case nvme-path-missing 2 none 0 "$WORK/absent" 60 --set zero.stage=2 --set 'offload.optimizer="nvme"' \
   --set "offload.nvme_path=\"$WORK/absent\""
+touch "$WORK/a-file"
+run_case nvme-path-a-file 2 none 0 "$WORK/a-file.*Not a directory" 60 --set zero.stage=2 \
+  --set 'offload.optimizer="nvme"' --set "offload.nvme_path=\"$WORK/a-file\""
+mkdir -p "$WORK/nvme"
+run_case zero3-nvme-disk-full 2 disk-full 1 "rank 1 failed: .*NVMe tier.*File too large" "$BOUND" \
+  --set zero.stage=3 --set 'offload.optimizer="nvme"' --set 'offload.param="nvme"' \
+  --set "offload.nvme_path=\"$WORK/nvme\""
+# checkpoint-disk-full: steps 10 and 20 are saved; rank 1's writes fail from step 20 on,
+# so the save of step 30 fails; step 20 must still export whole (every CRC checked).
+run_case checkpoint-disk-full 2 disk-full 1 "failed on rank 1: cannot write .*File too large" "$BOUND" \
+  --set "checkpoint.dir=\"$WORK/ckpt\"" --set checkpoint.every=10
+exported="$("$CHECKPOINT_TOOL" export "$WORK/ckpt" "$WORK/last.safetensors" 2>&1)"
+if grep -q "(step 20," <<<"$exported"; then
+  printf '[ figures  ] fault %-20s the last complete checkpoint exports whole: %s\n' checkpoint-disk-full \
+    "$(head -n1 <<<"$exported" | sed "s|$WORK/||")"
+else
+  echo "FAIL checkpoint-disk-full: the last complete checkpoint (step 20) does not export: $exported"
+  failures=$((failures + 1))
+fi
+if [[ -n "$TRAIN_GPT" ]]; then
+  run_case program-differs 1+gpt none 0 "ranks run different programs" 60 --config "$CONFIGS/pp.toml"
+fi
 # pipeline-stop: the second stage of a 1F1B pipeline stopped from outside.
 if [[ -n "$TRAIN_GPT" ]]; then
   started="$(date +%s.%N)"
@@ -132,7 +163,7 @@ if [[ -n "$TRAIN_GPT" ]]; then
     failures=$((failures + 1))
   else
     printf '[ figures  ] fault %-20s exit %-3s %5s s after the fault | %s\n' pipeline-stop "$rc" "$took" \
-      "$(sed -E 's/^ *//' <<<"$message" | cut -c1-150)"
+      "$(sed -E 's/^ *//' <<<"$message" | cut -c1-220)"
   fi
 fi
 exit "$failures"
