@@ -116,21 +116,35 @@ void check_same_input(Communicator& tp, const torch::Tensor& input) {
 // A pipeline stage's layers split by the plan. The stages agree on the outcome (one
 // stage's ConfigError fails every stage, so none waits in a later collective), and each
 // rule must match a module on some stage.
+// Splits `model` by the plan on every rank of `world` together: a plan that does not fit
+// fails on every rank with its own message. Without the agreement a rank that finished its
+// broadcasts first would exit on the error while another still waited in one, and that one
+// would report only the first rank's failure (or be killed by the launcher before it spoke).
+std::unique_ptr<tensor_parallel::ParallelizedModel> split_everywhere(Communicator& world,
+                                                                     torch::nn::Module& model,
+                                                                     const TensorParallelOptions& options,
+                                                                     Communicator& tp,
+                                                                     const tensor_parallel::ParallelizeOptions& how) {
+  std::unique_ptr<tensor_parallel::ParallelizedModel> split;
+  try {
+    run_everywhere(world, "[tensor_parallel.plan]", [&] {
+      split = std::make_unique<tensor_parallel::ParallelizedModel>(model, options, tp, how);
+    });
+  } catch (const UsageError& e) {
+    throw ConfigError(e.detail());  // the plan failed on another rank (another stage's part)
+  }
+  return split;
+}
+
 std::unique_ptr<tensor_parallel::ParallelizedModel> split_pipeline_stage(
     torch::nn::Module& stage,
     const TensorParallelOptions& options,
+    Communicator& world,
     Communicator& tp,
     Communicator& pp,
     const std::function<std::string(const std::string&)>& plan_path) {
-  std::unique_ptr<tensor_parallel::ParallelizedModel> split;
-  try {
-    run_everywhere(pp, "[tensor_parallel.plan]", [&] {
-      split = std::make_unique<tensor_parallel::ParallelizedModel>(
-          stage, options, tp, tensor_parallel::ParallelizeOptions{plan_path, true});
-    });
-  } catch (const UsageError& e) {
-    throw ConfigError(e.detail());  // another stage's plan failed
-  }
+  std::unique_ptr<tensor_parallel::ParallelizedModel> split =
+      split_everywhere(world, stage, options, tp, tensor_parallel::ParallelizeOptions{plan_path, true});
   // Per rule: the stages it matched on.
   const std::vector<bool> matched = split->rules_matched();
   torch::Tensor counts = torch::zeros({static_cast<std::int64_t>(matched.size())}, torch::kLong);
@@ -193,10 +207,11 @@ StepApplier::StepApplier(Runtime& runtime,
       check_same_structure(tp, unique, model_->buffers());
       broadcast_from_first(tp, unique, model_->buffers());
     }
+    Communicator& world = runtime.mesh().world();
     if (stage == nullptr) {
-      split_ = std::make_unique<tensor_parallel::ParallelizedModel>(*model_, tp_options, tp);
+      split_ = split_everywhere(world, *model_, tp_options, tp, {});
     } else {
-      split_ = split_pipeline_stage(*model_, tp_options, tp, runtime.mesh().pp(), stage->plan_path);
+      split_ = split_pipeline_stage(*model_, tp_options, world, tp, runtime.mesh().pp(), stage->plan_path);
     }
     describe_split(runtime, *split_);
   }
