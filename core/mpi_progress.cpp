@@ -240,6 +240,10 @@ void MpiProgressEngine::run() {
       recorder_(op.spec.op, op.spec.bytes,
                 std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - op.submitted).count());
     }
+    // Before the waiters wake: a tensor whose wait() returned is no longer held here (its
+    // storage would otherwise be freed on this thread, later, after an allocator or
+    // accounting scope on the waiter's side ended; ASan found it).
+    release_buffers(op);
     {
       std::lock_guard<std::mutex> lock(s.mutex);
       op.completing = false;
@@ -251,7 +255,6 @@ void MpiProgressEngine::run() {
         s.done_cv.notify_all();
       }
     }
-    release_buffers(op);
   };
 
   try {

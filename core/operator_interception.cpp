@@ -25,6 +25,7 @@ c10::DebugInfoKind info_kind(Layer layer) {
 // Write-once per layer: the handler a claim installed, read by the registered trampoline.
 std::array<std::atomic<Handler>, kLayers> claimed_handlers{};
 std::mutex claim_mutex;
+std::array<c10::RegistrationHandleRAII*, kLayers> kept_registrations{};  // under claim_mutex
 
 template <Layer kLayer>
 void trampoline(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
@@ -71,9 +72,10 @@ void claim(Layer layer, Handler handler) {
                  "cannot share it: load that library in another process, or use Parallax's explicit layers "
                  "(tensor_parallel/ layers, ZeRO stage 1-2), which intercept nothing");
   slot.store(handler, std::memory_order_release);
-  // Registered for the life of the process: the handle is kept, never released, so the
-  // fallback cannot be removed while some thread still has the key included.
-  new c10::RegistrationHandleRAII(
+  // Registered for the life of the process: the handle is kept, never released (not even
+  // at exit), so the fallback cannot be removed while some thread still has the key
+  // included. A global points at it: it is held, not leaked.
+  kept_registrations[index(layer)] = new c10::RegistrationHandleRAII(
       dispatcher.registerFallback(key, trampoline_of(layer), std::string("parallax: ") + to_string(layer)));
 }
 
