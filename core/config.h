@@ -41,22 +41,42 @@ struct TrainOptions {
   TrainDevice device = TrainDevice::kCpu;
 };
 
-enum class OptimizerType { kSgd, kAdam, kAdamW };
+enum class OptimizerType { kSgd, kAdam, kAdamW, kRmsprop, kAdagrad };
 
-/// [optimizer]
+/// Whether `type` is Adam or AdamW (what the fused and the offloaded CPU step run).
+inline bool is_adam_family(OptimizerType type) {
+  return type == OptimizerType::kAdam || type == OptimizerType::kAdamW;
+}
+
+/// [optimizer]: LibTorch's optimizer of that type, with these options (the keys of
+/// another type must stay at their defaults).
 struct OptimizerOptions {
-  /// sgd | adam | adamw. Default: adamw.
+  /// sgd | adam | adamw | rmsprop | adagrad. Default: adamw.
   OptimizerType type = OptimizerType::kAdamW;
   /// Peak learning rate. Default: 3e-4.
   double lr = 3e-4;
   /// Adam betas. Default: [0.9, 0.999].
   std::array<double, 2> betas{0.9, 0.999};
-  /// Adam epsilon. Default: 1e-8.
+  /// Epsilon added to the denominator (adam, adamw, rmsprop, adagrad). Default: 1e-8.
   double eps = 1e-8;
-  /// L2 (sgd, adam) or decoupled (adamw) weight decay. Default: 0.
+  /// L2 (sgd, adam, rmsprop, adagrad) or decoupled (adamw) weight decay. Default: 0.
   double weight_decay = 0.0;
-  /// SGD momentum. Default: 0.
+  /// Momentum (sgd, rmsprop). Default: 0.
   double momentum = 0.0;
+  /// SGD: dampening of the momentum. Default: 0.
+  double dampening = 0.0;
+  /// SGD: Nesterov momentum (needs momentum > 0 and dampening = 0). Default: false.
+  bool nesterov = false;
+  /// Adam, AdamW: keep the running maximum of the second moments (AMSGrad). Default: false.
+  bool amsgrad = false;
+  /// RMSprop: smoothing constant of the squared-gradient average, e.g. 0.99. Default: 0.99.
+  double alpha = 0.99;
+  /// RMSprop: divide by the centered second moment (the gradient's variance). Default: false.
+  bool centered = false;
+  /// Adagrad: step k (from 1) uses lr / (1 + (k - 1) x lr_decay). Default: 0.
+  double lr_decay = 0.0;
+  /// Adagrad: the starting value of the squared-gradient sums. Default: 0.
+  double initial_accumulator_value = 0.0;
   /// Global-norm gradient clipping threshold; 0 = off. Default: 0.
   double grad_clip = 0.0;
 };

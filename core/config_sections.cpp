@@ -3,7 +3,9 @@
 // options struct to config.h, write its `fields` function (and `check` if it has
 // conditions that involve other keys or features this build lacks), and add one row
 // to kSections. Reading, unknown-key errors, suggestions and to_toml follow from it.
+#include <algorithm>
 #include <sstream>
+#include <vector>
 
 #include "parallax/core/config_loader.h"
 #include "parallax/core/config_toml.h"
@@ -16,7 +18,11 @@ namespace {
 // ---- Enum spellings (also used by to_string) ----------------------------------------
 
 constexpr EnumName<OptimizerType> kOptimizerNames[] = {
-    {OptimizerType::kSgd, "sgd"}, {OptimizerType::kAdam, "adam"}, {OptimizerType::kAdamW, "adamw"}};
+    {OptimizerType::kSgd, "sgd"},
+    {OptimizerType::kAdam, "adam"},
+    {OptimizerType::kAdamW, "adamw"},
+    {OptimizerType::kRmsprop, "rmsprop"},
+    {OptimizerType::kAdagrad, "adagrad"}};
 constexpr EnumName<SchedulerType> kSchedulerNames[] = {
     {SchedulerType::kConstant, "constant"}, {SchedulerType::kLinear, "linear"}, {SchedulerType::kCosine, "cosine"}};
 constexpr EnumName<Dtype> kDtypeNames[] = {{Dtype::kFp32, "fp32"}, {Dtype::kBf16, "bf16"}, {Dtype::kFp16, "fp16"}};
@@ -90,13 +96,22 @@ void train_fields(FieldVisitor& v, Config& c) {
 }
 
 void optimizer_fields(FieldVisitor& v, Config& c) {
-  v.choice("type", c.optimizer.type, kOptimizerNames, "The optimizer the engine builds over its fp32 state.");
+  v.choice("type", c.optimizer.type, kOptimizerNames,
+           "The optimizer the engine builds over its fp32 state (LibTorch's, of that name).");
   v.number("lr", c.optimizer.lr, kPositive, "Peak learning rate (the scheduler's).");
   v.number_pair("betas", c.optimizer.betas, kUnitInterval, "Adam's coefficients of the running averages.");
-  v.number("eps", c.optimizer.eps, kPositive, "Adam's epsilon, added to the denominator.");
+  v.number("eps", c.optimizer.eps, kPositive, "Added to the denominator (adam, adamw, rmsprop, adagrad).");
   v.number("weight_decay", c.optimizer.weight_decay, kNonNegative,
-           "Weight decay: L2 added to the gradient (sgd, adam) or decoupled (adamw).");
-  v.number("momentum", c.optimizer.momentum, kNonNegative, "SGD's momentum (type = \"sgd\" only).");
+           "Weight decay: L2 added to the gradient (sgd, adam, rmsprop, adagrad) or decoupled (adamw).");
+  v.number("momentum", c.optimizer.momentum, kNonNegative, "Momentum (sgd, rmsprop).");
+  v.number("dampening", c.optimizer.dampening, kNonNegative, "SGD: dampening of the momentum.");
+  v.boolean("nesterov", c.optimizer.nesterov, "SGD: Nesterov momentum (needs momentum > 0 and dampening = 0).");
+  v.boolean("amsgrad", c.optimizer.amsgrad, "Adam, AdamW: keep the running maximum of the second moments.");
+  v.number("alpha", c.optimizer.alpha, kUnitInterval, "RMSprop: smoothing constant of the squared-gradient average.");
+  v.boolean("centered", c.optimizer.centered, "RMSprop: divide by the gradient's variance, not its second moment.");
+  v.number("lr_decay", c.optimizer.lr_decay, kNonNegative, "Adagrad: step k (from 1) uses lr / (1 + (k - 1) x lr_decay).");
+  v.number("initial_accumulator_value", c.optimizer.initial_accumulator_value, kNonNegative,
+           "Adagrad: the starting value of the squared-gradient sums.");
   v.number("grad_clip", c.optimizer.grad_clip, kNonNegative,
            "Clip gradients to this global norm, over every rank's parts; 0: off.");
 }
@@ -266,11 +281,41 @@ std::string position(const KeyPositions& positions, const std::string& key) {
   return found == positions.end() ? "" : found->second;
 }
 
+// A key that only some optimizer types read must keep its default under the others.
 void optimizer_check(const Config& c, const KeyPositions& positions) {
-  PARALLAX_CHECK(c.optimizer.momentum == 0.0 || c.optimizer.type == OptimizerType::kSgd, ConfigError,
-                 "optimizer.momentum = ", format_double(c.optimizer.momentum),
-                 position(positions, "optimizer.momentum"),
-                 ": momentum applies to type = \"sgd\" only; Adam's momentum is optimizer.betas");
+  using T = OptimizerType;
+  const OptimizerOptions& o = c.optimizer;
+  const OptimizerOptions defaults;
+  struct TypeKey {
+    const char* key;
+    std::string value;  // "" while the key holds its default
+    std::vector<T> types;
+    const char* owners;
+  };
+  const auto number = [](double value, double fallback) { return value == fallback ? "" : format_double(value); };
+  const auto flag = [](bool value) { return value ? std::string("true") : std::string(); };
+  const TypeKey keys[] = {
+      {"momentum", number(o.momentum, defaults.momentum), {T::kSgd, T::kRmsprop},
+       "type = \"sgd\" and \"rmsprop\" only; Adam's momentum is optimizer.betas"},
+      {"dampening", number(o.dampening, defaults.dampening), {T::kSgd}, "type = \"sgd\" only"},
+      {"nesterov", flag(o.nesterov), {T::kSgd}, "type = \"sgd\" only"},
+      {"amsgrad", flag(o.amsgrad), {T::kAdam, T::kAdamW}, "type = \"adam\" and \"adamw\" only"},
+      {"alpha", number(o.alpha, defaults.alpha), {T::kRmsprop}, "type = \"rmsprop\" only"},
+      {"centered", flag(o.centered), {T::kRmsprop}, "type = \"rmsprop\" only"},
+      {"lr_decay", number(o.lr_decay, defaults.lr_decay), {T::kAdagrad}, "type = \"adagrad\" only"},
+      {"initial_accumulator_value", number(o.initial_accumulator_value, defaults.initial_accumulator_value),
+       {T::kAdagrad}, "type = \"adagrad\" only"},
+  };
+  for (const TypeKey& k : keys) {
+    const bool applies = std::find(k.types.begin(), k.types.end(), o.type) != k.types.end();
+    const std::string key = std::string("optimizer.") + k.key;
+    PARALLAX_CHECK(k.value.empty() || applies, ConfigError, key, " = ", k.value, position(positions, key), ": ",
+                   k.key, " applies to ", k.owners, " (optimizer.type = \"", to_string(o.type), "\"",
+                   position(positions, "optimizer.type"), ")");
+  }
+  PARALLAX_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0), ConfigError, "optimizer.nesterov = true",
+                 position(positions, "optimizer.nesterov"), ": Nesterov momentum needs optimizer.momentum > 0 (",
+                 format_double(o.momentum), ") and optimizer.dampening = 0 (", format_double(o.dampening), ")");
 }
 
 void checkpoint_check(const Config& c, const KeyPositions& positions) {
@@ -319,9 +364,9 @@ void offload_check(const Config& c, const KeyPositions& positions) {
                    ": offloading moves ZeRO's sharded optimizer state to the host; it needs zero.stage = 1, 2 or 3 "
                    "(zero.stage = ",
                    c.zero.stage, position(positions, "zero.stage"), ")");
-    PARALLAX_CHECK(c.optimizer.type != OptimizerType::kSgd, ConfigError, optimizer,
-                   ": the offloaded step is the fused CPU Adam; optimizer.type = \"sgd\"",
-                   position(positions, "optimizer.type"), " cannot be offloaded (use \"adam\" or \"adamw\")");
+    PARALLAX_CHECK(is_adam_family(c.optimizer.type), ConfigError, optimizer,
+                   ": the offloaded step is the fused CPU Adam; optimizer.type = \"", to_string(c.optimizer.type),
+                   "\"", position(positions, "optimizer.type"), " cannot be offloaded (use \"adam\" or \"adamw\")");
   }
   if (o.param != OffloadTarget::kNone) {
     PARALLAX_CHECK(c.zero.stage == 3, ConfigError, param,
@@ -410,7 +455,12 @@ const std::vector<SectionDef>& sections() {
        "The batch and the run's length. `global_batch_size = micro_batch_size x grad_accum x dp` exactly "
        "(dp from [parallel]); one of the three may be omitted and is inferred.",
        train_fields, nullptr},
-      {"optimizer", "The optimizer the engine steps. `momentum` needs `type = \"sgd\"`.", optimizer_fields,
+      {"optimizer",
+       "The optimizer the engine steps. A key that only some types read (`momentum`, `dampening`, `nesterov`, "
+       "`amsgrad`, `alpha`, `centered`, `lr_decay`, `initial_accumulator_value`) must keep its default under the "
+       "others. A trainer that passes its own LibTorch optimizer to the engine supplies these values; the keys set "
+       "here override it.",
+       optimizer_fields,
        optimizer_check},
       {"scheduler", "The learning rate over optimizer steps. `min_lr` must not exceed `optimizer.lr`.",
        scheduler_fields, scheduler_check},

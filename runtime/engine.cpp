@@ -2,6 +2,7 @@
 
 #include "parallax/checkpoint/store.h"
 #include "parallax/core/error.h"
+#include "parallax/core/mesh.h"
 #include "parallax/runtime/gradient_reduction.h"
 #include "parallax/runtime/step_telemetry.h"
 #include "proto/plan.pb.h"
@@ -10,12 +11,38 @@ namespace parallax {
 
 Engine::Engine(Runtime& runtime, std::shared_ptr<torch::nn::Module> model, const OptimizerSpec& spec)
     : applier_(std::make_unique<StepApplier>(runtime, std::move(model), spec, nullptr)),
+      logger_(&runtime.logger()),
+      dp_rank_(runtime.mesh().coord().dp),
+      dp_size_(runtime.mesh().degrees().dp),
+      micro_batch_size_(runtime.plan().batch().micro_batch_size()),
       grad_accum_(runtime.plan().batch().grad_accum()),
       loss_sum_(torch::zeros({}, torch::kFloat64)) {}
 
 Engine::Engine(Engine&&) noexcept = default;
 Engine& Engine::operator=(Engine&&) noexcept = default;
 Engine::~Engine() = default;
+
+torch::Tensor Engine::local_batch(const torch::Tensor& batch) const {
+  PARALLAX_CHECK(batch.dim() >= 1, UsageError, "local_batch: expected a batch with a leading dimension, got shape ",
+                 batch.sizes());
+  const std::int64_t n = batch.size(0);
+  PARALLAX_CHECK(n % dp_size_ == 0, UsageError, "local_batch: a batch of ", n,
+                 " samples does not divide over the ", dp_size_, " data-parallel ranks; load dp x train.micro_batch_size = ",
+                 dp_size_ * micro_batch_size_, " samples");
+  const std::int64_t part = n / dp_size_;
+  return batch.narrow(0, dp_rank_ * part, part);
+}
+
+void Engine::check_micro_batch(const torch::Tensor& input) {
+  if (micro_batch_warned_ || input.dim() == 0 || input.size(0) == micro_batch_size_) return;
+  micro_batch_warned_ = true;
+  logger_->warn("forward got a micro-batch of ", input.size(0), " samples (input shape ", input.sizes(),
+                "), but train.micro_batch_size = ", micro_batch_size_, " (global batch ", micro_batch_size_, " x ",
+                grad_accum_, " micro-steps x ", dp_size_,
+                " data-parallel ranks): each step then averages other batches than the config says. Feed each rank "
+                "its part of the global batch (engine.local_batch(batch)) or set train.micro_batch_size to what the "
+                "loader gives. (Said once.)");
+}
 
 void Engine::backward(const torch::Tensor& loss) {
   PARALLAX_CHECK(loss.dim() == 0, UsageError, "backward: loss must be a scalar, got shape ", loss.sizes());

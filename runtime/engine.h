@@ -1,7 +1,8 @@
 // The training engine: what a trainer calls around its existing loop.
 //
-//   auto engine = rt.engine(model, parallax::OptimizerSpec::from(rt.config()));
+//   auto engine = rt.engine(model, optimizer);   // or an OptimizerSpec from [optimizer]
 //   for (int64_t i = 0; i < steps * grad_accum; ++i) {
+//     auto [input, target] = engine.local_batch(load_batch(i));   // this rank's part
 //     auto loss = loss_fn(engine.forward(input), target);
 //     engine.backward(loss);   // (loss / grad_accum).backward(); reduces on the last micro-step
 //     engine.step();           // acts at the accumulation boundary; returns true when it stepped
@@ -50,6 +51,7 @@
 // .grad is empty after backward: its gradient has moved into the owner's shard.
 #pragma once
 
+#include <torch/data/example.h>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 #include <torch/types.h>
@@ -59,6 +61,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "parallax/checkpoint/store.h"
@@ -66,6 +69,7 @@
 #include "parallax/runtime/optimizer.h"
 #include "parallax/runtime/runtime.h"
 #include "parallax/runtime/step_applier.h"
+#include "parallax/runtime/trainer_optimizer.h"
 
 namespace parallax {
 
@@ -83,6 +87,23 @@ class Engine {
   Engine(Engine&&) noexcept;
   Engine& operator=(Engine&&) noexcept;
   ~Engine();
+
+  /// This rank's part of a batch that every data-parallel rank loaded whole (the same
+  /// samples on every rank): rows [r n / dp, (r + 1) n / dp) of the leading dimension n,
+  /// r = this rank's data-parallel coordinate (the ranks of a tensor-parallel group get
+  /// the same part). A batch of dp x train.micro_batch_size samples gives each rank its
+  /// micro-batch, so the run computes what one process computes on the whole batch.
+  /// Overloads take a std::pair of tensors and a torch::data::Example. Pure, no
+  /// communication; throws UsageError when n is not a multiple of dp.
+  torch::Tensor local_batch(const torch::Tensor& batch) const;
+  template <typename First, typename Second>
+  std::pair<First, Second> local_batch(const std::pair<First, Second>& batch) const {
+    return {local_batch(batch.first), local_batch(batch.second)};
+  }
+  template <typename Data, typename Target>
+  torch::data::Example<Data, Target> local_batch(const torch::data::Example<Data, Target>& batch) const {
+    return {local_batch(batch.data), local_batch(batch.target)};
+  }
 
   /// Backward of `loss / grad_accum`. On the last micro-step of the window, gradient
   /// buckets are reduced while backward runs. `loss` must be a scalar of this rank's
@@ -175,9 +196,18 @@ class Engine {
   /// Floating-point inputs cast to the compute dtype (the first call under tensor
   /// parallelism checks that the group got the same input).
   torch::Tensor prepare_input(const torch::Tensor& input);
+  /// forward() calls it with the first tensor argument: the first time its leading
+  /// dimension is not train.micro_batch_size, warns (once, on this rank) that the step
+  /// averages other batches than the config says, and how to fix it.
+  void check_micro_batch(const torch::Tensor& input);
 
  private:
   std::unique_ptr<StepApplier> applier_;
+  const Logger* logger_;
+  int dp_rank_ = 0;
+  int dp_size_ = 1;
+  std::int64_t micro_batch_size_ = 0;
+  bool micro_batch_warned_ = false;
   std::int64_t grad_accum_ = 1;
   std::int64_t micro_step_ = 0;  ///< backward calls in the current window
   torch::Tensor loss_sum_;       ///< sum of micro-step losses in the window (float64)
@@ -193,6 +223,7 @@ class ModuleEngine : public Engine {
 
   template <typename... Args>
   auto forward(Args&&... args) {
+    check_first_tensor(args...);
     ForwardScope scope = forward_scope();
     try {
       return model_->forward(cast(std::forward<Args>(args))...);
@@ -206,6 +237,16 @@ class ModuleEngine : public Engine {
   const std::shared_ptr<ModuleImpl>& module_ptr() const { return model_; }
 
  private:
+  template <typename First, typename... Rest>
+  void check_first_tensor(const First& first, const Rest&... rest) {
+    if constexpr (std::is_same_v<std::decay_t<First>, torch::Tensor>) {
+      check_micro_batch(first);
+    } else {
+      check_first_tensor(rest...);
+    }
+  }
+  void check_first_tensor() {}
+
   template <typename T>
   decltype(auto) cast(T&& value) {
     if constexpr (std::is_same_v<std::decay_t<T>, torch::Tensor>) {
@@ -218,14 +259,37 @@ class ModuleEngine : public Engine {
   std::shared_ptr<ModuleImpl> model_;
 };
 
+namespace detail {
+// The module a trainer passes to Runtime::engine, as the shared_ptr ModuleEngine keeps.
 template <typename ModuleImpl>
-ModuleEngine<ModuleImpl> Runtime::engine(std::shared_ptr<ModuleImpl> model, const OptimizerSpec& spec) {
-  return ModuleEngine<ModuleImpl>(*this, std::move(model), spec);
+std::shared_ptr<ModuleImpl> module_pointer(const std::shared_ptr<ModuleImpl>& model) {
+  return model;
+}
+template <typename Holder, typename = typename Holder::ContainedType>
+auto module_pointer(Holder& model) {
+  return model.ptr();
+}
+// Held by value: a pointer that owns nothing (the trainer's object must outlive the engine).
+template <typename ModuleImpl, std::enable_if_t<std::is_base_of_v<torch::nn::Module, ModuleImpl>, int> = 0>
+std::shared_ptr<ModuleImpl> module_pointer(ModuleImpl& model) {
+  return std::shared_ptr<ModuleImpl>(std::shared_ptr<ModuleImpl>(), &model);
+}
+}  // namespace detail
+
+template <typename Model>
+auto Runtime::engine(Model&& model, const OptimizerSpec& spec) {
+  static_assert(!std::is_base_of_v<torch::nn::Module, std::remove_reference_t<Model>> || std::is_lvalue_reference_v<Model>,
+                "rt.engine(module, ...): the engine refers to a module held by value, so pass a variable, not a "
+                "temporary");
+  auto pointer = detail::module_pointer(model);
+  using ModuleImpl = typename decltype(pointer)::element_type;
+  return ModuleEngine<ModuleImpl>(*this, std::move(pointer), spec);
 }
 
-template <typename Holder>
-ModuleEngine<typename Holder::ContainedType> Runtime::engine(Holder& model, const OptimizerSpec& spec) {
-  return engine(model.ptr(), spec);
+template <typename Model>
+auto Runtime::engine(Model&& model, torch::optim::Optimizer& optimizer) {
+  const OptimizerSpec spec = adopt_trainer_optimizer(*this, *detail::module_pointer(model), optimizer);
+  return engine(std::forward<Model>(model), spec);
 }
 
 }  // namespace parallax

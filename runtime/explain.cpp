@@ -45,8 +45,19 @@ ModelStateBytes model_state_formula(
 }
 
 int optimizer_bytes_per_element(const OptimizerOptions& optimizer) {
-  if (optimizer.type != OptimizerType::kSgd) return 8;
-  return optimizer.momentum != 0.0 ? 4 : 0;
+  const int momentum = optimizer.momentum != 0.0 ? 4 : 0;
+  switch (optimizer.type) {
+    case OptimizerType::kSgd:
+      return momentum;
+    case OptimizerType::kAdam:
+    case OptimizerType::kAdamW:
+      return optimizer.amsgrad ? 12 : 8;
+    case OptimizerType::kRmsprop:
+      return 4 + momentum + (optimizer.centered ? 4 : 0);
+    case OptimizerType::kAdagrad:
+      return 4;
+  }
+  return 8;
 }
 
 GroupTraffic::GroupTraffic(Mesh& mesh)

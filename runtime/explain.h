@@ -25,7 +25,7 @@ class Runtime;
 /// elements on this rank (its pipeline stage, its tensor-parallel part), Ψ' = Ψ +
 /// `padding` (the flat buffers' padding, below dp per buffer), N = `dp`, e = the compute
 /// dtype's bytes, k = `optimizer_bytes_per_element` (Adam/AdamW 8, SGD with momentum 4,
-/// plain SGD 0), m = 4 bytes of fp32 master per element when e < 4 (else 0):
+/// plain SGD 0, ...), m = 4 bytes of fp32 master per element when e < 4 (else 0):
 ///   stage 0: params eΨ,    grads 4Ψ (+ eΨ), optimizer (k + m)Ψ
 ///   stage 1: params eΨ',   grads 4Ψ',   optimizer (k + m)Ψ'/N
 ///   stage 2: params eΨ',   grads 4Ψ'/N, optimizer (k + m)Ψ'/N
@@ -36,8 +36,9 @@ class Runtime;
 ModelStateBytes model_state_formula(
     std::int64_t elements, std::int64_t padding, int dp, int stage, Dtype dtype, int optimizer_bytes_per_element);
 
-/// Optimizer state bytes per parameter element of `optimizer`: 8 for Adam/AdamW, 4 for
-/// SGD with momentum, 0 for plain SGD.
+/// Optimizer state bytes per parameter element of `optimizer`: 8 for Adam/AdamW (12 with
+/// amsgrad), 4 for SGD with momentum, 0 for plain SGD, 4 for RMSprop (+4 with momentum,
+/// +4 centered), 4 for Adagrad.
 int optimizer_bytes_per_element(const OptimizerOptions& optimizer);
 
 /// The bytes each of a rank's groups moves, from the moment it is constructed.

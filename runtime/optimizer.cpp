@@ -1,7 +1,9 @@
 #include "parallax/runtime/optimizer.h"
 
+#include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
+#include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
 
 #include <algorithm>
@@ -35,30 +37,72 @@ auto state_key(const torch::Tensor& p) {
   }
 }
 
+// The state of type State the optimizer keeps for `param`; with `create`, made by
+// `init` (step count 0) when missing; null when missing and not created.
+template <typename State, typename Init>
+State* find_or_create(torch::optim::Optimizer& optimizer, const torch::Tensor& param, bool create, const Init& init) {
+  auto& slot = optimizer.state()[state_key(param)];
+  if (!slot) {
+    if (!create) {
+      optimizer.state().erase(state_key(param));
+      return nullptr;
+    }
+    auto made = std::make_unique<State>();
+    init(*made);
+    slot = std::move(made);
+  }
+  return &static_cast<State&>(*slot);
+}
+
 // Adam's or AdamW's state for `param`: its named tensors, created when asked.
 template <typename State, typename Options>
 std::vector<std::pair<std::string, torch::Tensor>> adam_state(torch::optim::Optimizer& optimizer,
                                                               const torch::Tensor& param,
                                                               bool create) {
-  auto& slot = optimizer.state()[state_key(param)];
   const bool amsgrad = static_cast<const Options&>(optimizer.param_groups().front().options()).amsgrad();
-  if (!slot) {
-    if (!create) {
-      optimizer.state().erase(state_key(param));
-      return {};
-    }
-    auto state = std::make_unique<State>();
-    state->step(0);
-    state->exp_avg(torch::zeros_like(param, torch::MemoryFormat::Contiguous));
-    state->exp_avg_sq(torch::zeros_like(param, torch::MemoryFormat::Contiguous));
-    if (amsgrad) state->max_exp_avg_sq(torch::zeros_like(param, torch::MemoryFormat::Contiguous));
-    slot = std::move(state);
-  }
-  auto& state = static_cast<State&>(*slot);
-  std::vector<std::pair<std::string, torch::Tensor>> out{{"exp_avg", state.exp_avg()},
-                                                         {"exp_avg_sq", state.exp_avg_sq()}};
-  if (amsgrad) out.emplace_back("max_exp_avg_sq", state.max_exp_avg_sq());
+  auto* state = find_or_create<State>(optimizer, param, create, [&](auto& made) {
+    const auto zeros = [&] { return torch::zeros_like(param, torch::MemoryFormat::Contiguous); };
+    made.step(0);
+    made.exp_avg(zeros());
+    made.exp_avg_sq(zeros());
+    if (amsgrad) made.max_exp_avg_sq(zeros());
+  });
+  if (state == nullptr) return {};
+  std::vector<std::pair<std::string, torch::Tensor>> out{{"exp_avg", state->exp_avg()},
+                                                         {"exp_avg_sq", state->exp_avg_sq()}};
+  if (amsgrad) out.emplace_back("max_exp_avg_sq", state->max_exp_avg_sq());
   return out;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> rmsprop_state(torch::optim::Optimizer& optimizer,
+                                                                 const torch::Tensor& param,
+                                                                 bool create) {
+  const auto& o = static_cast<const torch::optim::RMSpropOptions&>(optimizer.param_groups().front().options());
+  auto* state = find_or_create<torch::optim::RMSpropParamState>(optimizer, param, create, [&](auto& made) {
+    const auto zeros = [&] { return torch::zeros_like(param, torch::MemoryFormat::Contiguous); };
+    made.step(0);
+    made.square_avg(zeros());
+    if (o.momentum() > 0) made.momentum_buffer(zeros());
+    if (o.centered()) made.grad_avg(zeros());
+  });
+  if (state == nullptr) return {};
+  std::vector<std::pair<std::string, torch::Tensor>> out{{"square_avg", state->square_avg()}};
+  if (o.momentum() > 0) out.emplace_back("momentum_buffer", state->momentum_buffer());
+  if (o.centered()) out.emplace_back("grad_avg", state->grad_avg());
+  return out;
+}
+
+// Adagrad makes every parameter's state when it is constructed.
+std::vector<std::pair<std::string, torch::Tensor>> adagrad_state(torch::optim::Optimizer& optimizer,
+                                                                 const torch::Tensor& param,
+                                                                 bool create) {
+  const auto& o = static_cast<const torch::optim::AdagradOptions&>(optimizer.param_groups().front().options());
+  auto* state = find_or_create<torch::optim::AdagradParamState>(optimizer, param, create, [&](auto& made) {
+    made.step(0);
+    made.sum(torch::full_like(param, o.initial_accumulator_value(), torch::MemoryFormat::Contiguous));
+  });
+  if (state == nullptr) return {};
+  return {{"sum", state->sum()}};
 }
 
 template <typename State>
@@ -158,26 +202,54 @@ double scheduled_lr(const OptimizerSpec& spec, std::int64_t step) {
   return floor + 0.5 * (peak - floor) * (1.0 + std::cos(M_PI * progress));
 }
 
+double learning_rate(const OptimizerSpec& spec, std::int64_t step) {
+  if (spec.lr_source != nullptr) return spec.lr_source->param_groups().front().options().get_lr();
+  return scheduled_lr(spec, step);
+}
+
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerOptions& o,
                                                         std::vector<torch::Tensor> params,
                                                         AdamKernel kernel) {
   const bool fused = kernel == AdamKernel::kFusedCpu;
   switch (o.type) {
     case OptimizerType::kSgd:
-      return std::make_unique<torch::optim::SGD>(
-          std::move(params), torch::optim::SGDOptions(o.lr).momentum(o.momentum).weight_decay(o.weight_decay));
+      return std::make_unique<torch::optim::SGD>(std::move(params), torch::optim::SGDOptions(o.lr)
+                                                                        .momentum(o.momentum)
+                                                                        .dampening(o.dampening)
+                                                                        .weight_decay(o.weight_decay)
+                                                                        .nesterov(o.nesterov));
     case OptimizerType::kAdam: {
-      const auto options =
-          torch::optim::AdamOptions(o.lr).betas({o.betas[0], o.betas[1]}).eps(o.eps).weight_decay(o.weight_decay);
+      const auto options = torch::optim::AdamOptions(o.lr)
+                               .betas({o.betas[0], o.betas[1]})
+                               .eps(o.eps)
+                               .weight_decay(o.weight_decay)
+                               .amsgrad(o.amsgrad);
       if (fused) return std::make_unique<FusedAdam>(std::move(params), options, /*decoupled=*/false);
       return std::make_unique<torch::optim::Adam>(std::move(params), options);
     }
     case OptimizerType::kAdamW: {
-      const auto options =
-          torch::optim::AdamWOptions(o.lr).betas({o.betas[0], o.betas[1]}).eps(o.eps).weight_decay(o.weight_decay);
+      const auto options = torch::optim::AdamWOptions(o.lr)
+                               .betas({o.betas[0], o.betas[1]})
+                               .eps(o.eps)
+                               .weight_decay(o.weight_decay)
+                               .amsgrad(o.amsgrad);
       if (fused) return std::make_unique<FusedAdamW>(std::move(params), options, /*decoupled=*/true);
       return std::make_unique<torch::optim::AdamW>(std::move(params), options);
     }
+    case OptimizerType::kRmsprop:
+      return std::make_unique<torch::optim::RMSprop>(std::move(params), torch::optim::RMSpropOptions(o.lr)
+                                                                            .alpha(o.alpha)
+                                                                            .eps(o.eps)
+                                                                            .weight_decay(o.weight_decay)
+                                                                            .momentum(o.momentum)
+                                                                            .centered(o.centered));
+    case OptimizerType::kAdagrad:
+      return std::make_unique<torch::optim::Adagrad>(std::move(params),
+                                                     torch::optim::AdagradOptions(o.lr)
+                                                         .lr_decay(o.lr_decay)
+                                                         .weight_decay(o.weight_decay)
+                                                         .initial_accumulator_value(o.initial_accumulator_value)
+                                                         .eps(o.eps));
   }
   throw InternalError("make_optimizer: unknown optimizer type");
 }
@@ -202,6 +274,10 @@ std::int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {
       total += bytes_of(adamw->exp_avg()) + bytes_of(adamw->exp_avg_sq()) + bytes_of(adamw->max_exp_avg_sq());
     } else if (auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(state)) {
       total += bytes_of(sgd->momentum_buffer());
+    } else if (auto* rmsprop = dynamic_cast<const torch::optim::RMSpropParamState*>(state)) {
+      total += bytes_of(rmsprop->square_avg()) + bytes_of(rmsprop->momentum_buffer()) + bytes_of(rmsprop->grad_avg());
+    } else if (auto* adagrad = dynamic_cast<const torch::optim::AdagradParamState*>(state)) {
+      total += bytes_of(adagrad->sum());
     }
   }
   return total;
@@ -216,20 +292,16 @@ std::vector<std::pair<std::string, torch::Tensor>> optimizer_state(torch::optim:
   if (dynamic_cast<torch::optim::Adam*>(&optimizer)) {
     return adam_state<torch::optim::AdamParamState, torch::optim::AdamOptions>(optimizer, param, create);
   }
+  if (dynamic_cast<torch::optim::RMSprop*>(&optimizer)) return rmsprop_state(optimizer, param, create);
+  if (dynamic_cast<torch::optim::Adagrad*>(&optimizer)) return adagrad_state(optimizer, param, create);
   auto* sgd = dynamic_cast<torch::optim::SGD*>(&optimizer);
   PARALLAX_CHECK(sgd != nullptr, InternalError, "optimizer_state: not an optimizer make_optimizer builds");
   if (static_cast<const torch::optim::SGDOptions&>(sgd->param_groups().front().options()).momentum() == 0) return {};
-  auto& slot = optimizer.state()[state_key(param)];
-  if (!slot) {
-    if (!create) {
-      optimizer.state().erase(state_key(param));
-      return {};
-    }
-    auto state = std::make_unique<torch::optim::SGDParamState>();
-    state->momentum_buffer(torch::zeros_like(param, torch::MemoryFormat::Contiguous));
-    slot = std::move(state);
-  }
-  return {{"momentum_buffer", static_cast<torch::optim::SGDParamState&>(*slot).momentum_buffer()}};
+  auto* state = find_or_create<torch::optim::SGDParamState>(optimizer, param, create, [&](auto& made) {
+    made.momentum_buffer(torch::zeros_like(param, torch::MemoryFormat::Contiguous));
+  });
+  if (state == nullptr) return {};
+  return {{"momentum_buffer", state->momentum_buffer()}};
 }
 
 std::int64_t optimizer_steps(const torch::optim::Optimizer& optimizer) {
@@ -237,12 +309,18 @@ std::int64_t optimizer_steps(const torch::optim::Optimizer& optimizer) {
   auto& mutable_optimizer = const_cast<torch::optim::Optimizer&>(optimizer);  // read only
   for_each_state<torch::optim::AdamParamState>(mutable_optimizer, [&](auto& s) { steps = std::max(steps, s.step()); });
   for_each_state<torch::optim::AdamWParamState>(mutable_optimizer, [&](auto& s) { steps = std::max(steps, s.step()); });
+  for_each_state<torch::optim::RMSpropParamState>(mutable_optimizer,
+                                                  [&](auto& s) { steps = std::max(steps, s.step()); });
+  for_each_state<torch::optim::AdagradParamState>(mutable_optimizer,
+                                                  [&](auto& s) { steps = std::max(steps, s.step()); });
   return steps;
 }
 
 void set_optimizer_steps(torch::optim::Optimizer& optimizer, std::int64_t steps) {
   for_each_state<torch::optim::AdamParamState>(optimizer, [&](auto& s) { s.step(steps); });
   for_each_state<torch::optim::AdamWParamState>(optimizer, [&](auto& s) { s.step(steps); });
+  for_each_state<torch::optim::RMSpropParamState>(optimizer, [&](auto& s) { s.step(steps); });
+  for_each_state<torch::optim::AdagradParamState>(optimizer, [&](auto& s) { s.step(steps); });
 }
 
 }  // namespace parallax

@@ -1,8 +1,8 @@
 // Optimizer construction and the learning-rate schedule.
 //
-// Parallax uses LibTorch's own optimizers (torch::optim::SGD, Adam, AdamW) so a
-// distributed run and a plain single-process run step identically; the engine decides
-// which tensors they see (the model's parameters, or fp32 masters under bf16). Where
+// Parallax uses LibTorch's own optimizers (torch::optim::SGD, Adam, AdamW, RMSprop,
+// Adagrad) so a distributed run and a plain single-process run step identically; the
+// engine decides which tensors they see (the model's parameters, or fp32 masters under bf16). Where
 // every parameter is a contiguous fp32 CPU tensor, the engine's Adam and AdamW keep
 // LibTorch's classes, options and state but step each parameter in one fused pass
 // (offload/cpu_adam.h: one read of parameter, gradient and moments, one write) instead
@@ -30,6 +30,11 @@ struct OptimizerSpec {
   SchedulerOptions scheduler;
   /// Optimizer steps of the whole run (for decay schedules), e.g. train.steps.
   std::int64_t total_steps = 1;
+  /// When set, each step's learning rate is the lr of this optimizer's first parameter
+  /// group at that step instead of the schedule's (a trainer's own optimizer, whose lr
+  /// the trainer may change; runtime/trainer_optimizer.h). It must outlive the engine.
+  /// Default: none.
+  const torch::optim::Optimizer* lr_source = nullptr;
 
   /// [optimizer], [scheduler] and train.steps of a loaded config.
   static OptimizerSpec from(const Config& config);
@@ -39,6 +44,10 @@ struct OptimizerSpec {
 /// over `warmup_steps`, then constant, linear or cosine decay to `min_lr` at
 /// `total_steps`. Pure; throws UsageError for step < 0.
 double scheduled_lr(const OptimizerSpec& spec, std::int64_t step);
+
+/// The learning rate optimizer step `step` uses: spec.lr_source's current lr when set,
+/// else scheduled_lr(spec, step).
+double learning_rate(const OptimizerSpec& spec, std::int64_t step);
 
 /// How Adam and AdamW step: LibTorch's own step, or the fused CPU pass where every
 /// parameter allows it (LibTorch's step otherwise). SGD always steps as LibTorch's.
@@ -61,16 +70,17 @@ std::int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer);
 
 /// The state tensors `optimizer` (from make_optimizer) keeps for `param`, one of the
 /// tensors it steps, by name: Adam's and AdamW's "exp_avg", "exp_avg_sq" (and
-/// "max_exp_avg_sq" under amsgrad), SGD's "momentum_buffer" (with momentum); empty before
+/// "max_exp_avg_sq" under amsgrad), SGD's "momentum_buffer" (with momentum), RMSprop's
+/// "square_avg" (and "momentum_buffer", "grad_avg"), Adagrad's "sum"; empty before
 /// the parameter's first step. With `create`, missing state is made first (zeros, step
 /// count 0), for a checkpoint to fill in.
 std::vector<std::pair<std::string, torch::Tensor>> optimizer_state(torch::optim::Optimizer& optimizer,
                                                                    const torch::Tensor& param,
                                                                    bool create);
-/// Adam/AdamW: the step count of the parameters' state (LibTorch keeps one per
-/// parameter; the engine steps them together), 0 before the first step and for SGD.
+/// Adam/AdamW/RMSprop/Adagrad: the step count of the parameters' state (LibTorch keeps
+/// one per parameter; the engine steps them together), 0 before the first step and for SGD.
 std::int64_t optimizer_steps(const torch::optim::Optimizer& optimizer);
-/// Sets the step count of every parameter's Adam/AdamW state; nothing for SGD.
+/// Sets the step count of every parameter's state; nothing for SGD.
 void set_optimizer_steps(torch::optim::Optimizer& optimizer, std::int64_t steps);
 
 }  // namespace parallax

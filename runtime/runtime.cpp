@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <functional>
@@ -299,6 +300,9 @@ c10::Device Runtime::device() const {
 World& Runtime::world() {
   return *state_->world;
 }
+bool Runtime::is_main() const {
+  return state_->world->rank() == 0;
+}
 Mesh& Runtime::mesh() {
   return *state_->mesh;
 }
@@ -345,7 +349,29 @@ std::string Runtime::explain() const {
   return describe_plan(state_->plan);
 }
 
+namespace {
+// An exception that escapes the trainer's main (which needs no try/catch): reported as
+// report_error reports it, so the other ranks stop at once, and the process exits 1
+// instead of aborting with a core.
+[[noreturn]] void report_uncaught_exception() {
+  if (const std::exception_ptr error = std::current_exception()) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      report_error(e);
+    } catch (...) {
+      std::fprintf(stderr, "%san exception that is not a std::exception ended the program\n", rank_prefix().c_str());
+    }
+    std::fflush(nullptr);
+    std::_Exit(1);
+  }
+  std::fprintf(stderr, "%sstd::terminate called without an exception\n", rank_prefix().c_str());
+  std::abort();
+}
+}  // namespace
+
 Runtime init(int& argc, char**& argv, const InitOptions& options) {
+  std::set_terminate(report_uncaught_exception);
   return Runtime(argc, argv, options);
 }
 

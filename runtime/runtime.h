@@ -2,8 +2,9 @@
 //
 //   int main(int argc, char** argv) {
 //     auto rt = parallax::init(argc, argv, {{"model", "data"}});   // app tables
-//     auto engine = rt.engine(model, parallax::OptimizerSpec::from(rt.config()));
-//     ...
+//     auto engine = rt.engine(model, optimizer);   // the trainer's own torch::optim::Adam
+//     ...                                           // (or an OptimizerSpec from [optimizer])
+//     if (rt.is_main()) std::printf(...);            // the trainer's output, once
 //   }
 //
 // init runs, in order, on every rank (it is collective):
@@ -54,6 +55,11 @@ class RngTracker;
 namespace proto {
 class Plan;
 }
+}  // namespace parallax
+namespace torch::optim {
+class Optimizer;
+}
+namespace parallax {
 
 struct InitOptions {
   /// Tables the application owns (e.g. {"model", "data"}); any other unknown table is
@@ -84,13 +90,24 @@ class Runtime {
   /// (see World::~World for the bounded shutdown).
   ~Runtime();
 
-  /// The training engine for `model` (a torch::nn::Module shared_ptr or ModuleHolder);
-  /// defined in engine.h. Collective: broadcasts rank 0's parameters.
-  template <typename ModuleImpl>
-  ModuleEngine<ModuleImpl> engine(std::shared_ptr<ModuleImpl> model, const OptimizerSpec& spec);
-  template <typename Holder>
-  ModuleEngine<typename Holder::ContainedType> engine(Holder& model, const OptimizerSpec& spec);
+  /// The training engine for `model`: a torch::nn::Module the trainer holds by value
+  /// (the engine refers to it, so it must outlive the engine), a std::shared_ptr to one,
+  /// or a ModuleHolder (torch::nn::Linear, a TORCH_MODULE type); defined in engine.h.
+  /// Collective: broadcasts rank 0's parameters. `spec`: the optimizer from [optimizer].
+  template <typename Model>
+  auto engine(Model&& model, const OptimizerSpec& spec);
+  /// As above, keeping the trainer's own LibTorch optimizer (SGD, Adam, AdamW, RMSprop,
+  /// Adagrad): the engine builds the same optimizer over its shards, masters or offloaded
+  /// state, with the config's [optimizer] keys overriding (each difference is reported
+  /// on rank 0), and empties `optimizer`, whose zero_grad() and step() then do nothing
+  /// (runtime/trainer_optimizer.h). `optimizer` must outlive the engine.
+  template <typename Model>
+  auto engine(Model&& model, torch::optim::Optimizer& optimizer);
 
+  /// Whether this is the world's rank 0, the one rank that should print the trainer's
+  /// own output: `if (rt.is_main()) std::printf(...)`. (Parallax's own lines go through
+  /// logger(), which marks every other rank's lines with its rank.)
+  bool is_main() const;
   const Config& config() const;
   World& world();
   Mesh& mesh();
@@ -132,7 +149,10 @@ class Runtime {
   std::unique_ptr<State> state_;
 };
 
-/// Brings the runtime up; see the protocol above. Throws parallax::Error.
+/// Brings the runtime up; see the protocol above. Throws parallax::Error. Also installs a
+/// std::terminate handler: an exception that escapes the trainer's main is reported as
+/// report_error reports it (the other ranks stop at once) and the process exits 1, so a
+/// trainer needs no try/catch of its own.
 Runtime init(int& argc, char**& argv, const InitOptions& options = {});
 
 /// For the application's catch block: prints `error` to stderr (with the rank) and

@@ -314,7 +314,7 @@ torch::Tensor StepApplier::prepare_input(const torch::Tensor& input) {
 }
 
 void StepApplier::apply_step(double local_loss) {
-  const double lr = scheduled_lr(spec_, global_step_);
+  const double lr = learning_rate(spec_, global_step_);
   const double scale = loss_scale();
   zero::StepOutcome outcome;
   {

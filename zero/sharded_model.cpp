@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include "parallax/core/config_loader.h"
 #include "parallax/core/error.h"
 #include "parallax/offload/offloaded_adam.h"
 #include "parallax/offload/side_stream.h"
@@ -20,9 +21,9 @@ offload::OffloadedAdamOptions offloaded_adam_options(const OffloadOptions& offlo
                                                      const OptimizerOptions& optimizer,
                                                      const Communicator& dp,
                                                      bool device_is_cuda) {
-  PARALLAX_CHECK(optimizer.type != OptimizerType::kSgd, ConfigError,
-                 "offload.optimizer: the offloaded step is the fused CPU Adam; optimizer.type = \"sgd\" cannot be "
-                 "offloaded");
+  PARALLAX_CHECK(is_adam_family(optimizer.type), ConfigError,
+                 "offload.optimizer: the offloaded step is the fused CPU Adam; optimizer.type = \"",
+                 to_string(optimizer.type), "\" cannot be offloaded");
   offload::OffloadedAdamOptions options;
   options.adam = offload::CpuAdamOptions(optimizer.lr)
                      .betas(optimizer.betas[0], optimizer.betas[1])

@@ -1,7 +1,8 @@
-// A plain LibTorch training loop, as a user already has it: an MLP fitting y = sin(x·w).
-// parallax_train.cpp is the same loop made distributed; `diff` the two files.
-#include <parallax/runtime/parallax.h>
+// A plain LibTorch training loop, as a user already has it: an MLP fitting y = sin(x·w),
+// its model held by value, its own optimizer and its own data. parallax_train.cpp is
+// the same loop made distributed; `diff` the two files.
 #include <torch/torch.h>
+#include <parallax/runtime/parallax.h>
 
 #include <cstdio>
 
@@ -14,27 +15,26 @@ struct Net : torch::nn::Module {
   torch::nn::Linear fc1{nullptr}, fc2{nullptr};
 };
 
-// Sample i of the data set, the same whoever asks for it.
+// Samples [first, first + count) of the data set, the same whoever asks for them.
 std::pair<torch::Tensor, torch::Tensor> batch(int64_t first, int64_t count) {
   auto gen = at::detail::createCPUGenerator(first);
   auto x = torch::randn({count, 16}, gen);
   return {x, torch::sin(x.sum(1, true))};
 }
 
-int main(int argc, char** argv) try {
-  auto rt = parallax::init(argc, argv);  // + MPI, config, mesh
+int main(int argc, char** argv) {
+  auto rt = parallax::init(argc, argv);
   torch::manual_seed(0);
-  auto model = std::make_shared<Net>();
-  auto engine = rt.engine(model, parallax::OptimizerSpec::from(rt.config()));  // + replaces the optimizer
-  const int64_t steps = rt.config().train.steps, batch_size = rt.config().train.micro_batch_size;
-  const int64_t rank = rt.mesh().coord().dp, ranks = rt.mesh().degrees().dp;  // + this rank's share
+  Net model;
+  torch::optim::Adam optimizer(model.parameters(), torch::optim::AdamOptions(1e-2));
+  auto engine = rt.engine(model, optimizer);
+  const int64_t steps = 100, batch_size = 64;
   for (int64_t step = 0; step < steps; ++step) {
-    auto [x, y] = batch((step * ranks + rank) * batch_size, batch_size);
+    auto [x, y] = engine.local_batch(batch(step * batch_size, batch_size));
+    optimizer.zero_grad();
     auto loss = torch::mse_loss(engine.forward(x), y);
     engine.backward(loss);
     engine.step();
-    if (step % 20 == 0 || step == steps - 1) rt.logger().summary("step ", step, " loss ", engine.last_loss());
+    if (rt.is_main() && (step % 20 == 0 || step == steps - 1)) std::printf("step %lld loss %.5f\n", (long long)step, engine.last_loss());
   }
-} catch (const std::exception& e) {
-  return parallax::report_error(e);
 }

@@ -1,5 +1,6 @@
-// A plain LibTorch training loop, as a user already has it: an MLP fitting y = sin(x·w).
-// parallax_train.cpp is the same loop made distributed; `diff` the two files.
+// A plain LibTorch training loop, as a user already has it: an MLP fitting y = sin(x·w),
+// its model held by value, its own optimizer and its own data. parallax_train.cpp is
+// the same loop made distributed; `diff` the two files.
 #include <torch/torch.h>
 
 #include <cstdio>
@@ -13,7 +14,7 @@ struct Net : torch::nn::Module {
   torch::nn::Linear fc1{nullptr}, fc2{nullptr};
 };
 
-// Sample i of the data set, the same whoever asks for it.
+// Samples [first, first + count) of the data set, the same whoever asks for them.
 std::pair<torch::Tensor, torch::Tensor> batch(int64_t first, int64_t count) {
   auto gen = at::detail::createCPUGenerator(first);
   auto x = torch::randn({count, 16}, gen);
@@ -22,13 +23,13 @@ std::pair<torch::Tensor, torch::Tensor> batch(int64_t first, int64_t count) {
 
 int main(int argc, char** argv) {
   torch::manual_seed(0);
-  auto model = std::make_shared<Net>();
-  torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(1e-2));
+  Net model;
+  torch::optim::Adam optimizer(model.parameters(), torch::optim::AdamOptions(1e-2));
   const int64_t steps = 100, batch_size = 64;
   for (int64_t step = 0; step < steps; ++step) {
     auto [x, y] = batch(step * batch_size, batch_size);
-    auto loss = torch::mse_loss(model->forward(x), y);
     optimizer.zero_grad();
+    auto loss = torch::mse_loss(model.forward(x), y);
     loss.backward();
     optimizer.step();
     if (step % 20 == 0 || step == steps - 1) std::printf("step %lld loss %.5f\n", (long long)step, loss.item<double>());

@@ -142,7 +142,7 @@ TEST_F(ConfigTest, WrongTypeNamesPositionValueAndExpectation) {
 TEST_F(ConfigTest, EnumTypoListsChoicesAndSuggests) {
   const std::string error = load_error("[optimizer]\ntype = \"admaw\"\n");
   EXPECT_CONTAINS(error, "optimizer.type = \"admaw\"");
-  EXPECT_CONTAINS(error, "expected one of \"sgd\", \"adam\", \"adamw\"; did you mean \"adamw\"?");
+  EXPECT_CONTAINS(error, "expected one of \"sgd\", \"adam\", \"adamw\", \"rmsprop\", \"adagrad\"; did you mean \"adamw\"?");
 }
 
 TEST_F(ConfigTest, OutOfRangeValuesNameKeyValueAndRange) {
@@ -192,7 +192,7 @@ TEST_F(ConfigTest, MomentumWithAdamIsRefused) {
   const std::string error = load_error("[optimizer]\ntype = \"adamw\"\nmomentum = 0.9\n", &path);
   EXPECT_CONTAINS(error, "optimizer.momentum = 0.9");
   EXPECT_CONTAINS(error, path + ":3:");
-  EXPECT_CONTAINS(error, "momentum applies to type = \"sgd\" only");
+  EXPECT_CONTAINS(error, "momentum applies to type = \"sgd\" and \"rmsprop\" only");
 }
 
 TEST_F(ConfigTest, MinLrAboveLrNamesBothKeys) {

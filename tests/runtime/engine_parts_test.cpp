@@ -1,5 +1,5 @@
 // The engine's parts on one rank: the learning-rate schedule, optimizer-state
-// accounting, gradient-bucket layout, the BLAS report and the thread budget.
+// accounting, a trainer's own optimizer taken over, gradient-bucket layout, the BLAS report and the thread budget.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -12,6 +12,7 @@
 #include "parallax/runtime/gradient_buckets.h"
 #include "parallax/runtime/optimizer.h"
 #include "parallax/runtime/thread_budget.h"
+#include "parallax/runtime/trainer_optimizer.h"
 
 namespace parallax {
 namespace {
@@ -266,6 +267,99 @@ TEST(ThreadBudget, TheLoadedBlasThreadsAreSetThroughItsApi) {
   ASSERT_TRUE(set_blas_threads(1));
   EXPECT_EQ(blas_threads(), 1);
   set_blas_threads(before);
+}
+
+// A trainer's own optimizer, read and rebuilt: the rebuilt one steps exactly as the
+// trainer's would (same LibTorch class, same options) for every type the engine takes.
+// Catches an option dropped or misread in the rebuild (SGD's momentum or nesterov,
+// AMSGrad, RMSprop's alpha or centering, Adagrad's lr_decay or starting sums): each moves
+// the parameters here.
+TEST(TrainerOptimizer, EachTypeIsRebuiltWithItsOptions) {
+  using Factory = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor>)>;
+  const std::vector<std::pair<std::string, Factory>> trainers{
+      {"sgd", [](auto p) { return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.1).momentum(0.9).nesterov(true).weight_decay(0.01)); }},
+      {"adam", [](auto p) { return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(0.01).betas({0.8, 0.9}).amsgrad(true)); }},
+      {"adamw", [](auto p) { return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(0.01).weight_decay(0.2)); }},
+      {"rmsprop", [](auto p) { return std::make_unique<torch::optim::RMSprop>(p, torch::optim::RMSpropOptions(0.01).alpha(0.9).centered(true).momentum(0.5)); }},
+      {"adagrad", [](auto p) { return std::make_unique<torch::optim::Adagrad>(p, torch::optim::AdagradOptions(0.1).lr_decay(0.1).initial_accumulator_value(0.5)); }},
+  };
+  for (const auto& [name, make] : trainers) {
+    torch::manual_seed(3);
+    const torch::Tensor start = torch::randn({7, 5});
+    auto theirs_param = start.clone().requires_grad_(true);
+    auto ours_param = start.clone().requires_grad_(true);
+    auto theirs = make({theirs_param});
+    const AdoptedOptimizer adopted = read_trainer_optimizer(Config{}, *theirs);
+    EXPECT_STREQ(to_string(adopted.spec.optimizer.type), name.c_str());
+    EXPECT_TRUE(adopted.overrides.empty());
+    EXPECT_EQ(adopted.spec.lr_source, theirs.get());  // the trainer's lr stays live
+    auto ours = make_optimizer(adopted.spec.optimizer, {ours_param});
+    for (int step = 0; step < 4; ++step) {
+      const torch::Tensor grad = torch::randn({7, 5});
+      theirs_param.mutable_grad() = grad.clone();
+      ours_param.mutable_grad() = grad.clone();
+      theirs->step();
+      ours->step();
+    }
+    EXPECT_TRUE(torch::equal(theirs_param, ours_param)) << name;
+    EXPECT_FALSE(torch::equal(start, ours_param)) << name;
+    EXPECT_EQ(optimizer_steps(*ours), name == "sgd" ? 0 : 4) << name;  // SGD keeps no count
+    EXPECT_EQ(optimizer_state_bytes(*ours), optimizer_state_bytes(*theirs)) << name;
+  }
+}
+
+// Config keys win over the trainer's values and each difference is said; a type that
+// contradicts the trainer's, groups with different options, a parameter the optimizer
+// lacks or one that has stepped are refused, naming the problem.
+TEST(TrainerOptimizer, ConfigKeysOverrideAndMismatchesAreRefused) {
+  auto weight = torch::zeros({3}, torch::requires_grad());
+  torch::optim::Adam adam({weight}, torch::optim::AdamOptions(0.01));
+  Config config;
+  config.optimizer.lr = 0.005;
+  config.positions["optimizer.lr"] = " at a.toml:3:6";
+  config.optimizer.eps = 1e-8;  // the same as the trainer's: no line
+  config.positions["optimizer.eps"] = " at a.toml:4:7";
+  const AdoptedOptimizer adopted = read_trainer_optimizer(config, adam);
+  EXPECT_DOUBLE_EQ(adopted.spec.optimizer.lr, 0.005);
+  ASSERT_EQ(adopted.overrides.size(), 1u);
+  EXPECT_EQ(adopted.overrides[0],
+            "optimizer.lr = 0.005 at a.toml:3:6 overrides the trainer's torch::optim::Adam lr = 0.01");
+  EXPECT_EQ(adopted.spec.lr_source, nullptr);  // the config's lr, through its schedule
+
+  config.optimizer.type = OptimizerType::kSgd;
+  config.positions["optimizer.type"] = " at a.toml:2:8";
+  EXPECT_THROW(read_trainer_optimizer(config, adam), ConfigError);
+
+  auto bias = torch::zeros({1}, torch::requires_grad());
+  torch::optim::SGD groups({torch::optim::OptimizerParamGroup({weight}),
+                            torch::optim::OptimizerParamGroup({bias}, std::make_unique<torch::optim::SGDOptions>(0.5))},
+                           torch::optim::SGDOptions(0.1));
+  EXPECT_THROW(read_trainer_optimizer(Config{}, groups), UsageError);
+
+  torch::nn::Linear model(4, 2);
+  torch::optim::Adam partial({model->weight}, torch::optim::AdamOptions(0.01));
+  try {
+    release_trainer_optimizer(partial, *model);
+    FAIL() << "an optimizer without the bias was taken";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("'bias' requires grad but is not in the trainer's optimizer"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(partial.param_groups().front().params().size(), 1u);  // unchanged when refused
+
+  torch::optim::Adam stepped(model->parameters(), torch::optim::AdamOptions(0.01));
+  for (auto& p : model->parameters()) p.mutable_grad() = torch::ones_like(p);
+  stepped.step();
+  EXPECT_THROW(release_trainer_optimizer(stepped, *model), UsageError);
+
+  torch::optim::Adagrad fresh(model->parameters(), torch::optim::AdagradOptions(0.1));  // state made eagerly
+  release_trainer_optimizer(fresh, *model);
+  EXPECT_TRUE(fresh.param_groups().front().params().empty());
+  EXPECT_TRUE(fresh.state().empty());
+  fresh.zero_grad();  // the trainer's calls now do nothing
+  fresh.step();
+  EXPECT_DOUBLE_EQ(fresh.param_groups().front().options().get_lr(), 0.1);  // the options stay
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // A small trainer that fails on purpose, for tests/runtime/faults_test.sh: an MLP
-// trained by the engine under any [parallel]/[zero]/[offload] config (configs/
-// existing_trainer.toml's batch), where rank R, at step S, does one thing:
+// trained by the engine under any [parallel]/[zero]/[offload] config (fault_trainer.toml's
+// batch), where rank R, at step S, does one thing:
 //   --fault exception   throws (the trainer's own error: report_error tells the others)
 //   --fault stop        raise(SIGSTOP): stalls, as a hung node does
 //   --fault kill        raise(SIGKILL): dies, as a crashed node does

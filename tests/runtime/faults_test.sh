@@ -27,6 +27,7 @@ CONFIGS="$3"
 CHECKPOINT_TOOL="$4"
 TRAIN_GPT="${5:-}"
 TIMEOUT_S=5
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/faults_test.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
 failures=0
@@ -35,7 +36,7 @@ failures=0
 trainer() {
   local fault="$1" rank="$2"
   shift 2
-  echo "$TRAINER" --config "$CONFIGS/existing_trainer.toml" --set train.steps=400 --set "comm.timeout_s=$TIMEOUT_S" \
+  echo "$TRAINER" --config "$HERE/fault_trainer.toml" --set train.steps=400 --set "comm.timeout_s=$TIMEOUT_S" \
     --fault "$fault" --fault-rank "$rank" --fault-step 20 --fault-time "$WORK/fault_time" "$@"
 }
 

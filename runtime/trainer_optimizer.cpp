@@ -1,0 +1,220 @@
+#include "parallax/runtime/trainer_optimizer.h"
+
+#include <torch/optim/adagrad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/rmsprop.h>
+#include <torch/optim/sgd.h>
+
+#include <array>
+#include <sstream>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "parallax/core/config_loader.h"
+#include "parallax/core/error.h"
+
+namespace parallax {
+namespace {
+
+// The options every parameter group of `optimizer` shares (one set: the engine's flat
+// buffers and shards mix parameters of different groups).
+template <typename Options>
+const Options& shared_options(const torch::optim::Optimizer& optimizer, const std::string& name) {
+  const auto& groups = optimizer.param_groups();
+  PARALLAX_CHECK(!groups.empty(), UsageError, "engine: the trainer's ", name, " has no parameter group");
+  const auto& first = static_cast<const Options&>(groups.front().options());
+  for (std::size_t i = 1; i < groups.size(); ++i) {
+    PARALLAX_CHECK(static_cast<const Options&>(groups[i].options()) == first, UsageError, "engine: parameter group ",
+                   i, " of the trainer's ", name,
+                   " has other options than group 0; Parallax steps every parameter with one set of options (its "
+                   "flat buffers and ZeRO shards mix the parameters of all groups): give the groups the same options, "
+                   "or set them in [optimizer]");
+  }
+  return first;
+}
+
+// The trainer's optimizer as [optimizer] values, and the keys its type reads.
+struct TrainerValues {
+  std::string name;  // e.g. "torch::optim::Adam"
+  OptimizerOptions options;
+  std::vector<const char*> keys;
+};
+
+TrainerValues trainer_values(const torch::optim::Optimizer& optimizer) {
+  TrainerValues t;
+  OptimizerOptions& o = t.options;
+  if (dynamic_cast<const torch::optim::SGD*>(&optimizer)) {
+    t.name = "torch::optim::SGD";
+    const auto& s = shared_options<torch::optim::SGDOptions>(optimizer, t.name);
+    o.type = OptimizerType::kSgd;
+    o.lr = s.lr();
+    o.momentum = s.momentum();
+    o.dampening = s.dampening();
+    o.weight_decay = s.weight_decay();
+    o.nesterov = s.nesterov();
+    t.keys = {"lr", "momentum", "dampening", "weight_decay", "nesterov"};
+  } else if (dynamic_cast<const torch::optim::Adam*>(&optimizer) || dynamic_cast<const torch::optim::AdamW*>(&optimizer)) {
+    const bool decoupled = dynamic_cast<const torch::optim::AdamW*>(&optimizer) != nullptr;
+    t.name = decoupled ? "torch::optim::AdamW" : "torch::optim::Adam";
+    const auto read = [&](const auto& a) {
+      o.lr = a.lr();
+      o.betas = {std::get<0>(a.betas()), std::get<1>(a.betas())};
+      o.eps = a.eps();
+      o.weight_decay = a.weight_decay();
+      o.amsgrad = a.amsgrad();
+    };
+    if (decoupled) {
+      read(shared_options<torch::optim::AdamWOptions>(optimizer, t.name));
+    } else {
+      read(shared_options<torch::optim::AdamOptions>(optimizer, t.name));
+    }
+    o.type = decoupled ? OptimizerType::kAdamW : OptimizerType::kAdam;
+    t.keys = {"lr", "betas", "eps", "weight_decay", "amsgrad"};
+  } else if (dynamic_cast<const torch::optim::RMSprop*>(&optimizer)) {
+    t.name = "torch::optim::RMSprop";
+    const auto& r = shared_options<torch::optim::RMSpropOptions>(optimizer, t.name);
+    o.type = OptimizerType::kRmsprop;
+    o.lr = r.lr();
+    o.alpha = r.alpha();
+    o.eps = r.eps();
+    o.weight_decay = r.weight_decay();
+    o.momentum = r.momentum();
+    o.centered = r.centered();
+    t.keys = {"lr", "alpha", "eps", "weight_decay", "momentum", "centered"};
+  } else if (dynamic_cast<const torch::optim::Adagrad*>(&optimizer)) {
+    t.name = "torch::optim::Adagrad";
+    const auto& a = shared_options<torch::optim::AdagradOptions>(optimizer, t.name);
+    o.type = OptimizerType::kAdagrad;
+    o.lr = a.lr();
+    o.lr_decay = a.lr_decay();
+    o.weight_decay = a.weight_decay();
+    o.initial_accumulator_value = a.initial_accumulator_value();
+    o.eps = a.eps();
+    t.keys = {"lr", "lr_decay", "weight_decay", "initial_accumulator_value", "eps"};
+  } else {
+    throw UsageError(
+        "engine: the trainer's optimizer is none of torch::optim::SGD, Adam, AdamW, RMSprop, Adagrad, the ones "
+        "Parallax can rebuild over its shards; pass parallax::OptimizerSpec::from(rt.config()) and set [optimizer] "
+        "instead");
+  }
+  return t;
+}
+
+std::string show(double value) {
+  std::ostringstream text;
+  text << value;
+  return text.str();
+}
+std::string show(bool value) {
+  return value ? "true" : "false";
+}
+std::string show(const std::array<double, 2>& value) {
+  return "[" + show(value[0]) + ", " + show(value[1]) + "]";
+}
+
+// One [optimizer] key: the config's value where it sets the key (listing a difference),
+// else the trainer's.
+template <typename T>
+void merge(const std::string& key,
+           T OptimizerOptions::*member,
+           const Config& config,
+           const TrainerValues& trainer,
+           AdoptedOptimizer& out) {
+  const std::string where = config.position_of("optimizer." + key);
+  T& value = out.spec.optimizer.*member;
+  if (where.empty()) {
+    value = trainer.options.*member;
+  } else if (!(value == trainer.options.*member)) {
+    out.overrides.push_back(detail::concat("optimizer.", key, " = ", show(value), where, " overrides the trainer's ",
+                                           trainer.name, " ", key, " = ", show(trainer.options.*member)));
+  }
+}
+
+}  // namespace
+
+AdoptedOptimizer read_trainer_optimizer(const Config& config, const torch::optim::Optimizer& optimizer) {
+  const TrainerValues trainer = trainer_values(optimizer);
+  const std::string type_where = config.position_of("optimizer.type");
+  PARALLAX_CHECK(type_where.empty() || config.optimizer.type == trainer.options.type, ConfigError,
+                 "optimizer.type = \"", to_string(config.optimizer.type), "\"", type_where, ": the trainer passes its own ",
+                 trainer.name, " to the engine; remove the key, or pass the optimizer it names");
+  AdoptedOptimizer out;
+  out.spec = OptimizerSpec::from(config);
+  out.spec.optimizer.type = trainer.options.type;
+  using O = OptimizerOptions;
+  for (const char* key : trainer.keys) {
+    const std::string k = key;
+    if (k == "betas") {
+      merge(k, &O::betas, config, trainer, out);
+    } else if (k == "nesterov") {
+      merge(k, &O::nesterov, config, trainer, out);
+    } else if (k == "amsgrad") {
+      merge(k, &O::amsgrad, config, trainer, out);
+    } else if (k == "centered") {
+      merge(k, &O::centered, config, trainer, out);
+    } else {
+      double O::*member = k == "lr"             ? &O::lr
+                          : k == "eps"          ? &O::eps
+                          : k == "weight_decay" ? &O::weight_decay
+                          : k == "momentum"     ? &O::momentum
+                          : k == "dampening"    ? &O::dampening
+                          : k == "alpha"        ? &O::alpha
+                          : k == "lr_decay"     ? &O::lr_decay
+                                                : &O::initial_accumulator_value;
+      merge(k, member, config, trainer, out);
+    }
+  }
+  bool scheduled = !config.position_of("optimizer.lr").empty();
+  for (const char* key : {"scheduler.type", "scheduler.warmup_steps", "scheduler.min_lr"}) {
+    scheduled = scheduled || !config.position_of(key).empty();
+  }
+  if (!scheduled) out.spec.lr_source = &optimizer;
+  return out;
+}
+
+void release_trainer_optimizer(torch::optim::Optimizer& optimizer, const torch::nn::Module& model) {
+  std::unordered_set<const void*> trainable;
+  std::unordered_map<const void*, std::string> names;
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+    if (!item.value().requires_grad()) continue;
+    trainable.insert(item.value().unsafeGetTensorImpl());
+    names.emplace(item.value().unsafeGetTensorImpl(), item.key());
+  }
+  std::unordered_set<const void*> held;
+  for (const auto& group : optimizer.param_groups()) {
+    for (const auto& p : group.params()) {
+      const void* impl = p.unsafeGetTensorImpl();
+      PARALLAX_CHECK(held.insert(impl).second, UsageError,
+                     "engine: the trainer's optimizer holds a parameter twice (shape ", p.sizes(), ")");
+      PARALLAX_CHECK(trainable.count(impl) != 0, UsageError, "engine: the trainer's optimizer holds a tensor (shape ",
+                     p.sizes(),
+                     ") that is not a trainable parameter of the model; Parallax trains the model's parameters that "
+                     "require grad");
+    }
+  }
+  for (const auto& [impl, name] : names) {
+    PARALLAX_CHECK(held.count(impl) != 0, UsageError, "engine: the model's parameter '", name,
+                   "' requires grad but is not in the trainer's optimizer; Parallax trains every parameter that "
+                   "requires grad: freeze it (requires_grad(false)) or add it to the optimizer");
+  }
+  for (const auto& entry : optimizer.state()) {
+    const auto* adagrad = dynamic_cast<const torch::optim::AdagradParamState*>(entry.second.get());
+    PARALLAX_CHECK(adagrad != nullptr && adagrad->step() == 0, UsageError,
+                   "engine: the trainer's optimizer has already stepped; its state cannot move into Parallax's shards: "
+                   "pass a fresh optimizer, and resume a run from a Parallax checkpoint (engine.resume())");
+  }
+  for (auto& group : optimizer.param_groups()) group.params().clear();
+  optimizer.state().clear();
+}
+
+OptimizerSpec adopt_trainer_optimizer(Runtime& runtime, const torch::nn::Module& model, torch::optim::Optimizer& optimizer) {
+  AdoptedOptimizer adopted = read_trainer_optimizer(runtime.config(), optimizer);
+  if (runtime.is_main()) {
+    for (const std::string& line : adopted.overrides) runtime.logger().warn(line);
+  }
+  release_trainer_optimizer(optimizer, model);
+  return adopted.spec;
+}
+
+}  // namespace parallax
