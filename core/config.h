@@ -340,6 +340,11 @@ struct LoggingOptions {
   LogLevel level = LogLevel::kInfo;
   /// JSON lines, one object per optimizer step, written by rank 0; "" = off. Default: "".
   std::string metrics_file;
+  /// Directory for TensorBoard event files: rank 0 writes one file per run there
+  /// (created if missing), each optimizer step's scalars (loss, lr, grad norm, step
+  /// time, throughput, model-state bytes per rank, communication bytes per op; see
+  /// tensorboard_scalars in core/metrics.h). "" = off. Default: "".
+  std::string tensorboard_dir;
   /// Chrome trace JSON: one file, written by rank 0 at shutdown, holding every rank's
   /// spans (one process per rank; pipeline instructions carry micro_batch and chunk);
   /// a rank that cannot send its part writes it alone to a file with ".rank<N>" before

@@ -249,6 +249,10 @@ void logging_fields(FieldVisitor& v, Config& c) {
   v.choice("level", c.logging.level, kLogLevelNames, "The least severe message printed.");
   v.text("metrics_file", c.logging.metrics_file,
          "JSON lines written by rank 0, one object per optimizer step; \"\": off.");
+  v.text("tensorboard_dir", c.logging.tensorboard_dir,
+         "Directory (created if missing) where rank 0 writes a TensorBoard event file per run: each optimizer "
+         "step's loss, lr, grad norm, step time, throughput, model-state bytes per rank and communication bytes "
+         "per op; \"\": off.");
   v.text("trace_file", c.logging.trace_file,
          "Chrome trace JSON of every rank's spans, written by rank 0 at shutdown; \"\": off.");
 }

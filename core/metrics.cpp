@@ -1,6 +1,9 @@
 #include "parallax/core/metrics.h"
 
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <iomanip>
 #include <sstream>
 
@@ -31,6 +34,8 @@ std::string to_json_line(const StepMetrics& m) {
   write_number(out, m.step_ms);
   out << ",\"tokens_per_s\":";
   write_number(out, m.tokens_per_s);
+  out << ",\"samples_per_s\":";
+  write_number(out, m.samples_per_s);
   out << ",\"grad_norm\":";
   write_number(out, m.grad_norm);
   out << ",\"model_state_bytes\":[";
@@ -64,14 +69,75 @@ std::string to_json_line(const StepMetrics& m) {
   return out.str();
 }
 
-MetricsWriter::MetricsWriter(const std::string& path) : path_(path), out_(path, std::ios::trunc) {
-  PARALLAX_CHECK(out_.good(), UsageError, "cannot open logging.metrics_file '", path, "' for writing");
+std::vector<TensorBoardScalar> tensorboard_scalars(const StepMetrics& m) {
+  std::vector<TensorBoardScalar> scalars = {{"train/loss", m.loss}, {"train/lr", m.lr}};
+  if (m.grad_norm >= 0 || !std::isfinite(m.grad_norm)) scalars.push_back({"train/grad_norm", m.grad_norm});
+  scalars.push_back({"perf/step_ms", m.step_ms});
+  scalars.push_back({"perf/samples_per_s", m.samples_per_s});
+  if (m.tokens_per_sample > 0) scalars.push_back({"perf/tokens_per_s", m.tokens_per_s});
+  for (std::size_t r = 0; r < m.model_state_bytes.size(); ++r) {
+    const ModelStateBytes& b = m.model_state_bytes[r];
+    const double total = static_cast<double>(b.params + b.grads + b.optimizer + b.host + b.nvme);
+    scalars.push_back({"memory/rank" + std::to_string(r) + "_bytes", total});
+  }
+  if (!m.comm.empty()) {
+    for (std::size_t op = 0; op < kCommOpCount; ++op) {
+      std::int64_t bytes = 0;
+      for (const CommCounters& rank : m.comm) bytes += rank.ops[op].bytes;
+      scalars.push_back(
+          {std::string("comm/") + to_string(static_cast<CommOp>(op)) + "_bytes", static_cast<double>(bytes)});
+    }
+  }
+  for (std::size_t r = 0; r < m.bubble_fraction.size(); ++r) {
+    scalars.push_back({"pipeline/rank" + std::to_string(r) + "_bubble_fraction", m.bubble_fraction[r]});
+  }
+  return scalars;
+}
+
+std::string human_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const auto total = static_cast<long long>(std::llround(seconds));
+  char text[32];
+  if (total < 60) {
+    std::snprintf(text, sizeof(text), "%llds", total);
+  } else if (total < 3600) {
+    std::snprintf(text, sizeof(text), "%lldm%02llds", total / 60, total % 60);
+  } else {
+    // Minutes rounded, so 1h59m59s reads 2h00m, not 1h60m.
+    const long long minutes = (total + 30) / 60;
+    std::snprintf(text, sizeof(text), "%lldh%02lldm", minutes / 60, minutes % 60);
+  }
+  return text;
+}
+
+MetricsWriter::MetricsWriter(const std::string& json_path, const std::string& tensorboard_dir) : json_path_(json_path) {
+  if (!json_path.empty()) {
+    json_.open(json_path, std::ios::trunc);
+    PARALLAX_CHECK(json_.good(), UsageError, "cannot open logging.metrics_file '", json_path,
+                   "' for writing: ", std::strerror(errno));
+  }
+  if (!tensorboard_dir.empty()) tensorboard_ = std::make_unique<TensorBoardWriter>(tensorboard_dir);
 }
 
 void MetricsWriter::write(const StepMetrics& metrics) {
-  out_ << to_json_line(metrics) << '\n';
-  out_.flush();
-  PARALLAX_CHECK(out_.good(), UsageError, "failed writing logging.metrics_file '", path_, "'");
+  std::string failures;
+  if (json_.is_open()) {
+    json_ << to_json_line(metrics) << '\n';
+    json_.flush();
+    if (!json_.good()) {
+      json_.close();
+      failures = "failed writing logging.metrics_file '" + json_path_ + "'; it is closed";
+    }
+  }
+  if (tensorboard_) {
+    try {
+      tensorboard_->add_scalars(metrics.step, tensorboard_scalars(metrics));
+    } catch (const Error& e) {
+      tensorboard_.reset();
+      failures += (failures.empty() ? "" : "; ") + e.detail() + "; it is closed";
+    }
+  }
+  PARALLAX_CHECK(failures.empty(), UsageError, failures);
 }
 
 }  // namespace parallax

@@ -1,7 +1,9 @@
-// Per-step metrics as JSON lines: the contract later strategies and the benches read.
+// Per-step metrics as JSON lines (the contract later strategies and the benches read),
+// as TensorBoard scalars, and the progress line's duration.
 //
 // One object per optimizer step, written by rank 0:
 //   {"step": 3, "loss": 2.71, "lr": 0.0003, "step_ms": 41.2, "tokens_per_s": 12400.0,
+//    "samples_per_s": 48.4, "grad_norm": -1,
 //    "model_state_bytes": [{"params": 4096, "grads": 4096, "optimizer": 8192,
 //                           "host": 0, "nvme": 0}, ...],
 //    "comm": [{"all_reduce": {"calls": 2, "bytes": 4096}, ...}, ...],
@@ -12,10 +14,12 @@
 
 #include <cstdint>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "parallax/core/communicator.h"
+#include "parallax/core/tensorboard_writer.h"
 
 namespace parallax {
 
@@ -36,7 +40,13 @@ struct StepMetrics {
   double loss = 0.0;  ///< mean over the global batch
   double lr = 0.0;
   double step_ms = 0.0;
+  /// Global batch tokens per second: samples_per_s × tokens_per_sample, or samples_per_s
+  /// when tokens_per_sample is 0.
   double tokens_per_s = 0.0;
+  double samples_per_s = 0.0;  ///< global batch samples per second
+  /// Tokens in one sample as the trainer set it (Engine::set_tokens_per_sample, e.g. 256);
+  /// 0 when it did not (not in the JSON line).
+  std::int64_t tokens_per_sample = 0;
   /// Global gradient norm before clipping (unscaled, over every rank's gradients);
   /// -1 when the step computed none (no clipping, no fp16).
   double grad_norm = -1.0;
@@ -51,16 +61,44 @@ struct StepMetrics {
 /// The JSON object for one step, on one line (no trailing newline).
 std::string to_json_line(const StepMetrics& metrics);
 
-/// Appends JSON lines to a file (truncated on open).
+/// The TensorBoard scalars of one step, in this order (ranks r = 0, 1, …):
+///   train/loss, train/lr, train/grad_norm (only when computed: >= 0 or not finite),
+///   perf/step_ms, perf/samples_per_s, perf/tokens_per_s (only when tokens_per_sample
+///   is set), memory/rank<r>_bytes (the rank's model state: params + grads + optimizer
+///   + host + nvme), comm/<op>_bytes for every op (the step's logical payload bytes
+///   summed over all ranks, e.g. comm/all_reduce_bytes), and for pipelines
+///   pipeline/rank<r>_bubble_fraction.
+std::vector<TensorBoardScalar> tensorboard_scalars(const StepMetrics& metrics);
+
+/// A duration for people, for the progress line's ETA: "45s", "1m23s", "2h05m"
+/// (seconds rounded; hours without an upper bound, e.g. "50h00m"). Negative or not
+/// finite: "?".
+std::string human_duration(double seconds);
+
+/// Writes each step's metrics to the sinks the user set: a JSON lines file
+/// (logging.metrics_file, truncated on open) and/or a TensorBoard event file in a
+/// directory (logging.tensorboard_dir). Rank 0 holds the one instance (Runtime).
+///
+///   MetricsWriter writer("metrics.jsonl", "runs/gpt");
+///   writer.write(metrics);  // one JSON line and one TensorBoard event
 class MetricsWriter {
  public:
-  /// Throws UsageError naming the path if it cannot be opened.
-  explicit MetricsWriter(const std::string& path);
+  /// Opens the sinks whose path is not empty. Blocks on the file system. Throws
+  /// UsageError naming the key, the path and the reason when one cannot be opened.
+  explicit MetricsWriter(const std::string& json_path, const std::string& tensorboard_dir = "");
+
+  /// Writes `metrics` to every sink still open and flushes each. A sink whose write
+  /// fails is closed and later calls skip it; once every open sink was tried, the
+  /// failures are thrown as one UsageError naming each path. Blocks on the writes.
   void write(const StepMetrics& metrics);
 
+  /// Whether any sink is still open.
+  bool open() const { return json_.is_open() || tensorboard_ != nullptr; }
+
  private:
-  std::string path_;
-  std::ofstream out_;
+  std::string json_path_;
+  std::ofstream json_;
+  std::unique_ptr<TensorBoardWriter> tensorboard_;
 };
 
 }  // namespace parallax

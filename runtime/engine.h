@@ -175,7 +175,8 @@ class Engine {
   std::int64_t gradient_bytes() const;
   std::int64_t gradient_padding_bytes() const;
   std::size_t bucket_count() const;
-  /// Tokens in one sample, for tokens_per_s (default 1: samples per second).
+  /// Tokens in one sample (e.g. a sequence length): the progress line then shows tok/s and
+  /// the metrics perf/tokens_per_s. Unset: samples/s (and tokens_per_s = samples per second).
   void set_tokens_per_sample(std::int64_t tokens);
   /// Parameters in fp32, as the optimizer sees them (the masters under bf16/fp16).
   /// Under ZeRO this gathers the shards: a collective over the data-parallel group.

@@ -225,9 +225,10 @@ void Runtime::start(const InitOptions& options) {
   s.world->set_shutdown_timeout(timeout + std::chrono::seconds(30));
   s.logger = Logger(s.config.logging.level);
   s.tracer = std::make_unique<Tracer>(!s.config.logging.trace_file.empty());
-  run_everywhere(s.world->communicator(), "opening logging.metrics_file", [&] {
-    if (!s.config.logging.metrics_file.empty() && s.world->rank() == 0) {
-      s.metrics = std::make_unique<MetricsWriter>(s.config.logging.metrics_file);
+  run_everywhere(s.world->communicator(), "opening logging.metrics_file and logging.tensorboard_dir", [&] {
+    const LoggingOptions& logging = s.config.logging;
+    if ((!logging.metrics_file.empty() || !logging.tensorboard_dir.empty()) && s.world->rank() == 0) {
+      s.metrics = std::make_unique<MetricsWriter>(logging.metrics_file, logging.tensorboard_dir);
     }
   });
 

@@ -16,7 +16,8 @@
 //     on success (one failing rank fails all, each with a clear message), then compare
 //     config hashes; a mismatch names the ranks that differ.
 //  3. Resolve: dp and the omitted batch value from the world size; seed LibTorch's
-//     default generator with train.seed; open logging.metrics_file on rank 0.
+//     default generator with train.seed; open logging.metrics_file and
+//     logging.tensorboard_dir on rank 0.
 //  4. Topology: each rank discovers its node with hwloc (or takes an emulated one,
 //     [topology] emulate_nodes); the cluster is gathered.
 //  5. Plan and mesh: the plan (runtime/plan.h) refuses what this build does not run
@@ -120,7 +121,8 @@ class Runtime {
   /// A communicator over all ranks reserved for per-step telemetry (loss, metrics), so
   /// its traffic never shows in the counters of the groups that train.
   Communicator& telemetry();
-  /// The metrics file on rank 0 when `logging.metrics_file` is set; null elsewhere.
+  /// The metrics writer on rank 0 when `logging.metrics_file` or `logging.tensorboard_dir`
+  /// is set; null elsewhere.
   MetricsWriter* metrics_writer();
   /// Command-line arguments that were not --config/--set (argv[0] first).
   const std::vector<std::string>& args() const;

@@ -112,28 +112,40 @@ StepMetrics StepTelemetry::end_window(
   const auto elapsed = std::chrono::steady_clock::now() - window_start_;
   metrics.step_ms = std::chrono::duration<double, std::milli>(elapsed).count();
   const double samples = static_cast<double>(runtime_.plan().batch().global_batch_size());
-  metrics.tokens_per_s = metrics.step_ms > 0 ? samples * tokens_per_sample_ * 1000.0 / metrics.step_ms : 0.0;
+  metrics.samples_per_s = metrics.step_ms > 0 ? samples * 1000.0 / metrics.step_ms : 0.0;
+  metrics.tokens_per_sample = tokens_per_sample_;
+  metrics.tokens_per_s = metrics.samples_per_s * static_cast<double>(std::max<std::int64_t>(tokens_per_sample_, 1));
+  if (first_window_done_) {
+    timed_ms_ += metrics.step_ms;
+    ++timed_windows_;
+  }
+  first_window_done_ = true;
 
   // A full disk must not stop training on rank 0 alone (its peers would wait in the next
-  // step's collectives): report once and stop writing.
-  if (MetricsWriter* writer = metrics_enabled_ ? runtime_.metrics_writer() : nullptr) {
+  // step's collectives): the writer reports a failed sink once and closes it.
+  if (MetricsWriter* writer = runtime_.metrics_writer(); writer != nullptr && writer->open()) {
     try {
       writer->write(metrics);
     } catch (const Error& e) {
-      runtime_.logger().error(e.detail(), "; no more metrics will be written");
-      metrics_enabled_ = false;
+      runtime_.logger().error(e.detail());
     }
   }
   const LoggingOptions& logging = runtime_.config().logging;
   const std::int64_t total = runtime_.plan().batch().steps();
   if (logging.every > 0 && (step % logging.every == 0 || step == total || step == 1)) {
+    const bool tokens = tokens_per_sample_ > 0;
     char line[256];
-    std::snprintf(line, sizeof(line), "step %lld/%lld | loss %.4f | lr %.3e | %.1f ms/step | %s tok/s",
+    std::snprintf(line, sizeof(line), "step %lld/%lld | loss %.4f | lr %.3e | %.1f ms/step | %s %s",
                   static_cast<long long>(step), static_cast<long long>(total), metrics.loss, lr, metrics.step_ms,
-                  human_rate(metrics.tokens_per_s).c_str());
+                  human_rate(tokens ? metrics.tokens_per_s : metrics.samples_per_s).c_str(),
+                  tokens ? "tok/s" : "samples/s");
     char norm[48] = "";
     if (grad_norm >= 0 || !std::isfinite(grad_norm)) std::snprintf(norm, sizeof(norm), " | grad norm %.3g", grad_norm);
-    runtime_.logger().summary(line, norm);
+    std::string eta;
+    if (timed_windows_ > 0 && total > step) {
+      eta = " | ETA " + human_duration(static_cast<double>(total - step) * timed_ms_ / timed_windows_ / 1000.0);
+    }
+    runtime_.logger().summary(line, norm, eta);
   }
   return metrics;
 }

@@ -8,9 +8,14 @@
 //  2. One all_gather on the runtime's telemetry communicator (not counted in the
 //     training groups' counters).
 //  3. Every rank computes the global mean loss (the mean of the ranks' means: every
-//     rank's micro-batches are equal in size); rank 0 writes the metrics line and,
-//     every `logging.every` steps, the progress line. A failed write is logged once and
-//     ends metrics writing; it does not stop training.
+//     rank's micro-batches are equal in size); rank 0 writes the metrics (JSON line,
+//     TensorBoard event) and, every `logging.every` steps, the progress line:
+//       step 20/100 | loss 2.7100 | lr 3.000e-04 | 41.2 ms/step | 12.4k tok/s | ETA 3s
+//     (samples/s unless the trainer set tokens per sample; the ETA is the remaining
+//     steps times the mean step time so far without this object's first step, which
+//     holds the warm-up, so the first line has none). A failed write is logged once and
+//     closes that sink (the JSON file or the TensorBoard file); it does not stop
+//     training.
 #pragma once
 
 #include <chrono>
@@ -35,6 +40,8 @@ class StepTelemetry {
   StepMetrics end_window(
       std::int64_t step, double local_loss, double lr, double grad_norm, const ModelStateBytes& state);
 
+  /// Tokens in one sample (e.g. the GPT example's block size): the progress line then
+  /// shows tok/s, and the metrics carry tokens_per_sample. Unset: samples/s.
   void set_tokens_per_sample(std::int64_t tokens) { tokens_per_sample_ = tokens; }
   /// A pipeline stage's activity in the window: milliseconds of forward/backward compute
   /// and from the schedule's start to its last compute. The next end_window reports each
@@ -52,8 +59,10 @@ class StepTelemetry {
   CommCounters counters_at_start_;
   bool window_open_ = false;
   std::chrono::steady_clock::time_point window_start_;
-  std::int64_t tokens_per_sample_ = 1;
-  bool metrics_enabled_ = true;
+  std::int64_t tokens_per_sample_ = 0;  // 0: not set (samples/s)
+  bool first_window_done_ = false;      // the first window (warm-up) is not in the ETA's mean
+  double timed_ms_ = 0.0;               // the other windows' total time and count
+  std::int64_t timed_windows_ = 0;
   double compute_ms_ = -1.0;  // -1: no pipeline activity this window
   double schedule_ms_ = -1.0;
 };

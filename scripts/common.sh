@@ -16,6 +16,8 @@ PARALLAX_DEB_PACKAGES=(
   libtorch-dev libopenblas0-pthread   # without the pthread OpenBLAS, LibTorch uses reference BLAS
   libopenmpi-dev openmpi-bin
   libtomlplusplus-dev libprotobuf-dev protobuf-compiler libhwloc-dev zlib1g-dev nlohmann-json3-dev
+  libboost-dev        # header-only Boost.CRC: the CRC-32C of TensorBoard's records (core/tensorboard_writer.cpp)
+  python3-matplotlib  # scripts/plot_run.py (run by Debian's /usr/bin/python3)
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev   # the compiler the scripts build with; scripts/fuzz.sh's libFuzzer
 )
@@ -51,15 +53,17 @@ export TORCH BUILD_DIR
 ensure_torch_wheel() {
   local venv="$PARALLAX_TORCH_VENV"
   if [[ -f "$venv/.complete" ]]; then
-    # Added since the environment was made: safetensors (checkpoint_export_test reads with it).
+    # Added since the environment was made: safetensors (checkpoint_export_test reads with
+    # it), tensorboard (tensorboard_readback_test reads with its EventAccumulator).
     "$venv/bin/python" -c 'import safetensors' 2>/dev/null || "$venv/bin/pip" install --quiet safetensors
+    "$venv/bin/python" -c 'import tensorboard' 2>/dev/null || "$venv/bin/pip" install --quiet tensorboard
     return 0
   fi
   echo "Installing $PARALLAX_TORCH_WHEEL into $venv"
   rm -rf "$venv"
   /usr/bin/python3 -m venv "$venv"
   "$venv/bin/pip" install --quiet --upgrade pip
-  "$venv/bin/pip" install --quiet "$PARALLAX_TORCH_WHEEL" numpy safetensors
+  "$venv/bin/pip" install --quiet "$PARALLAX_TORCH_WHEEL" numpy safetensors tensorboard
   touch "$venv/.complete"
 }
 

@@ -1,4 +1,5 @@
-// Metrics JSON lines and Chrome traces: the exact formats later tools read.
+// Metrics JSON lines, TensorBoard scalars and Chrome traces: the exact formats later
+// tools read (the event file's framing: tensorboard_writer_test.cpp).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -6,6 +7,8 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "parallax/core/error.h"
 #include "parallax/core/metrics.h"
@@ -28,12 +31,15 @@ TEST(Metrics, JsonLineHasTheContractFieldsIndexedByRank) {
   m.lr = 0.001;
   m.step_ms = 40;
   m.tokens_per_s = 1000;
+  m.samples_per_s = 125;
   m.model_state_bytes = {{16, 16, 32}, {16, 16, 32}};
   m.comm.resize(2);
   m.comm[1][CommOp::kAllReduce] = {2, 64, 0};
   const std::string line = to_json_line(m);
   EXPECT_EQ(line.find('\n'), std::string::npos);
-  EXPECT_NE(line.find("\"step\":3,\"loss\":2.5,\"lr\":0.001,\"step_ms\":40,\"tokens_per_s\":1000"), std::string::npos)
+  EXPECT_NE(
+      line.find("\"step\":3,\"loss\":2.5,\"lr\":0.001,\"step_ms\":40,\"tokens_per_s\":1000,\"samples_per_s\":125,"),
+      std::string::npos)
       << line;
   EXPECT_NE(line.find("\"model_state_bytes\":[{\"params\":16,\"grads\":16,\"optimizer\":32,\"host\":0,\"nvme\":0},"),
             std::string::npos);
@@ -78,6 +84,90 @@ TEST(Metrics, WriterAppendsOneLinePerStepAndNamesBadPaths) {
   } catch (const UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("/no/such/dir/metrics.jsonl"), std::string::npos);
   }
+}
+
+// Mutants this catches: a rank's memory not summed over its five kinds, comm bytes taken
+// from one rank instead of summed, grad_norm written when not computed, tokens/s written
+// for a trainer that never set tokens per sample.
+TEST(Metrics, TensorBoardScalarsNameEveryValueOncePerStep) {
+  StepMetrics m;
+  m.step = 5;
+  m.loss = 2.5;
+  m.lr = 0.001;
+  m.step_ms = 40;
+  m.samples_per_s = 200;
+  m.tokens_per_s = 200;
+  m.model_state_bytes = {{16, 16, 32, 8, 4}, {1, 2, 3, 0, 0}};
+  m.comm.resize(2);
+  m.comm[0][CommOp::kAllReduce] = {2, 64, 0};
+  m.comm[1][CommOp::kAllReduce] = {2, 32, 0};
+  m.comm[1][CommOp::kSend] = {1, 8, 0};
+  std::vector<std::pair<std::string, double>> got;
+  for (const TensorBoardScalar& s : tensorboard_scalars(m)) got.emplace_back(s.tag, s.value);
+  const std::vector<std::pair<std::string, double>> want = {
+      {"train/loss", 2.5},           {"train/lr", 0.001},
+      {"perf/step_ms", 40},          {"perf/samples_per_s", 200},
+      {"memory/rank0_bytes", 76},    {"memory/rank1_bytes", 6},
+      {"comm/all_reduce_bytes", 96}, {"comm/reduce_scatter_bytes", 0},
+      {"comm/all_gather_bytes", 0},  {"comm/broadcast_bytes", 0},
+      {"comm/send_bytes", 8},        {"comm/recv_bytes", 0},
+      {"comm/barrier_bytes", 0}};
+  EXPECT_EQ(got, want);
+
+  m.grad_norm = 1.5;
+  m.tokens_per_sample = 64;
+  m.tokens_per_s = 12800;
+  m.bubble_fraction = {0.25, 0.5};
+  got.clear();
+  for (const TensorBoardScalar& s : tensorboard_scalars(m)) got.emplace_back(s.tag, s.value);
+  ASSERT_EQ(got.size(), want.size() + 4);
+  EXPECT_EQ(got[2], (std::pair<std::string, double>{"train/grad_norm", 1.5}));
+  EXPECT_EQ(got[5], (std::pair<std::string, double>{"perf/tokens_per_s", 12800}));
+  EXPECT_EQ(got[got.size() - 1], (std::pair<std::string, double>{"pipeline/rank1_bubble_fraction", 0.5}));
+}
+
+TEST(Metrics, HumanDurationForTheEta) {
+  EXPECT_EQ(human_duration(0), "0s");
+  EXPECT_EQ(human_duration(45.4), "45s");
+  EXPECT_EQ(human_duration(59.6), "1m00s");
+  EXPECT_EQ(human_duration(83), "1m23s");
+  EXPECT_EQ(human_duration(3599.4), "59m59s");
+  EXPECT_EQ(human_duration(3599.6), "1h00m");
+  EXPECT_EQ(human_duration(7500), "2h05m");
+  EXPECT_EQ(human_duration(7199), "2h00m");
+  EXPECT_EQ(human_duration(180000), "50h00m");
+  EXPECT_EQ(human_duration(-1), "?");
+  EXPECT_EQ(human_duration(std::nan("")), "?");
+}
+
+// A sink that fails is closed and named; the other keeps writing (a full disk under the
+// JSON file must not silence TensorBoard, nor stop training).
+TEST(Metrics, WriterClosesAFailedSinkAndKeepsTheOther) {
+  if (!std::filesystem::exists("/dev/full")) GTEST_SKIP() << "no /dev/full to fail writes";
+  const auto dir = std::filesystem::temp_directory_path() / "parallax_metrics_sinks_test";
+  std::filesystem::remove_all(dir);
+  {
+    MetricsWriter writer("/dev/full", dir.string());
+    StepMetrics m;
+    m.step = 1;
+    try {
+      writer.write(m);
+      FAIL() << "expected the JSON sink to fail";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("logging.metrics_file '/dev/full'"), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(writer.open());
+    m.step = 2;
+    EXPECT_NO_THROW(writer.write(m));
+  }
+  std::size_t files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    ++files;
+    // Three records: file_version, steps 1 and 2 (each a few dozen bytes).
+    EXPECT_GT(std::filesystem::file_size(entry.path()), 3u * 16u);
+  }
+  EXPECT_EQ(files, 1u);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Trace, PerRankPathsInsertTheRankBeforeTheExtension) {

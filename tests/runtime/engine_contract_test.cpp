@@ -150,7 +150,8 @@ TEST(EngineContract, AMetricsFileRankZeroCannotOpenStopsEveryRankAtInit) {
   } catch (const UsageError& e) {
     const std::string what = e.what();
     EXPECT_TRUE(what.find("/no/such/dir/m.jsonl") != std::string::npos ||
-                what.find("opening logging.metrics_file failed on 1 other rank") != std::string::npos)
+                what.find("opening logging.metrics_file and logging.tensorboard_dir failed on 1 other rank") !=
+                    std::string::npos)
         << what;
   }
 }
