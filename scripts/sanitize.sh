@@ -13,7 +13,7 @@
 #       checkpoint's background saver (checkpoint_store_test).
 # Reports from the libraries we do not build (Open MPI, hwloc, LibTorch, OpenMP) are
 # suppressed by library, not by function, in tests/sanitizers/*.supp, each with its
-# reason; a report whose stack reaches Parallax's own frames is never suppressed.
+# reason; a report whose racing accesses are in Parallax's own code is never suppressed.
 # Takes long: a build of its own (about 11 min on 2 cores for asan), then the suite at a
 # sanitizer's speed (about 23 min for asan). Extra arguments go to ctest, e.g. scripts/sanitize.sh asan -R comm.
 set -euo pipefail
@@ -47,7 +47,9 @@ case "$MODE" in
     tsan_tests=(comm_test engine_contract_test offloaded_adam_test offload_equivalence_test checkpoint_store_test)
     targets=(--target "${tsan_tests[@]}")
     labels=(-R "^($(IFS='|'; echo "${tsan_tests[*]}"))")
-    export OMPI_MCA_memory=^patcher
+    # Only the components the tests use are opened (one node: shared memory), so none that
+    # tsan.supp names is unloaded again (TSan stops when a suppressed library goes).
+    export OMPI_MCA_memory=^patcher OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader
     export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$SUPPRESSIONS/tsan.supp${TSAN_OPTIONS:+:$TSAN_OPTIONS}"
     ;;
   *)
