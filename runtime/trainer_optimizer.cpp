@@ -10,6 +10,7 @@
 #include <sstream>
 #include <unordered_map>
 #include <unordered_set>
+#include <variant>
 
 #include "parallax/core/config_loader.h"
 #include "parallax/core/error.h"
@@ -34,11 +35,25 @@ const Options& shared_options(const torch::optim::Optimizer& optimizer, const st
   return first;
 }
 
+using O = OptimizerOptions;
+
+// One [optimizer] key a type reads, and where its value lives.
+struct OptimizerKey {
+  const char* name;  // e.g. "lr"
+  std::variant<double O::*, bool O::*, std::array<double, 2> O::*> member;
+};
+
 // The trainer's optimizer as [optimizer] values, and the keys its type reads.
 struct TrainerValues {
   std::string name;  // e.g. "torch::optim::Adam"
   OptimizerOptions options;
-  std::vector<const char*> keys;
+  std::vector<OptimizerKey> keys;
+
+  template <typename T>
+  void take(const char* key, T O::*member, T value) {
+    options.*member = value;
+    keys.push_back({key, member});
+  }
 };
 
 TrainerValues trainer_values(const torch::optim::Optimizer& optimizer) {
@@ -48,21 +63,20 @@ TrainerValues trainer_values(const torch::optim::Optimizer& optimizer) {
     t.name = "torch::optim::SGD";
     const auto& s = shared_options<torch::optim::SGDOptions>(optimizer, t.name);
     o.type = OptimizerType::kSgd;
-    o.lr = s.lr();
-    o.momentum = s.momentum();
-    o.dampening = s.dampening();
-    o.weight_decay = s.weight_decay();
-    o.nesterov = s.nesterov();
-    t.keys = {"lr", "momentum", "dampening", "weight_decay", "nesterov"};
+    t.take("lr", &O::lr, s.lr());
+    t.take("momentum", &O::momentum, s.momentum());
+    t.take("dampening", &O::dampening, s.dampening());
+    t.take("weight_decay", &O::weight_decay, s.weight_decay());
+    t.take("nesterov", &O::nesterov, s.nesterov());
   } else if (dynamic_cast<const torch::optim::Adam*>(&optimizer) || dynamic_cast<const torch::optim::AdamW*>(&optimizer)) {
     const bool decoupled = dynamic_cast<const torch::optim::AdamW*>(&optimizer) != nullptr;
     t.name = decoupled ? "torch::optim::AdamW" : "torch::optim::Adam";
     const auto read = [&](const auto& a) {
-      o.lr = a.lr();
-      o.betas = {std::get<0>(a.betas()), std::get<1>(a.betas())};
-      o.eps = a.eps();
-      o.weight_decay = a.weight_decay();
-      o.amsgrad = a.amsgrad();
+      t.take("lr", &O::lr, a.lr());
+      t.take("betas", &O::betas, std::array<double, 2>{std::get<0>(a.betas()), std::get<1>(a.betas())});
+      t.take("eps", &O::eps, a.eps());
+      t.take("weight_decay", &O::weight_decay, a.weight_decay());
+      t.take("amsgrad", &O::amsgrad, a.amsgrad());
     };
     if (decoupled) {
       read(shared_options<torch::optim::AdamWOptions>(optimizer, t.name));
@@ -70,28 +84,25 @@ TrainerValues trainer_values(const torch::optim::Optimizer& optimizer) {
       read(shared_options<torch::optim::AdamOptions>(optimizer, t.name));
     }
     o.type = decoupled ? OptimizerType::kAdamW : OptimizerType::kAdam;
-    t.keys = {"lr", "betas", "eps", "weight_decay", "amsgrad"};
   } else if (dynamic_cast<const torch::optim::RMSprop*>(&optimizer)) {
     t.name = "torch::optim::RMSprop";
     const auto& r = shared_options<torch::optim::RMSpropOptions>(optimizer, t.name);
     o.type = OptimizerType::kRmsprop;
-    o.lr = r.lr();
-    o.alpha = r.alpha();
-    o.eps = r.eps();
-    o.weight_decay = r.weight_decay();
-    o.momentum = r.momentum();
-    o.centered = r.centered();
-    t.keys = {"lr", "alpha", "eps", "weight_decay", "momentum", "centered"};
+    t.take("lr", &O::lr, r.lr());
+    t.take("alpha", &O::alpha, r.alpha());
+    t.take("eps", &O::eps, r.eps());
+    t.take("weight_decay", &O::weight_decay, r.weight_decay());
+    t.take("momentum", &O::momentum, r.momentum());
+    t.take("centered", &O::centered, r.centered());
   } else if (dynamic_cast<const torch::optim::Adagrad*>(&optimizer)) {
     t.name = "torch::optim::Adagrad";
     const auto& a = shared_options<torch::optim::AdagradOptions>(optimizer, t.name);
     o.type = OptimizerType::kAdagrad;
-    o.lr = a.lr();
-    o.lr_decay = a.lr_decay();
-    o.weight_decay = a.weight_decay();
-    o.initial_accumulator_value = a.initial_accumulator_value();
-    o.eps = a.eps();
-    t.keys = {"lr", "lr_decay", "weight_decay", "initial_accumulator_value", "eps"};
+    t.take("lr", &O::lr, a.lr());
+    t.take("lr_decay", &O::lr_decay, a.lr_decay());
+    t.take("weight_decay", &O::weight_decay, a.weight_decay());
+    t.take("initial_accumulator_value", &O::initial_accumulator_value, a.initial_accumulator_value());
+    t.take("eps", &O::eps, a.eps());
   } else {
     throw UsageError(
         "engine: the trainer's optimizer is none of torch::optim::SGD, Adam, AdamW, RMSprop, Adagrad, the ones "
@@ -142,28 +153,8 @@ AdoptedOptimizer read_trainer_optimizer(const Config& config, const torch::optim
   AdoptedOptimizer out;
   out.spec = OptimizerSpec::from(config);
   out.spec.optimizer.type = trainer.options.type;
-  using O = OptimizerOptions;
-  for (const char* key : trainer.keys) {
-    const std::string k = key;
-    if (k == "betas") {
-      merge(k, &O::betas, config, trainer, out);
-    } else if (k == "nesterov") {
-      merge(k, &O::nesterov, config, trainer, out);
-    } else if (k == "amsgrad") {
-      merge(k, &O::amsgrad, config, trainer, out);
-    } else if (k == "centered") {
-      merge(k, &O::centered, config, trainer, out);
-    } else {
-      double O::*member = k == "lr"             ? &O::lr
-                          : k == "eps"          ? &O::eps
-                          : k == "weight_decay" ? &O::weight_decay
-                          : k == "momentum"     ? &O::momentum
-                          : k == "dampening"    ? &O::dampening
-                          : k == "alpha"        ? &O::alpha
-                          : k == "lr_decay"     ? &O::lr_decay
-                                                : &O::initial_accumulator_value;
-      merge(k, member, config, trainer, out);
-    }
+  for (const OptimizerKey& key : trainer.keys) {
+    std::visit([&](auto member) { merge(key.name, member, config, trainer, out); }, key.member);
   }
   bool scheduled = !config.position_of("optimizer.lr").empty();
   for (const char* key : {"scheduler.type", "scheduler.warmup_steps", "scheduler.min_lr"}) {
