@@ -8,6 +8,7 @@
 #include <fstream>
 #include <memory>
 #include <sstream>
+#include <string_view>
 
 #include "parallax/core/config_toml.h"
 #include "parallax/core/error.h"
@@ -55,6 +56,9 @@ void merge_into(toml::table& target, toml::table&& source) {
 // whitespace may stand: outside strings and comments, where TOML allows no non-ASCII
 // character anyway, and after a multi-line basic string's line-ending backslash. Such
 // text is refused here with a parse error, as TOML++'s own, before TOML++ sees it.
+// A quote opens a string only where TOML lets one start (first on a line, or after
+// = [ { , or .): elsewhere, as in `1e-'x`, TOML++ reads on through it as part of a bare
+// value, testing each character for whitespace.
 void refuse_what_toml_cannot_parse_safely(const std::string& text, const std::string& name) {
   const auto fail = [&](std::size_t at, const char* what) {
     toml::source_position position{1, 1};
@@ -74,20 +78,30 @@ void refuse_what_toml_cannot_parse_safely(const std::string& text, const std::st
     return n;
   };
   enum class In { kCode, kComment, kBasic, kLiteral, kMultiBasic, kMultiLiteral } in = In::kCode;
+  bool string_may_start = true;  // in code: a quote here opens a string
   for (std::size_t i = 0; i < text.size(); ++i) {
     const auto c = static_cast<unsigned char>(text[i]);
     switch (in) {
       case In::kCode:
         if (c >= 0x80) fail(i, "a non-ASCII character outside a string or comment");
-        if (c == '#') in = In::kComment;
-        if (c == '"' || c == '\'') {
+        if (c == '#') {
+          in = In::kComment;
+        } else if ((c == '"' || c == '\'') && string_may_start) {
           const bool multi = quotes_at(i, static_cast<char>(c)) >= 3;
           in = c == '"' ? (multi ? In::kMultiBasic : In::kBasic) : (multi ? In::kMultiLiteral : In::kLiteral);
           if (multi) i += 2;
+          string_may_start = false;
+        } else if (c == '\n') {
+          string_may_start = true;
+        } else if (c != ' ' && c != '\t' && c != '\r') {
+          string_may_start = std::string_view("=[{,.").find(static_cast<char>(c)) != std::string_view::npos;
         }
         break;
       case In::kComment:
-        if (c == '\n') in = In::kCode;
+        if (c == '\n') {
+          in = In::kCode;
+          string_may_start = true;
+        }
         break;
       case In::kBasic:
         if (c == '\\') {

@@ -235,11 +235,18 @@ TEST_F(ConfigTest, NonAsciiWhereTomlAllowsNoneIsASyntaxErrorNotUndefinedBehaviou
   EXPECT_CONTAINS(load_error("[model]\ns = \"\"\"\\\n  \xc2\xa7\"\"\"\n", &path),
                   path + ":3:3: a non-ASCII character first after a line-ending backslash");
   EXPECT_CONTAINS(error_of([&] { load({}, {"tr\xcc\xaain.steps=3"}); }), "a non-ASCII character outside");
+  // A quote inside a bare value opens no string: TOML++ reads on through it (config_fuzz).
+  EXPECT_CONTAINS(load_error("[train]\nlr = 1e-'\xd2\x8b'\n", &path),
+                  path + ":2:10: a non-ASCII character outside a string or comment");
+  // As an override, that value is not TOML, so it is taken as a string (UB-free).
+  EXPECT_CONTAINS(error_of([&] { load({}, {"optimizer.lr=1e-'\xd2\x8b"}); }), "--set optimizer.lr=1e-'\xd2\x8b");
   // Where TOML++ 3.3 would assume its own check true (undefined behaviour in a release build).
   EXPECT_CONTAINS(load_error("[\nx = 1\n", &path), "TOML syntax error at " + path);
   const std::string fine = write("fine.toml",
                                  "# d\xc3\xa9j\xc3\xa0 vu\n[model]\nname = \"caf\xc3\xa9\"\n"
-                                 "note = \"\"\"\xc2\xa7 \\\n  x \xc2\xa7\"\"\"\nraw = '\xc2\xa7'\n");
+                                 "note = \"\"\"\xc2\xa7 \\\n  x \xc2\xa7\"\"\"\nraw = '\xc2\xa7'\n"
+                                 "list = [ # \xc2\xa7\n  '\xc2\xa7',\n  \"\xc2\xa7\"]\n"
+                                 "inline = { a.'\xc2\xa7' = 1, b = \"\xc2\xa7\" }\n'\xc2\xa7' = 2\n");
   EXPECT_EQ(load({fine}, {}, {"model"}).app_table("model").get_string("name", ""), "caf\xc3\xa9");
 }
 
