@@ -88,7 +88,7 @@ while IFS=$'\t' read -r -a record; do
     failures=$((failures + 1))
     echo "FAIL    $command"
     echo "        $problem"
-    tail -15 "$logs/out" "$logs/err" | sed 's/^/        /'
+    tail -n 15 "$logs/out" "$logs/err" | sed 's/^/        /'
   else
     echo "ok      $command"
   fi

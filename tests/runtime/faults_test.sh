@@ -20,6 +20,7 @@
 # stage is stopped from outside (kill -STOP) once it has trained a few steps.
 #
 #   faults_test.sh MPIEXEC FAULT_TRAINER CONFIG_DIR CHECKPOINT_TOOL [TRAIN_GPT]
+# FAULTS_LOG_DIR=DIR keeps each case's whole log (every rank's lines) as DIR/NAME.log.
 set -uo pipefail
 MPIEXEC="$1"
 TRAINER="$2"
@@ -29,7 +30,11 @@ TRAIN_GPT="${5:-}"
 TIMEOUT_S=5
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/faults_test.XXXXXX")"
-trap 'rm -rf "$WORK"' EXIT
+keep_logs() {
+  [[ -n "${FAULTS_LOG_DIR:-}" ]] && mkdir -p "$FAULTS_LOG_DIR" && cp "$WORK"/*.log "$FAULTS_LOG_DIR"/ 2>/dev/null
+  rm -rf "$WORK"
+}
+trap keep_logs EXIT
 failures=0
 
 # The trainer's command line for one MPMD part: FAULT RANK ARGS...
