@@ -124,9 +124,11 @@ void count_objects(hwloc_topology_t topo, NodeTopology& node) {
 }
 
 // A synthetic node larger than any real one (a DGX H100 has 224 PUs, an 8-socket server
-// under 2,000) is a typo, and
-// hwloc would spend minutes and gigabytes building it.
+// under 2,000) is a typo, and hwloc would spend minutes and gigabytes building it. Its
+// time grows with the square of a level's width: 4,096 cores under one parent take
+// about 9 s, 1,024 a quarter of a second (a real level: at most 192 cores a package).
 constexpr long long kMaxSyntheticPus = 1 << 14;
+constexpr long long kMaxSyntheticArity = 1 << 10;
 
 // Splits "pack:2 numa:2 core:8 pu:2 gpu:4" into hwloc's part and the GPU count.
 std::string strip_gpu_token(const std::string& description, int& gpus) {
@@ -152,13 +154,19 @@ std::string strip_gpu_token(const std::string& description, int& gpus) {
   return rest;
 }
 
-// The PUs a synthetic description makes: the product of its levels' arities ("core:8"
-// or "8"; attributes in parentheses and memory levels in brackets do not multiply).
-// Tokens hwloc would reject count as 1: hwloc rejects them itself.
-long long synthetic_pus(const std::string& hwloc_part) {
+// The size of a synthetic description: the PUs it makes, the product of its levels'
+// arities ("core:8" or "8"; attributes in parentheses and memory levels in brackets do
+// not multiply), and its widest level. Tokens hwloc would reject count as 1: hwloc
+// rejects them itself.
+struct SyntheticSize {
+  long long pus = 1;
+  long long widest = 1;
+};
+
+SyntheticSize synthetic_size(const std::string& hwloc_part) {
   std::istringstream in(hwloc_part);
   std::string token;
-  long long product = 1;
+  SyntheticSize size;
   while (in >> token) {
     if (token[0] == '[') continue;
     const std::size_t colon = token.find(':');
@@ -168,9 +176,10 @@ long long synthetic_pus(const std::string& hwloc_part) {
     for (std::size_t i = digits; i < token.size() && std::isdigit(static_cast<unsigned char>(token[i])); ++i) {
       arity = std::min(arity * 10 + (token[i] - '0'), kMaxSyntheticPus + 1);
     }
-    if (arity > 0) product = std::min(product * arity, kMaxSyntheticPus + 1);
+    if (arity > 0) size.pus = std::min(size.pus * arity, kMaxSyntheticPus + 1);
+    size.widest = std::max(size.widest, arity);
   }
-  return product;
+  return size;
 }
 
 std::string local_hostname() {
@@ -248,9 +257,13 @@ NodeTopology NodeTopology::from_synthetic(const std::string& description) {
   const std::string hwloc_part = strip_gpu_token(description, gpus);
   PARALLAX_CHECK(!hwloc_part.empty(), TopologyError, "bad synthetic topology '", description,
                  "': no hwloc levels (expected e.g. \"pack:2 numa:1 core:8 pu:2\")");
-  PARALLAX_CHECK(synthetic_pus(hwloc_part) <= kMaxSyntheticPus, TopologyError, "bad synthetic topology '",
-                 description, "': its levels multiply to more than ", kMaxSyntheticPus,
+  const SyntheticSize size = synthetic_size(hwloc_part);
+  PARALLAX_CHECK(size.pus <= kMaxSyntheticPus, TopologyError, "bad synthetic topology '", description,
+                 "': its levels multiply to more than ", kMaxSyntheticPus,
                  " PUs (expected one node, e.g. \"pack:2 numa:1 core:8 pu:2\")");
+  PARALLAX_CHECK(size.widest <= kMaxSyntheticArity, TopologyError, "bad synthetic topology '", description,
+                 "': a level of ", size.widest, " objects under one parent, more than ", kMaxSyntheticArity,
+                 " (expected one node's levels, e.g. \"pack:2 numa:1 core:8 pu:2\")");
   HwlocTopology topo("synthetic topology '" + description + "'");
   PARALLAX_CHECK(hwloc_topology_set_synthetic(topo.get(), hwloc_part.c_str()) == 0, TopologyError,
                  "bad synthetic topology '", description, "': hwloc rejected \"", hwloc_part,

@@ -138,15 +138,21 @@ TEST(NodeTopology, BadInputsNameTheInput) {
   EXPECT_NE(topology_error([] { NodeTopology::from_synthetic("gpu:2"); }).find("no hwloc levels"), std::string::npos);
 }
 
-// Found by tests/fuzz/topology_fuzzer.cpp (its regressions keep both inputs): a
-// description of more PUs than any node has made hwloc run for minutes, and a NUL cut
-// the description short without a word.
+// Found by tests/fuzz/topology_fuzzer.cpp (its regressions keep the inputs): a
+// description of more PUs than any node has, or of one level too wide, made hwloc run
+// for minutes, and a NUL cut the description short without a word.
 TEST(NodeTopology, SyntheticDescriptionsAreBoundedAndWhole) {
   EXPECT_NE(topology_error([] { NodeTopology::from_synthetic("pack:2 numa:2 core:16 8888"); }).find("16384 PUs"),
             std::string::npos);
   EXPECT_NE(topology_error([] { NodeTopology::from_synthetic("pack:64 core:64(indexes=0-63) pu:5"); }).find("16384"),
             std::string::npos);
   EXPECT_EQ(NodeTopology::from_synthetic("pack:4 core:64 pu:64").pus, 16384);  // the largest accepted
+  // A level too wide for hwloc to build in a few seconds (its time grows with the square
+  // of the width): a 5-second timeout of the fuzzer's.
+  EXPECT_NE(topology_error([] { NodeTopology::from_synthetic("core:6813 pu:2"); })
+                .find("a level of 6813 objects under one parent, more than 1024"),
+            std::string::npos);
+  EXPECT_EQ(NodeTopology::from_synthetic("core:1024 pu:2").cores, 1024);  // the widest accepted
   EXPECT_NE(topology_error([] { NodeTopology::from_synthetic(std::string("pack:2 core:2 \0u:2", 18)); })
                 .find("byte 14 (code 0) is neither printable"),
             std::string::npos);
