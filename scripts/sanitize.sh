@@ -67,8 +67,8 @@ esac
 
 export CXX=clang++  # the sanitizers' flags are Clang's
 configure_and_build -DPARALLAX_BUILD_TESTS=ON -DPARALLAX_BUILD_EXAMPLES=ON -DPARALLAX_BUILD_BENCHMARKS=OFF \
-  -DPARALLAX_WITH_NCCL=OFF "-DCMAKE_CXX_FLAGS=$flags" "-DCMAKE_EXE_LINKER_FLAGS=$flags" \
+  -DPARALLAX_WITH_NCCL=OFF -DPARALLAX_TEST_TIMEOUT_SCALE=4 "-DCMAKE_CXX_FLAGS=$flags" "-DCMAKE_EXE_LINKER_FLAGS=$flags" \
   "-DCMAKE_SHARED_LINKER_FLAGS=$flags" -- "${targets[@]}"
 prefer_cpu_openblas_kernels
 cd "$BUILD_DIR"
-ctest --output-on-failure --timeout 1200 "${labels[@]}" "$@"
+ctest --output-on-failure --timeout 2400 "${labels[@]}" "$@"
