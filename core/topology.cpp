@@ -161,6 +161,8 @@ std::string strip_gpu_token(const std::string& description, int& gpus) {
 struct SyntheticSize {
   long long pus = 1;
   long long widest = 1;
+  std::string run_together;  // a token with more after its count ("pack:16pu:8"), which
+                             // hwloc reads as two levels and this count as one
 };
 
 SyntheticSize synthetic_size(const std::string& hwloc_part) {
@@ -173,9 +175,12 @@ SyntheticSize synthetic_size(const std::string& hwloc_part) {
     const std::size_t paren = token.find('(');
     const std::size_t digits = colon != std::string::npos && colon < paren ? colon + 1 : 0;
     long long arity = 0;
-    for (std::size_t i = digits; i < token.size() && std::isdigit(static_cast<unsigned char>(token[i])); ++i) {
+    std::size_t i = digits;
+    for (; i < token.size() && std::isdigit(static_cast<unsigned char>(token[i])); ++i) {
       arity = std::min(arity * 10 + (token[i] - '0'), kMaxSyntheticPus + 1);
     }
+    const bool attributes_last = i < token.size() && token[i] == '(' && token.find(')') == token.size() - 1;
+    if (arity > 0 && i < token.size() && !attributes_last && size.run_together.empty()) size.run_together = token;
     if (arity > 0) size.pus = std::min(size.pus * arity, kMaxSyntheticPus + 1);
     size.widest = std::max(size.widest, arity);
   }
@@ -258,6 +263,9 @@ NodeTopology NodeTopology::from_synthetic(const std::string& description) {
   PARALLAX_CHECK(!hwloc_part.empty(), TopologyError, "bad synthetic topology '", description,
                  "': no hwloc levels (expected e.g. \"pack:2 numa:1 core:8 pu:2\")");
   const SyntheticSize size = synthetic_size(hwloc_part);
+  PARALLAX_CHECK(size.run_together.empty(), TopologyError, "bad synthetic topology '", description, "': '",
+                 size.run_together, "' runs two levels together (separate levels with spaces, e.g. ",
+                 "\"pack:2 numa:1 core:8 pu:2\")");
   PARALLAX_CHECK(size.pus <= kMaxSyntheticPus, TopologyError, "bad synthetic topology '", description,
                  "': its levels multiply to more than ", kMaxSyntheticPus,
                  " PUs (expected one node, e.g. \"pack:2 numa:1 core:8 pu:2\")");

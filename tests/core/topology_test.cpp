@@ -153,6 +153,11 @@ TEST(NodeTopology, SyntheticDescriptionsAreBoundedAndWhole) {
                 .find("a level of 6813 objects under one parent, more than 1024"),
             std::string::npos);
   EXPECT_EQ(NodeTopology::from_synthetic("core:1024 pu:2").cores, 1024);  // the widest accepted
+  // hwloc reads "pack:16pu:2321" as two levels (37,136 PUs); counted as one, it passed.
+  EXPECT_NE(topology_error([] { NodeTopology::from_synthetic("pack:16pu:2321"); })
+                .find("'pack:16pu:2321' runs two levels together"),
+            std::string::npos);
+  EXPECT_EQ(NodeTopology::from_synthetic("pack:2 core:4(indexes=0-3) pu:2").pus, 16);  // attributes stay
   EXPECT_NE(topology_error([] { NodeTopology::from_synthetic(std::string("pack:2 core:2 \0u:2", 18)); })
                 .find("byte 14 (code 0) is neither printable"),
             std::string::npos);
