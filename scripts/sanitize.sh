@@ -14,8 +14,9 @@
 # Reports from the libraries we do not build (Open MPI, hwloc, LibTorch, OpenMP) are
 # suppressed by library, not by function, in tests/sanitizers/*.supp, each with its
 # reason; a report whose racing accesses are in Parallax's own code is never suppressed.
-# Takes long: a build of its own (about 11 min on 2 cores for asan), then the suite at a
-# sanitizer's speed (about 23 min for asan). Extra arguments go to ctest, e.g. scripts/sanitize.sh asan -R comm.
+# Takes long: a build of its own (about 16 min on 2 cores for asan), then the suite at a
+# sanitizer's speed (over an hour for asan on 2 cores; the equivalence tests are the
+# slowest, CPU Adam's loops most of all). Every test's timeout is multiplied by 4. Extra arguments go to ctest, e.g. scripts/sanitize.sh asan -R comm.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 MODE="${1:-asan}"
