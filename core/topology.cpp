@@ -179,9 +179,10 @@ SyntheticSize synthetic_size(const std::string& hwloc_part) {
     for (; i < token.size() && std::isdigit(static_cast<unsigned char>(token[i])); ++i) {
       arity = std::min(arity * 10 + (token[i] - '0'), kMaxSyntheticPus + 1);
     }
-    const bool attributes_last = i < token.size() && token[i] == '(' && token.find(')') == token.size() - 1;
-    if (arity > 0 && i < token.size() && !attributes_last && size.run_together.empty()) size.run_together = token;
-    if (arity > 0) size.pus = std::min(size.pus * arity, kMaxSyntheticPus + 1);
+    if (arity == 0) continue;
+    const bool ends_after_count = i == token.size() || (token[i] == '(' && token.find(')') == token.size() - 1);
+    if (!ends_after_count && size.run_together.empty()) size.run_together = token;
+    size.pus = std::min(size.pus * arity, kMaxSyntheticPus + 1);
     size.widest = std::max(size.widest, arity);
   }
   return size;

@@ -4,8 +4,9 @@
 #       (Clang), in build-asan/: every unit and MPI test, the examples' tests among them.
 #       Not the labels gpu (no GPU here), fuzz (scripts/fuzz.sh runs its harnesses under
 #       ASan/UBSan already) and faults (their bounds are times, which a sanitizer's 2-3x
-#       slowdown makes meaningless), nor install_consumer (below). Any report fails the test it happens in: UBSan
-#       halts on its first error, ASan on any, LeakSanitizer at exit.
+#       slowdown makes meaningless), nor install_consumer (below). Any report fails
+#       the test it happens in: UBSan halts on its first error, ASan on any,
+#       LeakSanitizer at exit.
 #   scripts/sanitize.sh tsan [CTEST ARGS...]   ThreadSanitizer, in build-tsan/, over the
 #       threads Parallax runs: the communicator's progress threads (comm_test), the
 #       failure channel's listener (engine_contract_test, whose Runtime starts it), the
@@ -16,7 +17,8 @@
 # reason; a report whose racing accesses are in Parallax's own code is never suppressed.
 # Takes long: a build of its own (about 16 min on 2 cores for asan), then the suite at a
 # sanitizer's speed (over an hour for asan on 2 cores; the equivalence tests are the
-# slowest, CPU Adam's loops most of all). Every test's timeout is multiplied by 4. Extra arguments go to ctest, e.g. scripts/sanitize.sh asan -R comm.
+# slowest, CPU Adam's loops most of all). Every test's timeout is multiplied by 4.
+# Extra arguments go to ctest, e.g. scripts/sanitize.sh asan -R comm.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 MODE="${1:-asan}"
