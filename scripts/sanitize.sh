@@ -45,8 +45,8 @@ case "$MODE" in
     # library (lsan.supp), not an "<unknown module>" after their dlclose; full (slow)
     # unwinding follows a stack through libraries built without frame pointers (glibc's
     # vasprintf called by Open MPI), and is kept to the 8 innermost frames, which hold
-    # the allocating library: the default 30 made LibTorch's deep stacks cost 2.3x the
-    # time (deferred_construction_test: 122 s against 53 s at 6 frames).
+    # the allocating library: LibTorch's deep stacks made the default 30 slow
+    # (deferred_construction_test: 122 s at 30 frames, 85 s at 12, 53 s at 6).
     mkdir -p "$BUILD_DIR"
     keep_loaded="$(cd "$BUILD_DIR" && pwd)/keep_loaded.so"
     cc -shared -fPIC -O2 -o "$keep_loaded" "$SUPPRESSIONS/keep_loaded.c"
