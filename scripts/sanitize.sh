@@ -16,8 +16,8 @@
 # suppressed by library, not by function, in tests/sanitizers/*.supp, each with its
 # reason; a report whose racing accesses are in Parallax's own code is never suppressed.
 # Takes long: a build of its own (about 16 min on 2 cores for asan), then the suite at a
-# sanitizer's speed (asan on 2 cores: 2-3 hours, 5-30x the plain suite's times; the
-# 29 slowest tests took 90 min in all, matrix_equivalence np4 14 min, np8 over 30).
+# sanitizer's speed (asan on 2 cores: about 3.5 hours, 5-30x the plain suite's times; the
+# 29 slowest tests took 90 min in all, matrix_equivalence np4 14 min, np8 24 min).
 # Every test's timeout is multiplied by 4.
 # Extra arguments go to ctest, e.g. scripts/sanitize.sh asan -R comm.
 set -euo pipefail
