@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Fuzzes the parsers of outside input with libFuzzer (Debian's clang, with
-# AddressSanitizer and UndefinedBehaviorSanitizer): builds each harness of tests/fuzz/,
-# replays its committed regression inputs, then fuzzes it for SECONDS (default 60)
-# starting from its committed seed corpus. Exits non-zero on a crash, hang (> 5 s per
-# input), leak or sanitizer report; the input that caused it is left in
-# tests/fuzz/findings/, to be fixed and then moved to tests/fuzz/regressions/<harness>/.
+# AddressSanitizer and UndefinedBehaviorSanitizer): builds each harness of tests/fuzz/
+# (in build-fuzz/, or FUZZ_BUILD_DIR), replays its committed regression inputs, then
+# fuzzes it for SECONDS (default 60) starting from its committed seed corpus. Exits
+# non-zero on a crash, hang (> 5 s per input), leak or sanitizer report; the input that
+# caused it is left in tests/fuzz/findings/, to be fixed and then moved to
+# tests/fuzz/regressions/<harness>/.
 #
 #   scripts/fuzz.sh [SECONDS [HARNESS...]]
 # Harnesses (default: all): manifest (checkpoint/manifest.h's parse_manifest), config
@@ -23,36 +24,58 @@ CXX="${FUZZ_CXX:-clang++}"
 command -v "$CXX" >/dev/null || { echo "fuzz.sh: $CXX not found (Debian: apt-get install clang libclang-rt-14-dev)" >&2; exit 1; }
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/fuzz.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
+# The harnesses are built in a directory that stays, with fixed paths, and each source
+# is compiled on its own, so that ccache (when installed) reuses the objects of an
+# earlier run: the build, not the fuzzing, was most of the fuzz label's time in CI.
+OUT="${FUZZ_BUILD_DIR:-$PWD/build-fuzz}"
+LAUNCHER=()
+command -v ccache >/dev/null && LAUNCHER=(ccache)
 
-# Generated protobuf sources and the "parallax/..." include root, as the CMake build has them.
-mkdir -p "$WORK/include"
-ln -s "$PWD" "$WORK/include/parallax"
-protoc --cpp_out="$WORK/include" proto/checkpoint.proto proto/topology.proto proto/pipeline.proto
+# Generated protobuf sources and the "parallax/..." include root, as the CMake build has
+# them; regenerated only when a .proto changed, so that their headers keep their times.
+mkdir -p "$OUT/include"
+ln -sfn "$PWD" "$OUT/include/parallax"
+for proto in proto/checkpoint.proto proto/topology.proto proto/pipeline.proto; do
+  if [[ "$proto" -nt "$OUT/include/${proto%.proto}.pb.cc" ]]; then protoc --cpp_out="$OUT/include" "$proto"; fi
+done
 
-flags=(-std=c++17 -g -O1 "-fsanitize=fuzzer,address,undefined" -fno-sanitize-recover=undefined -I"$WORK/include")
+flags=(-std=c++17 -g -O1 "-fsanitize=fuzzer,address,undefined" -fno-sanitize-recover=undefined -I"$OUT/include")
+# link HARNESS_FUZZER "SOURCES..." LIBS...: compiles each source to an object of its own
+# under $OUT/HARNESS_FUZZER/, then links them.
+link() {
+  local name="$1" sources="$2" objects=() source object
+  shift 2
+  mkdir -p "$OUT/$name"
+  for source in $sources; do
+    object="$OUT/$name/$(basename "${source%.*}").o"
+    "${LAUNCHER[@]}" "$CXX" "${flags[@]}" "${extra[@]}" -c "$source" -o "$object"
+    objects+=("$object")
+  done
+  "$CXX" "${flags[@]}" -o "$OUT/$name/fuzzer" "${objects[@]}" "$@"
+}
 build() {
+  local extra=()
   case "$1" in
     manifest)
-      "$CXX" "${flags[@]}" -o "$WORK/manifest_fuzzer" tests/fuzz/manifest_fuzzer.cpp checkpoint/manifest.cpp \
-        core/error.cpp "$WORK/include/proto/checkpoint.pb.cc" -lprotobuf -lpthread
+      link manifest "tests/fuzz/manifest_fuzzer.cpp checkpoint/manifest.cpp core/error.cpp
+        $OUT/include/proto/checkpoint.pb.cc" -lprotobuf -lpthread
       ;;
     config)
-      "$CXX" "${flags[@]}" -o "$WORK/config_fuzzer" tests/fuzz/config_fuzzer.cpp core/config.cpp \
-        core/config_loader.cpp core/config_fields.cpp core/config_sections.cpp core/config_reference.cpp \
-        core/app_table.cpp core/error.cpp core/logging.cpp -lpthread
+      link config "tests/fuzz/config_fuzzer.cpp core/config.cpp core/config_loader.cpp
+        core/config_fields.cpp core/config_sections.cpp core/config_reference.cpp core/app_table.cpp
+        core/error.cpp core/logging.cpp" -lpthread
       ;;
     topology | topology_xml)
       # topology_xml also mutates hwloc XML: it fuzzes hwloc's importer, which Debian's
       # hwloc 2.9.0 crashes in on crafted files (tests/fuzz/topology_fuzzer.cpp says which).
-      local xml=()
-      [[ $1 == topology_xml ]] && xml=(-DPARALLAX_FUZZ_HWLOC_XML)
-      "$CXX" "${flags[@]}" "${xml[@]}" -o "$WORK/$1_fuzzer" tests/fuzz/topology_fuzzer.cpp core/topology.cpp \
-        core/error.cpp core/logging.cpp "$WORK/include/proto/topology.pb.cc" -lhwloc -lprotobuf -lpthread
+      [[ $1 == topology_xml ]] && extra=(-DPARALLAX_FUZZ_HWLOC_XML)
+      link "$1" "tests/fuzz/topology_fuzzer.cpp core/topology.cpp core/error.cpp core/logging.cpp
+        $OUT/include/proto/topology.pb.cc" -lhwloc -lprotobuf -lpthread
       ;;
     transfer_meta)
       # c10 alone (ScalarType): the harness links none of LibTorch's tensor libraries.
-      "$CXX" "${flags[@]}" -o "$WORK/transfer_meta_fuzzer" tests/fuzz/transfer_meta_fuzzer.cpp \
-        pipeline/transfer_meta.cpp core/error.cpp "$WORK/include/proto/pipeline.pb.cc" -lc10 -lprotobuf -lpthread
+      link transfer_meta "tests/fuzz/transfer_meta_fuzzer.cpp pipeline/transfer_meta.cpp core/error.cpp
+        $OUT/include/proto/pipeline.pb.cc" -lc10 -lprotobuf -lpthread
       ;;
     *)
       echo "fuzz.sh: unknown harness $1 (manifest, config, topology, topology_xml, transfer_meta)" >&2
@@ -67,7 +90,7 @@ export LSAN_OPTIONS="suppressions=$PWD/tests/fuzz/lsan.supp${LSAN_OPTIONS:+:$LSA
 # fuzz HARNESS: replay its regressions, then fuzz it from its seed corpus.
 fuzz() {
   local harness="$1" fuzzer runs regressions
-  fuzzer="$WORK/${harness}_fuzzer"
+  fuzzer="$OUT/$harness/fuzzer"
   regressions=(tests/fuzz/regressions/"$harness"/*)
   if [[ -e "${regressions[0]}" ]]; then
     "$fuzzer" "${regressions[@]}" 2>"$WORK/replay.log" || { cat "$WORK/replay.log"; exit 1; }
