@@ -40,8 +40,8 @@ for proto in proto/checkpoint.proto proto/topology.proto proto/pipeline.proto; d
 done
 
 flags=(-std=c++17 -g -O1 "-fsanitize=fuzzer,address,undefined" -fno-sanitize-recover=undefined -I"$OUT/include")
-# link HARNESS_FUZZER "SOURCES..." LIBS...: compiles each source to an object of its own
-# under $OUT/HARNESS_FUZZER/, then links them.
+# link NAME "SOURCES..." LIBS...: compiles each source (with the caller's extra flags) to
+# an object of its own under $OUT/NAME/, then links them into $OUT/NAME/fuzzer.
 link() {
   local name="$1" sources="$2" objects=() source object
   shift 2
