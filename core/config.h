@@ -414,6 +414,20 @@ class AppTable {
   std::shared_ptr<const Impl> impl_;
 };
 
+struct Config;
+
+/// [engine.<name>]: the options of one engine of several (a trainer with two models),
+/// over the run's: its own [zero], [offload] and [precision] keys and grad_accum. The
+/// engines share everything else (the degrees and mesh, the batch per rank, [optimizer]).
+struct EngineTable {
+  /// The run's config with the table's keys over it, its positions those of the table's
+  /// keys where it set them; not resolved (the runtime resolves it with the run's
+  /// micro-batch: with its own grad_accum, an engine's global batch is its own).
+  std::shared_ptr<const Config> config;
+  /// The keys the table set, e.g. {"train.grad_accum", "zero.stage"}.
+  std::vector<std::string> keys;
+};
+
 struct Config {
   TrainOptions train;
   OptimizerOptions optimizer;
@@ -432,6 +446,8 @@ struct Config {
 
   /// Application tables by name, as declared to the loader.
   std::map<std::string, AppTable> app;
+  /// [engine.<name>] tables by engine name (each declared to the loader).
+  std::map<std::string, EngineTable> engines;
   /// The files that were read, in order (extends first), for messages.
   std::vector<std::string> sources;
   /// Where each key that was set came from, for messages: "zero.stage" →

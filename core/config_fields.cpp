@@ -475,18 +475,30 @@ class TomlWriter final : public FieldVisitor {
 
 }  // namespace
 
-void read_section(const SectionDef& section, const toml::table& table, Config& config, KeyPositions& positions) {
-  TableReader reader(section.name, table, positions);
+void read_section(const SectionDef& section,
+                  const toml::table& table,
+                  Config& config,
+                  KeyPositions& positions,
+                  const std::string& path) {
+  if (path.empty() || path == section.name) {
+    TableReader reader(section.name, table, positions);
+    section.fields(reader, config);
+    reader.reject_unknown_keys();
+    return;
+  }
+  KeyPositions read;
+  TableReader reader(path, table, read);
   section.fields(reader, config);
   reader.reject_unknown_keys();
+  for (auto& [key, position] : read) positions[section.name + key.substr(path.size())] = position;
 }
 
-void write_section(const SectionDef& section, const Config& config, std::ostream& out) {
+void write_section(const SectionDef& section, const Config& config, std::ostream& out, const std::string& header) {
   // FieldVisitor hands out mutable references (the reader needs them); the writer
   // works on a copy so to_toml can take a const Config.
   Config scratch = config;
   TomlWriter writer(out);
-  out << "[" << section.name << "]\n";
+  out << "[" << (header.empty() ? section.name : header) << "]\n";
   section.fields(writer, scratch);
 }
 

@@ -287,7 +287,8 @@ void check_app_table_names(const LoadOptions& options) {
   for (const std::string& name : options.app_tables) {
     PARALLAX_CHECK(!name.empty() && name.find('.') == std::string::npos, UsageError, "LoadOptions::app_tables: '", name,
                    "' is not a valid table name");
-    PARALLAX_CHECK(detail::find_section(name) == nullptr && name != "extends", UsageError, "LoadOptions::app_tables: '",
+    PARALLAX_CHECK(detail::find_section(name) == nullptr && name != "extends" && name != "engine", UsageError,
+                   "LoadOptions::app_tables: '",
                    name,
                    "' is a Parallax table and cannot be "
                    "owned by the application");
@@ -348,8 +349,13 @@ Config load_config(const ConfigSources& sources, const LoadOptions& options) {
   for (const std::string& text : sources.overrides) apply_override(root, text);
 
   detail::KeyPositions positions;
+  toml::node* engine_tables = nullptr;  // read over the run's sections, once they are checked
   for (auto&& [key, node] : root) {
     const std::string name(key.str());
+    if (name == "engine") {
+      engine_tables = &node;
+      continue;
+    }
     const detail::SectionDef* section = detail::find_section(name);
     const bool is_app =
         std::find(options.app_tables.begin(), options.app_tables.end(), name) != options.app_tables.end();
@@ -366,6 +372,7 @@ Config load_config(const ConfigSources& sources, const LoadOptions& options) {
   for (const detail::SectionDef& section : detail::sections()) {
     if (section.check != nullptr) section.check(config, positions);
   }
+  if (engine_tables != nullptr) detail::read_engine_tables(std::move(*engine_tables), config, positions, options.engines);
   config.positions = std::move(positions);
   return config;
 }

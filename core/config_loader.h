@@ -55,6 +55,10 @@ struct LoadOptions {
   /// Top-level tables the application owns, e.g. {"model", "data"}. They are passed
   /// through unchecked as Config::app; any other unknown table is an error.
   std::vector<std::string> app_tables;
+  /// Names of the engines the application builds with its own options (EngineOptions),
+  /// e.g. {"generator", "discriminator"}: each may have an [engine.<name>] table, checked
+  /// as strictly as the rest into Config::engines; a table for another name is an error.
+  std::vector<std::string> engines{};
 };
 
 /// Reads `sources.files` in order, each after the files named by its top-level

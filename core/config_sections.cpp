@@ -558,6 +558,7 @@ std::string to_toml(const Config& config) {
     if (out.tellp() > 0) out << "\n";
     detail::write_section(section, config, out);
   }
+  detail::write_engine_tables(config, out);
   // App tables are printed by TOML++ inside a one-key root so that their sub-tables
   // get full headers ([model.attention]); std::map keeps the order stable. A table
   // written inline (model = {...}) must still be printed under a header: after

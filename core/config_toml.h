@@ -229,10 +229,29 @@ const std::vector<SectionDef>& sections();
 const SectionDef* find_section(const std::string& name);
 
 /// Reads `table` (the section's TOML table) into `config` through `section.fields`,
-/// recording positions; throws ConfigError for unknown keys and bad values.
-void read_section(const SectionDef& section, const toml::table& table, Config& config, KeyPositions& positions);
-/// Writes "[name]" and one "key = value" line per field to `out`.
-void write_section(const SectionDef& section, const Config& config, std::ostream& out);
+/// recording positions; throws ConfigError for unknown keys and bad values. Messages
+/// name the keys under `path` (default: the section's name); positions are recorded
+/// under the section's name either way.
+void read_section(const SectionDef& section,
+                  const toml::table& table,
+                  Config& config,
+                  KeyPositions& positions,
+                  const std::string& path = "");
+/// Writes "[header]" (default: the section's name) and one "key = value" line per field.
+void write_section(const SectionDef& section, const Config& config, std::ostream& out, const std::string& header = "");
+
+// ---- [engine.<name>] tables (config_engines.cpp) ----
+/// Reads the top-level `engine` node into config.engines, each table over `config`
+/// (its sections already read and checked, `positions` theirs). Throws ConfigError for
+/// a name not in `declared`, a key an engine table does not hold, a bad value, or a
+/// combination a section's check refuses.
+void read_engine_tables(toml::node&& engines,
+                        Config& config,
+                        const KeyPositions& positions,
+                        const std::vector<std::string>& declared);
+/// "[engine.<name>]" tables of config.engines, in name order: grad_accum when the table
+/// set it, and its sections whole.
+void write_engine_tables(const Config& config, std::ostream& out);
 
 }  // namespace detail
 }  // namespace parallax

@@ -62,8 +62,8 @@ build() {
       ;;
     config)
       link config "tests/fuzz/config_fuzzer.cpp core/config.cpp core/config_loader.cpp
-        core/config_fields.cpp core/config_sections.cpp core/config_reference.cpp core/app_table.cpp
-        core/error.cpp core/logging.cpp" -lpthread
+        core/config_fields.cpp core/config_sections.cpp core/config_engines.cpp core/config_reference.cpp
+        core/app_table.cpp core/error.cpp core/logging.cpp" -lpthread
       ;;
     topology | topology_xml)
       # topology_xml also mutates hwloc XML: it fuzzes hwloc's importer, which Debian's

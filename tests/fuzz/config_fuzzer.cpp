@@ -5,7 +5,8 @@
 // making a cycle when main.toml extends itself). load_config must return a Config or
 // throw ConfigError/UsageError: never crash, hang, leak or throw anything else. A loaded
 // config must then resolve for 4 ranks or throw ConfigError, and what to_toml prints
-// must load back to the same text (the printed config is what every rank hashes).
+// must load back to the same text (the printed config is what every rank hashes). The
+// engines "generator" and "discriminator" may have [engine.<name>] tables.
 // Built and run by scripts/fuzz.sh.
 #include <unistd.h>
 
@@ -56,7 +57,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     sources.overrides.push_back(overrides.substr(begin, end - begin));
     begin = end + 1;
   }
-  const parallax::LoadOptions options{{"model", "data"}};
+  const parallax::LoadOptions options{{"model", "data"}, {"generator", "discriminator"}};
   parallax::Config config;
   try {
     config = parallax::load_config(sources, options);
