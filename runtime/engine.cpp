@@ -1,22 +1,50 @@
 #include "parallax/runtime/engine.h"
 
+#include <sstream>
+
 #include "parallax/checkpoint/store.h"
 #include "parallax/core/error.h"
 #include "parallax/core/mesh.h"
 #include "parallax/runtime/gradient_reduction.h"
+#include "parallax/runtime/plan_options.h"
 #include "parallax/runtime/step_telemetry.h"
 #include "proto/plan.pb.h"
 
 namespace parallax {
 
-Engine::Engine(Runtime& runtime, std::shared_ptr<torch::nn::Module> model, const OptimizerSpec& spec)
-    : applier_(std::make_unique<StepApplier>(runtime, std::move(model), spec, nullptr)),
+namespace {
+
+// "# engine 'generator': ZeRO stage 3, offload optimizer none / param none, fp32, 2 micro-batches
+// per step (global batch 64); from [engine.generator]: zero.stage = 3 at gan.toml:9:9, ..."
+std::string describe_engine(const Runtime& runtime, const std::string& name, const proto::Plan& plan) {
+  std::ostringstream text;
+  text << "# engine '" << name << "': ZeRO stage " << plan.zero().stage() << ", offload optimizer "
+       << to_string(plan.offload().optimizer()) << " / param " << to_string(plan.offload().param()) << ", "
+       << to_string(plan.precision().dtype()) << ", " << plan.batch().grad_accum() << " micro-batch(es) per step (global batch "
+       << plan.batch().global_batch_size() << ")";
+  const auto table = runtime.config().engines.find(name);
+  if (table == runtime.config().engines.end()) return text.str() + "; the run's options (no [engine." + name + "] table)";
+  text << "; from [engine." << name << "]:";
+  const Config& config = *table->second.config;
+  for (const std::string& key : table->second.keys) text << " " << key << config.position_of(key) << ";";
+  return text.str();
+}
+
+}  // namespace
+
+Engine::Engine(Runtime& runtime,
+               std::shared_ptr<torch::nn::Module> model,
+               const OptimizerSpec& spec,
+               const EngineOptions& options)
+    : applier_(std::make_unique<StepApplier>(runtime, runtime.engine_plan(options.name), std::move(model), spec, nullptr)),
       logger_(&runtime.logger()),
       dp_rank_(runtime.mesh().coord().dp),
       dp_size_(runtime.mesh().degrees().dp),
-      micro_batch_size_(runtime.plan().batch().micro_batch_size()),
-      grad_accum_(runtime.plan().batch().grad_accum()),
-      loss_sum_(torch::zeros({}, torch::kFloat64)) {}
+      micro_batch_size_(applier_->plan().batch().micro_batch_size()),
+      grad_accum_(applier_->plan().batch().grad_accum()),
+      loss_sum_(torch::zeros({}, torch::kFloat64)) {
+  if (!options.name.empty()) logger_->summary(describe_engine(runtime, options.name, applier_->plan()));
+}
 
 Engine::Engine(Engine&&) noexcept = default;
 Engine& Engine::operator=(Engine&&) noexcept = default;
@@ -46,22 +74,35 @@ void Engine::check_micro_batch(const torch::Tensor& input) {
 
 void Engine::backward(const torch::Tensor& loss) {
   PARALLAX_CHECK(loss.dim() == 0, UsageError, "backward: loss must be a scalar, got shape ", loss.sizes());
-  PARALLAX_CHECK(micro_step_ < grad_accum_, UsageError, "backward called ", micro_step_ + 1,
-                 " times without step(); train.grad_accum = ", grad_accum_);
   applier_->begin_window();
-  ++micro_step_;
-  const bool last = micro_step_ == grad_accum_;
+  ++backwards_in_micro_batch_;
+  // The window's reducing backward, as far as the engine can know: in its last
+  // micro-batch, the one that ends as many backwards as the previous micro-batch ran.
+  // A backward after it is reduced at the step (the reduction's late gradients).
+  const bool last = micro_batches_ + 1 == grad_accum_ && backwards_in_micro_batch_ >= backwards_per_micro_batch_;
   auto span = applier_->tracer().span("backward", "compute");
   if (loss_sum_.device() != loss.device()) loss_sum_ = torch::zeros({}, loss.options().dtype(torch::kFloat64));
   loss_sum_ += loss.detach().to(torch::kFloat64);
   const double scale = applier_->loss_scale() / static_cast<double>(grad_accum_);
+  // The loss may run through another engine's model (a generator's loss through the
+  // discriminator): its ZeRO-3 parameters are gathered on use too.
+  const StepApplier::PeerScopes peers = applier_->peer_scopes();
   applier_->reduction().run_backward(last ? pipeline::WeightGradients::kLast : pipeline::WeightGradients::kSome,
                                      [&] { applier_->run_model([&] { (loss * scale).backward(); }); });
 }
 
 bool Engine::step() {
-  if (micro_step_ < grad_accum_) return false;
-  micro_step_ = 0;
+  if (backwards_in_micro_batch_ > 1 && grad_accum_ > 1 && !several_backwards_said_) {
+    several_backwards_said_ = true;
+    logger_->summary("note: a micro-batch ran ", backwards_in_micro_batch_,
+                     " backward calls before step(); they accumulate as one micro-batch (several losses). Each "
+                     "step() call ends a micro-batch, and train.grad_accum = ",
+                     grad_accum_, " of them make an optimizer step. (Said once.)");
+  }
+  if (backwards_in_micro_batch_ > 0) backwards_per_micro_batch_ = backwards_in_micro_batch_;
+  backwards_in_micro_batch_ = 0;
+  if (++micro_batches_ < grad_accum_) return false;
+  micro_batches_ = 0;
   applier_->reduction().finish();
   const double local_loss = loss_sum_.item<double>() / static_cast<double>(grad_accum_);
   loss_sum_.zero_();
@@ -71,8 +112,9 @@ bool Engine::step() {
 }
 
 checkpoint::SaveResult Engine::save_checkpoint(const std::string& trainer_state) {
-  PARALLAX_CHECK(micro_step_ == 0, UsageError, "save_checkpoint: inside an accumulation window (", micro_step_, " of ",
-                 grad_accum_, " micro-steps done); save after step() returned true");
+  PARALLAX_CHECK(micro_batches_ == 0 && backwards_in_micro_batch_ == 0, UsageError,
+                 "save_checkpoint: inside an accumulation window (", micro_batches_, " of ", grad_accum_,
+                 " micro-batches done); save after step() returned true");
   return applier_->save_checkpoint(trainer_state);
 }
 
@@ -85,18 +127,21 @@ bool Engine::preempted() const {
 }
 
 void Engine::finish() {
-  PARALLAX_CHECK(micro_step_ == 0, UsageError, "finish: inside an accumulation window (", micro_step_, " of ",
-                 grad_accum_, " micro-steps done)");
+  PARALLAX_CHECK(micro_batches_ == 0 && backwards_in_micro_batch_ == 0, UsageError,
+                 "finish: inside an accumulation window (", micro_batches_, " of ", grad_accum_,
+                 " micro-batches done)");
   applier_->finish();
 }
 
 std::optional<std::string> Engine::resume() {
-  PARALLAX_CHECK(micro_step_ == 0, UsageError, "resume: inside an accumulation window");
+  PARALLAX_CHECK(micro_batches_ == 0 && backwards_in_micro_batch_ == 0, UsageError,
+                 "resume: inside an accumulation window");
   return applier_->resume();
 }
 
 std::string Engine::load_checkpoint(const std::string& directory) {
-  PARALLAX_CHECK(micro_step_ == 0, UsageError, "load_checkpoint: inside an accumulation window");
+  PARALLAX_CHECK(micro_batches_ == 0 && backwards_in_micro_batch_ == 0, UsageError,
+                 "load_checkpoint: inside an accumulation window");
   return applier_->load_checkpoint(directory, /*latest=*/false);
 }
 
@@ -141,6 +186,9 @@ std::int64_t Engine::gradient_padding_bytes() const {
 }
 std::size_t Engine::bucket_count() const {
   return applier_->reduction().bucket_count();
+}
+std::int64_t Engine::late_reductions() const {
+  return applier_->reduction().late_reductions();
 }
 void Engine::set_tokens_per_sample(std::int64_t tokens) {
   applier_->telemetry().set_tokens_per_sample(tokens);

@@ -83,7 +83,12 @@ class Engine {
   /// evolve per rank. Throws ConfigError for a config it cannot run, UsageError for a
   /// model that differs across ranks or has nothing to train, CommError if the
   /// broadcast fails.
-  Engine(Runtime& runtime, std::shared_ptr<torch::nn::Module> model, const OptimizerSpec& spec);
+  /// With options.name, the engine's [engine.<name>] table applies (Runtime::engine_plan),
+  /// and rank 0 prints what it changed.
+  Engine(Runtime& runtime,
+         std::shared_ptr<torch::nn::Module> model,
+         const OptimizerSpec& spec,
+         const EngineOptions& options = {});
   Engine(Engine&&) noexcept;
   Engine& operator=(Engine&&) noexcept;
   ~Engine();
@@ -175,6 +180,10 @@ class Engine {
   std::int64_t gradient_bytes() const;
   std::int64_t gradient_padding_bytes() const;
   std::size_t bucket_count() const;
+  /// Windows whose gradients partly came after the reduction began (a backward beyond
+  /// the ones the engine foresaw, or another model's backward through this one before
+  /// the step) and took one more reduction, since construction.
+  std::int64_t late_reductions() const;
   /// Tokens in one sample (e.g. a sequence length): the progress line then shows tok/s and
   /// the metrics perf/tokens_per_s. Unset: samples/s (and tokens_per_s = samples per second).
   void set_tokens_per_sample(std::int64_t tokens);
@@ -210,8 +219,11 @@ class Engine {
   std::int64_t micro_batch_size_ = 0;
   bool micro_batch_warned_ = false;
   std::int64_t grad_accum_ = 1;
-  std::int64_t micro_step_ = 0;  ///< backward calls in the current window
-  torch::Tensor loss_sum_;       ///< sum of micro-step losses in the window (float64)
+  std::int64_t micro_batches_ = 0;              ///< step() calls in the current window
+  std::int64_t backwards_in_micro_batch_ = 0;   ///< backward() calls since the last step()
+  std::int64_t backwards_per_micro_batch_ = 1;  ///< in the last micro-batch that had any
+  bool several_backwards_said_ = false;
+  torch::Tensor loss_sum_;  ///< sum of the window's losses (float64)
 };
 
 /// Engine that also knows the module's type, so forward() calls the model's own
@@ -219,8 +231,11 @@ class Engine {
 template <typename ModuleImpl>
 class ModuleEngine : public Engine {
  public:
-  ModuleEngine(Runtime& runtime, std::shared_ptr<ModuleImpl> model, const OptimizerSpec& spec)
-      : Engine(runtime, model, spec), model_(std::move(model)) {}
+  ModuleEngine(Runtime& runtime,
+               std::shared_ptr<ModuleImpl> model,
+               const OptimizerSpec& spec,
+               const EngineOptions& options = {})
+      : Engine(runtime, model, spec, options), model_(std::move(model)) {}
 
   template <typename... Args>
   auto forward(Args&&... args) {
@@ -278,19 +293,19 @@ std::shared_ptr<ModuleImpl> module_pointer(ModuleImpl& model) {
 }  // namespace detail
 
 template <typename Model>
-auto Runtime::engine(Model&& model, const OptimizerSpec& spec) {
+auto Runtime::engine(Model&& model, const OptimizerSpec& spec, const EngineOptions& options) {
   static_assert(!std::is_base_of_v<torch::nn::Module, std::remove_reference_t<Model>> || std::is_lvalue_reference_v<Model>,
                 "rt.engine(module, ...): the engine refers to a module held by value, so pass a variable, not a "
                 "temporary");
   auto pointer = detail::module_pointer(model);
   using ModuleImpl = typename decltype(pointer)::element_type;
-  return ModuleEngine<ModuleImpl>(*this, std::move(pointer), spec);
+  return ModuleEngine<ModuleImpl>(*this, std::move(pointer), spec, options);
 }
 
 template <typename Model>
-auto Runtime::engine(Model&& model, torch::optim::Optimizer& optimizer) {
+auto Runtime::engine(Model&& model, torch::optim::Optimizer& optimizer, const EngineOptions& options) {
   const OptimizerSpec spec = adopt_trainer_optimizer(*this, *detail::module_pointer(model), optimizer);
-  return engine(std::forward<Model>(model), spec);
+  return engine(std::forward<Model>(model), spec, options);
 }
 
 }  // namespace parallax

@@ -6,7 +6,6 @@
 #include <limits>
 
 #include "parallax/core/error.h"
-#include "parallax/zero/gradient_hooks.h"
 
 namespace parallax {
 GradientBuckets::GradientBuckets(std::vector<torch::Tensor> params,
@@ -18,10 +17,10 @@ GradientBuckets::GradientBuckets(std::vector<torch::Tensor> params,
     : params_(std::move(params)),
       bucket_of_param_(params_.size()),
       offset_of_param_(params_.size()),
-      grad_data_(params_.size()),
       comm_(comm),
       tracer_(tracer),
-      overlap_(overlap) {
+      overlap_(overlap),
+      reduces_(comm.size() > 1) {
   PARALLAX_CHECK(bucket_bytes > 0, UsageError, "gradient bucket size must be > 0 bytes, got ", bucket_bytes);
   // One bucket is one collective, and MPI counts elements in an int.
   constexpr std::int64_t kMaxBucketElements = std::numeric_limits<int>::max();
@@ -57,16 +56,10 @@ GradientBuckets::GradientBuckets(std::vector<torch::Tensor> params,
     if (reduce_dtype != first.scalar_type()) {
       bucket.staging = torch::zeros({numel}, first.options().requires_grad(false));
     }
-    const torch::Tensor& grads = bucket.staging.defined() ? bucket.staging : bucket.buffer;
     std::int64_t offset = 0;
     for (std::size_t i : members) {
-      torch::Tensor& p = params_[i];
-      // The view becomes .grad: autograd accumulates straight into the bucket (or its
-      // staging buffer) in place.
-      p.mutable_grad() = grads.narrow(0, offset, p.numel()).view(p.sizes());
-      grad_data_[i] = p.grad().data_ptr();
       offset_of_param_[i] = offset;
-      offset += p.numel();
+      offset += params_[i].numel();
       bucket_of_param_[i] = buckets_.size();
     }
     bucket.params = members;
@@ -76,12 +69,17 @@ GradientBuckets::GradientBuckets(std::vector<torch::Tensor> params,
     buckets_.push_back(std::move(bucket));
   }
 
-  // (b) One callback per gradient accumulator.
-  hooks_ = std::make_unique<zero::GradientHooks>(params_, [this](std::size_t i) { on_gradient_ready(i); });
+  // (b) The ledger's hooks.
+  zero::GradientKeeper keeper;
+  keeper.before = [this](std::size_t i, bool own) { before_accumulation(i, own); };
+  keeper.after = [this](std::size_t i, bool own) { after_accumulation(i, own); };
+  keeper.discard = [this](std::size_t i) { discard(i); };
+  ledger_ = std::make_unique<zero::GradientLedger>(params_, std::move(keeper));
+  zero();
 }
 
 GradientBuckets::~GradientBuckets() {
-  hooks_.reset();
+  ledger_.reset();
   // Never leave a collective reading freed buffers: wait for launched work, but do not
   // throw from a destructor (a failed communicator has already reported its error).
   for (Bucket& bucket : buckets_) {
@@ -93,84 +91,168 @@ GradientBuckets::~GradientBuckets() {
   }
 }
 
-void GradientBuckets::arm() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  PARALLAX_ASSERT(!armed_, "arm() called twice without finish()");
-  armed_ = true;
-  next_to_launch_ = 0;
-  for (Bucket& bucket : buckets_) {
-    bucket.pending = bucket.params.size();
-    bucket.work.reset();
-  }
+torch::Tensor GradientBuckets::region(const torch::Tensor& flat, std::size_t i) const {
+  const torch::Tensor& p = params_[i];
+  return flat.narrow(0, offset_of_param_[i], p.numel()).view(p.sizes());
 }
 
-void GradientBuckets::on_gradient_ready(std::size_t param_index) {
-  Bucket& bucket = buckets_[bucket_of_param_[param_index]];
+zero::GradientLedger::OwnBackward GradientBuckets::own_backward(bool reduce) {
+  auto guard = ledger_->lock();
+  ledger_->sync_all();
+  if (reduce && reduces_ && !armed_) {
+    armed_ = true;
+    next_to_launch_ = 0;
+    for (Bucket& bucket : buckets_) bucket.pending = bucket.params.size();
+  }
+  return ledger_->own_backward();
+}
+
+void GradientBuckets::absorb_live(std::size_t i) {
+  const torch::Tensor live = ledger_->live(i);
+  if (!live.defined()) return;
+  PARALLAX_CHECK(live.scalar_type() != torch::kFloat16 || !ledger_->foreign(i), UsageError, "parameter ", i,
+                 " (shape ", params_[i].sizes(),
+                 ") trains in fp16 with loss scaling, and another backward left a gradient in its .grad whose scale "
+                 "this engine cannot know; call zero_grad() before this engine's backward, or train in bf16");
+  torch::NoGradGuard no_grad;
+  region(buckets_[bucket_of_param_[i]].buffer, i).add_(live);
+  ledger_->clear(i);
+}
+
+void GradientBuckets::before_accumulation(std::size_t i, bool own) {
+  Bucket& bucket = buckets_[bucket_of_param_[i]];
+  // Another model's backward, or a late one of ours: the gradient waits in .grad.
+  if (!own || bucket.launched || !bucket.staging.defined()) return;
+  absorb_live(i);
+  ledger_->lend(i, region(bucket.staging, i));  // zeroed since the last fold
+}
+
+void GradientBuckets::after_accumulation(std::size_t i, bool own) {
+  Bucket& bucket = buckets_[bucket_of_param_[i]];
+  if (!own || bucket.launched) return;
   if (bucket.staging.defined()) {
     // Fold this backward's narrow gradient into the wide accumulator, then clear it.
     torch::NoGradGuard no_grad;
-    const torch::Tensor& grad = params_[param_index].grad();
-    bucket.buffer.narrow(0, offset_of_param_[param_index], grad.numel()).add_(grad.reshape({-1}));
-    grad.zero_();
+    torch::Tensor staged = region(bucket.staging, i);
+    region(bucket.buffer, i).add_(staged);
+    staged.zero_();
+    ledger_->hold(i);
   }
-  std::lock_guard<std::mutex> lock(mutex_);
   if (!armed_) return;  // an accumulation micro-step: no communication
   if (bucket.pending > 0) --bucket.pending;
-  if (overlap_) launch_ready_buckets_locked();
+  if (overlap_) launch_ready_buckets();
 }
 
-void GradientBuckets::launch_ready_buckets_locked() {
+void GradientBuckets::discard(std::size_t i) {
+  Bucket& bucket = buckets_[bucket_of_param_[i]];
+  if (bucket.work) bucket.work->wait();  // the reduction reads the buffer
+  torch::NoGradGuard no_grad;
+  region(bucket.buffer, i).zero_();
+  if (bucket.staging.defined()) region(bucket.staging, i).zero_();
+}
+
+void GradientBuckets::launch_ready_buckets() {
   while (next_to_launch_ < buckets_.size() && buckets_[next_to_launch_].pending == 0) {
-    launch_locked(buckets_[next_to_launch_]);
+    launch(buckets_[next_to_launch_]);
     ++next_to_launch_;
   }
 }
 
-void GradientBuckets::launch_locked(Bucket& bucket) {
+void GradientBuckets::launch(Bucket& bucket) {
+  // The buffer is the reduction's now: the views leave .grad.
+  for (std::size_t i : bucket.params) ledger_->hold(i);
+  bucket.launched = true;
   tracer_.record("all_reduce launch", "comm", tracer_.now_us(), 0);
   bucket.work = comm_.all_reduce(bucket.buffer);
 }
 
 void GradientBuckets::finish() {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    PARALLAX_ASSERT(armed_, "finish() without arm()");
-    armed_ = false;  // first: a failed launch below must not leave the window open
-    check_gradient_views();
-    // (c) Parameters that took no part in this forward never fired their hook.
-    while (next_to_launch_ < buckets_.size()) {
-      launch_locked(buckets_[next_to_launch_]);
-      ++next_to_launch_;
+    auto guard = ledger_->lock();
+    ledger_->sync_all();
+    // Gradients still in .grad whose bucket has not launched: another model's backward
+    // reached them (narrow parameters; a wide one's .grad is the bucket itself).
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      if (!buckets_[bucket_of_param_[i]].launched) absorb_live(i);
+    }
+    if (reduces_) {
+      // (c) Buckets that never became ready, or every bucket when no backward reduced.
+      armed_ = true;
+      while (next_to_launch_ < buckets_.size()) {
+        launch(buckets_[next_to_launch_]);
+        ++next_to_launch_;
+      }
     }
   }
-  auto span = tracer_.span("gradient all_reduce wait", "comm");
-  const double scale = 1.0 / static_cast<double>(comm_.size());
-  for (Bucket& bucket : buckets_) {
-    bucket.work->wait();
-    bucket.work.reset();
-    if (comm_.size() > 1) bucket.buffer.mul_(scale);
+  {
+    auto span = tracer_.span("gradient all_reduce wait", "comm");
+    for (Bucket& bucket : buckets_) {
+      if (!bucket.work) continue;
+      bucket.work->wait();
+      bucket.work.reset();
+    }
   }
+  reduce_late_gradients();
+  if (reduces_) {
+    const double scale = 1.0 / static_cast<double>(comm_.size());
+    for (Bucket& bucket : buckets_) bucket.buffer.mul_(scale);
+  }
+  ledger_->end_window();  // .grad shows the mean gradient, as after DDP's backward
 }
 
-void GradientBuckets::check_gradient_views() const {
+// Gradients that reached .grad after their bucket's reduction began: one more all-reduce
+// of all of them, added to the reduced buckets. Every rank runs the same backwards, so
+// every rank holds the same late parameters.
+void GradientBuckets::reduce_late_gradients() {
+  auto guard = ledger_->lock();
+  std::vector<std::size_t> late;
   for (std::size_t i = 0; i < params_.size(); ++i) {
-    PARALLAX_CHECK(params_[i].grad().defined() && params_[i].grad().data_ptr() == grad_data_[i], UsageError,
-                   "the .grad of parameter ", i, " (shape ", params_[i].sizes(),
-                   ") was replaced; gradients live in the engine's buckets: do not call zero_grad() on the "
-                   "model or assign .grad (the engine zeroes gradients after each step)");
+    if (ledger_->live(i).defined()) late.push_back(i);
+  }
+  if (late.empty()) return;
+  std::vector<torch::Tensor> flat;
+  for (std::size_t i : late) {
+    PARALLAX_CHECK(params_[i].scalar_type() != torch::kFloat16 || !ledger_->foreign(i), UsageError, "parameter ", i,
+                   " (shape ", params_[i].sizes(),
+                   ") trains in fp16 with loss scaling, and another backward left a gradient in its .grad whose "
+                   "scale this engine cannot know; call zero_grad() before this engine's backward, or train in bf16");
+    flat.push_back(ledger_->live(i).reshape({-1}).to(buckets_[bucket_of_param_[i]].buffer.scalar_type()));
+  }
+  torch::Tensor sum = torch::cat(flat);
+  if (reduces_) {
+    ++late_reductions_;
+    comm_.all_reduce(sum)->wait();
+  }
+  torch::NoGradGuard no_grad;
+  std::int64_t offset = 0;
+  for (std::size_t i : late) {
+    const std::int64_t n = params_[i].numel();
+    region(buckets_[bucket_of_param_[i]].buffer, i).add_(sum.narrow(0, offset, n).view(params_[i].sizes()));
+    offset += n;
+    ledger_->clear(i);
   }
 }
 
 void GradientBuckets::zero() {
+  auto guard = ledger_->lock();
   for (Bucket& bucket : buckets_) {
     bucket.buffer.zero_();
     if (bucket.staging.defined()) bucket.staging.zero_();
+    bucket.launched = false;
+    bucket.work.reset();
+  }
+  armed_ = false;
+  next_to_launch_ = 0;
+  ledger_->end_window();
+  // (a) Where the bucket has the parameters' dtype, .grad is its view.
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const Bucket& bucket = buckets_[bucket_of_param_[i]];
+    if (!bucket.staging.defined()) ledger_->show(i, region(bucket.buffer, i));
   }
 }
 
 torch::Tensor GradientBuckets::accumulated_grad(std::size_t i) const {
-  const torch::Tensor& p = params_.at(i);
-  return buckets_[bucket_of_param_[i]].buffer.narrow(0, offset_of_param_[i], p.numel()).view(p.sizes());
+  return region(buckets_[bucket_of_param_.at(i)].buffer, i);
 }
 
 }  // namespace parallax

@@ -3,24 +3,32 @@
 // Protocol (every rank of the data-parallel group runs the same steps):
 //  a. At construction, parameters are grouped into buckets of at most `bucket_bytes`
 //     (and at most INT_MAX elements: one collective) in reverse registration order
-//     (roughly the order backward produces gradients), never mixing dtypes. Each bucket owns one flat tensor; every
-//     parameter's .grad is a view into its bucket, so autograd accumulates straight into the buffer.
-//  b. A post-hook on each parameter's gradient accumulator reports "gradient ready"
-//     (first folding a narrower staging .grad into the wider bucket, see below).
-//     Only on the last micro-step of an accumulation window (arm()), a bucket whose
-//     parameters are all ready is all-reduced asynchronously — strictly in bucket
-//     order, so every rank issues the same collectives in the same order even if
-//     hooks fire in a different order.
-//  c. finish() checks that every .grad is still its bucket view (a model.zero_grad()
-//     that set grads to none would silently detach them), launches the buckets that
-//     never became ready (parameters unused in this forward), waits for all, and
-//     divides by the group size: .grad then holds the mean gradient over the group's
-//     global batch.
+//     (roughly the order backward produces gradients), never mixing dtypes. Each bucket
+//     owns one flat tensor. Where it has the parameters' dtype, every parameter's .grad
+//     is a view into it (zero/gradient_ledger.h's show()), so autograd accumulates
+//     straight into the buffer and the trainer's zero_grad() zeroes it. Where it is wider
+//     (fp32 for bf16 parameters), each owner's backward accumulates into a staging view
+//     of the parameter's dtype, folded into the bucket and zeroed after every backward.
+//  b. The gradient ledger's hooks report each parameter's gradient of the owner's
+//     backward. Only in a window's reducing backward (arm()), a bucket whose parameters
+//     are all ready is all-reduced asynchronously — strictly in bucket order, so every
+//     rank issues the same collectives in the same order even if hooks fire in a
+//     different order. A launched bucket holds its parameters' gradients (the ledger's
+//     hold(): .grad shows a marker while the reduction reads the buffer).
+//  c. Backwards after the reduction began (another loss of the same step, another
+//     model's backward through these parameters) leave their gradients in .grad; so do
+//     other models' backwards before it. finish() acts on what the trainer cleared in the
+//     meantime, launches the buckets that never became ready (parameters unused in this
+//     forward, or no reducing backward at all), waits, reduces the late gradients in one
+//     more all-reduce, and divides by the group size: each bucket then holds the mean
+//     gradient over the group's global batch.
 //  d. zero() clears the buffers in place (never re-allocating, which would break the
-//     views) before the next accumulation window.
+//     views) and shows the views again before the next accumulation window.
+// A group of one rank reduces nothing; the rest is the same.
 //
 //   GradientBuckets buckets(params, 25 << 20, dp_comm, tracer);
-//   buckets.arm();  loss.backward();  buckets.finish();   // grads averaged
+//   { auto own = buckets.own_backward(/*reduce=*/true); loss.backward(); }
+//   buckets.finish();   // averaged
 //   optimizer.step(); buckets.zero();
 #pragma once
 
@@ -28,27 +36,23 @@
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <vector>
 
 #include "parallax/core/communicator.h"
 #include "parallax/core/trace.h"
+#include "parallax/zero/gradient_ledger.h"
 
 namespace parallax {
-namespace zero {
-class GradientHooks;
-}
 
 class GradientBuckets {
  public:
   /// `params` must be distinct dense leaf tensors that require grad; `bucket_bytes` > 0.
   /// With `overlap` false (`zero.overlap_comm = false`) nothing is launched during
   /// backward: finish() launches every bucket. With `accumulate_dtype` wider than a
-  /// parameter's (fp32 for bf16 parameters), that parameter's .grad is a staging view
-  /// of its own dtype, folded into the wider bucket after every backward and zeroed:
-  /// micro-steps accumulate and the reduction runs in the wider dtype. The communicator
-  /// and tracer must outlive this object. Does not communicate.
+  /// parameter's (fp32 for bf16 parameters), the reduction runs in the wider dtype and
+  /// micro-steps accumulate in it. The communicator and tracer must outlive this object.
+  /// Does not communicate.
   GradientBuckets(std::vector<torch::Tensor> params,
                   std::int64_t bucket_bytes,
                   Communicator& comm,
@@ -59,17 +63,17 @@ class GradientBuckets {
   GradientBuckets& operator=(const GradientBuckets&) = delete;
   ~GradientBuckets();
 
-  /// The next backward is the last of the accumulation window: reduce as gradients
-  /// become ready.
-  void arm();
-  /// Completes the reduction started by arm() (see the protocol). Blocks; throws
-  /// CommError on a failed or timed-out collective.
+  /// Held around each of the owner's backwards. With `reduce` (the window's reducing
+  /// backward) buckets launch as their gradients become ready; once they have, later
+  /// backwards of the window are late (see the protocol, c).
+  zero::GradientLedger::OwnBackward own_backward(bool reduce);
+  /// Completes the window (see the protocol). Blocks; throws CommError on a failed or
+  /// timed-out collective.
   void finish();
-  /// UsageError unless every .grad is still its bucket view (finish() checks it first);
-  /// for a caller that reduces nothing (a group of one).
-  void check_gradient_views() const;
-  /// Zeroes every bucket in place.
+  /// Zeroes every bucket in place; .grad shows the views again.
   void zero();
+  /// The trainer's optimizer holds `sentinel`: its zero_grad() clears these gradients.
+  void watch_zero_grad(torch::Tensor sentinel) { ledger_->watch_zero_grad(std::move(sentinel)); }
 
   std::size_t bucket_count() const { return buckets_.size(); }
   /// The accumulated (after finish(): reduced) gradient of parameter `i`, shaped like
@@ -83,6 +87,9 @@ class GradientBuckets {
   std::int64_t padding_bytes() const { return reduced_bytes_ - gradient_bytes_; }
   /// Bytes held: the bucket buffers plus any narrower staging buffers.
   std::int64_t buffer_bytes() const { return buffer_bytes_; }
+  /// All-reduces of late gradients since construction (protocol c), one per window
+  /// that had any.
+  std::int64_t late_reductions() const { return late_reductions_; }
 
  private:
   struct Bucket {
@@ -90,28 +97,36 @@ class GradientBuckets {
     torch::Tensor staging;            ///< the parameters' dtype when narrower; else undefined
     std::vector<std::size_t> params;  ///< indices into params_
     std::size_t pending = 0;          ///< gradients not yet ready in this window
+    bool launched = false;            ///< its reduction began in this window
     WorkPtr work;
   };
 
-  void on_gradient_ready(std::size_t param_index);
-  void launch_ready_buckets_locked();
-  void launch_locked(Bucket& bucket);
+  void before_accumulation(std::size_t i, bool own);
+  void after_accumulation(std::size_t i, bool own);
+  void discard(std::size_t i);
+  /// Adds a gradient the trainer's .grad held into the bucket (fp16: refused when it
+  /// came from another backward, whose loss scale is not ours).
+  void absorb_live(std::size_t i);
+  void launch_ready_buckets();
+  void launch(Bucket& bucket);
+  void reduce_late_gradients();
+  torch::Tensor region(const torch::Tensor& flat, std::size_t i) const;
 
   std::vector<torch::Tensor> params_;
   std::vector<std::size_t> bucket_of_param_;
   std::vector<std::int64_t> offset_of_param_;  ///< element offset within its bucket
-  std::vector<const void*> grad_data_;         ///< where each .grad view must still point
   std::vector<Bucket> buckets_;
-  std::unique_ptr<zero::GradientHooks> hooks_;
+  std::unique_ptr<zero::GradientLedger> ledger_;
   Communicator& comm_;
   Tracer& tracer_;
   std::int64_t gradient_bytes_ = 0;
   std::int64_t reduced_bytes_ = 0;
   std::int64_t buffer_bytes_ = 0;
+  std::int64_t late_reductions_ = 0;
 
   bool overlap_ = true;
-  std::mutex mutex_;  ///< hooks may run on autograd device threads
-  bool armed_ = false;
+  bool reduces_ = true;  ///< the group has more than one rank
+  bool armed_ = false;   ///< this window's reducing backward has begun
   std::size_t next_to_launch_ = 0;
 };
 

@@ -54,17 +54,15 @@ double clip_model_parallel_gradients(const std::vector<torch::Tensor>& optimized
 class ReplicatedReduction final : public GradientReduction {
  public:
   ReplicatedReduction(Runtime& runtime,
+                      const proto::Plan& plan,
                       std::vector<torch::Tensor> params,
                       torch::ScalarType dtype,
                       const OptimizerOptions& optimizer,
                       ModelSplit split)
       : params_(std::move(params)), split_(std::move(split)) {
-    const ZeroOptions zero = zero_options(runtime.plan());
+    const ZeroOptions zero = zero_options(plan);
     // bf16/fp16 gradients accumulate and are reduced in fp32, straight into the masters' grads.
     const bool keep_masters = dtype != torch::kFloat32;
-    // A data-parallel group of one (a single process, or tp/pp without dp) has nothing
-    // to average: its all-reduces would only copy each bucket onto itself.
-    reduces_ = runtime.mesh().dp().size() > 1;
     dp_rank_ = runtime.mesh().dp().rank();
     dp_size_ = runtime.mesh().dp().size();
     buckets_ = std::make_unique<GradientBuckets>(
@@ -83,16 +81,12 @@ class ReplicatedReduction final : public GradientReduction {
   zero::ParameterUseScope use_scope() const override { return zero::ParameterUseScope(); }
 
   void run_backward(pipeline::WeightGradients writes, const std::function<void()>& backward) override {
-    if (writes == pipeline::WeightGradients::kLast && reduces_) buckets_->arm();
+    auto own = buckets_->own_backward(writes == pipeline::WeightGradients::kLast);
     backward();
   }
 
   void finish() override {
-    if (reduces_) {
-      buckets_->finish();
-    } else {
-      buckets_->check_gradient_views();
-    }
+    buckets_->finish();
     if (split_.partial.empty()) return;
     std::vector<torch::Tensor> partial;
     for (std::size_t i : split_.partial) partial.push_back(optimized()[i].grad());
@@ -151,6 +145,8 @@ class ReplicatedReduction final : public GradientReduction {
   std::int64_t gradient_bytes() const override { return buckets_->gradient_bytes(); }
   std::int64_t gradient_padding_bytes() const override { return buckets_->padding_bytes(); }
   std::size_t bucket_count() const override { return buckets_->bucket_count(); }
+  std::int64_t late_reductions() const override { return buckets_->late_reductions(); }
+  void watch_zero_grad(torch::Tensor sentinel) override { buckets_->watch_zero_grad(std::move(sentinel)); }
 
   // Every rank holds everything; rank r of dp owns the r-th of dp even parts of the
   // parameters laid end to end (ZeRO's shard layout), so the ranks write in parallel.
@@ -194,18 +190,17 @@ class ReplicatedReduction final : public GradientReduction {
   std::vector<torch::Tensor> masters_;  ///< fp32 copies under bf16/fp16; empty under fp32
   ModelSplit split_;
   std::unique_ptr<GradientBuckets> buckets_;
-  bool reduces_ = true;  ///< the data-parallel group has more than one rank
   int dp_rank_ = 0;
   int dp_size_ = 1;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
 };
 
 // The CPU Adam streams memory: keep its threads on this rank's own cores, and say where.
-void bind_offload_threads(Runtime& runtime, const zero::ShardedModel& sharded) {
+void bind_offload_threads(Runtime& runtime, const proto::Plan& plan, const zero::ShardedModel& sharded) {
   const std::vector<int> bound = offload::CpuAdam::bind_threads(runtime.threads().pus);
   std::string where;
   for (std::size_t t = 0; t < bound.size(); ++t) where += (t ? "," : "") + std::to_string(bound[t]);
-  const proto::Offload& offload = runtime.plan().offload();
+  const proto::Offload& offload = plan.offload();
   runtime.logger().summary("# offload: optimizer ", to_string(offload.optimizer()), ", param ",
                            to_string(offload.param()), "; fused CPU Adam (", offload::CpuAdam::instruction_set(),
                            "), rank 0's ", bound.size(), " intra-op thread(s) bound to PU(s) {", where,
@@ -217,14 +212,15 @@ void bind_offload_threads(Runtime& runtime, const zero::ShardedModel& sharded) {
 class ShardedReduction final : public GradientReduction {
  public:
   ShardedReduction(Runtime& runtime,
+                   const proto::Plan& plan,
                    torch::nn::Module& model,
                    const std::vector<torch::Tensor>& params,
                    const OptimizerOptions& optimizer,
                    const ModelSplit& split)
       : dp_(&runtime.mesh().dp()), reduce_untouched_(!split.partial_backwards), params_(params) {
-    const OffloadOptions offload = offload_options(runtime.plan());
+    const OffloadOptions offload = offload_options(plan);
     sharded_ = std::make_unique<zero::ShardedModel>(
-        model, params, zero_options(runtime.plan()), offload, optimizer, *dp_, runtime.tracer(),
+        model, params, zero_options(plan), offload, optimizer, *dp_, runtime.tracer(),
         [&optimizer](std::vector<torch::Tensor> shards) {
           return make_optimizer(optimizer, std::move(shards), AdamKernel::kFusedCpu);
         });
@@ -237,7 +233,7 @@ class ShardedReduction final : public GradientReduction {
       for (std::size_t i : split.partial) model_parallel.partial[i] = true;
       sharded_->set_model_parallel(model_parallel);
     }
-    if (offload.optimizer_offloaded()) bind_offload_threads(runtime, *sharded_);
+    if (offload.optimizer_offloaded()) bind_offload_threads(runtime, plan, *sharded_);
   }
 
   zero::ParameterUseScope use_scope() const override { return sharded_->use_scope(); }
@@ -256,7 +252,9 @@ class ShardedReduction final : public GradientReduction {
     sharded_->end_backward();
   }
 
-  void finish() override {}  // every backward waited for its reductions; step() sums partial ones
+  // Every backward waited for its reductions; what came later is reduced here; step()
+  // sums partial ones.
+  void finish() override { sharded_->finish_window(); }
 
   // Each rank's parts of the parameters' gradients are disjoint: a sum over dp of
   // zero-padded copies assembles them whole on every rank.
@@ -313,6 +311,8 @@ class ShardedReduction final : public GradientReduction {
   }
   std::int64_t gradient_padding_bytes() const override { return sharded_->padding_elements() * 4; }
   std::size_t bucket_count() const override { return sharded_->group_count(); }
+  std::int64_t late_reductions() const override { return sharded_->late_reductions(); }
+  void watch_zero_grad(torch::Tensor sentinel) override { sharded_->watch_zero_grad(std::move(sentinel)); }
   const zero::ShardedModel* sharded_model() const override { return sharded_.get(); }
 
   // Each rank holds (and owns) its master shards and the optimizer's state over them,
@@ -376,15 +376,16 @@ class ShardedReduction final : public GradientReduction {
 }  // namespace
 
 std::unique_ptr<GradientReduction> make_gradient_reduction(Runtime& runtime,
+                                                           const proto::Plan& plan,
                                                            torch::nn::Module& model,
                                                            std::vector<torch::Tensor> params,
                                                            torch::ScalarType dtype,
                                                            const OptimizerOptions& optimizer,
                                                            ModelSplit split) {
-  if (runtime.plan().zero().stage() == 0) {
-    return std::make_unique<ReplicatedReduction>(runtime, std::move(params), dtype, optimizer, std::move(split));
+  if (plan.zero().stage() == 0) {
+    return std::make_unique<ReplicatedReduction>(runtime, plan, std::move(params), dtype, optimizer, std::move(split));
   }
-  return std::make_unique<ShardedReduction>(runtime, model, params, optimizer, split);
+  return std::make_unique<ShardedReduction>(runtime, plan, model, params, optimizer, split);
 }
 
 }  // namespace parallax

@@ -9,10 +9,17 @@
 //  1. Forward runs inside use_scope() (ZeRO-3 gathers parameters on use).
 //  2. Each backward runs through run_backward(writes, backward), told what it writes
 //     (pipeline::WeightGradients): kSome for weight gradients, kLast for the window's
-//     last such backward (the reductions that wait for the window launch during it),
-//     kNone for only an input's gradient (zb-h1's first pass).
-//  3. finish(): every reduction is done; partial (sequence-parallel) gradients are
-//     summed over the tensor-parallel group.
+//     last such backward as far as the engine knows (the reductions that wait for the
+//     window launch during it), kNone for only an input's gradient (zb-h1's first
+//     pass). Backwards after a kLast one are allowed (a loss the engine did not foresee).
+//     Gradients follow LibTorch's rules throughout (zero/gradient_ledger.h): other
+//     backwards' contributions to these parameters stay in .grad until the trainer
+//     clears them or a backward here takes them, and the trainer's zero_grad() clears
+//     what the reduction holds.
+//  3. finish(): what the trainer cleared is dropped, gradients that came after the
+//     reductions began are reduced too (one more collective, only then), every
+//     reduction is done; partial (sequence-parallel) gradients are summed over the
+//     tensor-parallel group.
 //  4. Optionally edit_gradients() (the pipeline's tied-weight sum).
 //  5. step(): averages, computes the global norm over every parallel dimension (each
 //     element once), skips a non-finite step when asked, clips, updates, refreshes the
@@ -42,6 +49,9 @@ class Module;
 namespace parallax {
 
 class Runtime;
+namespace proto {
+class Plan;
+}
 
 /// The model's split over ranks beyond the data-parallel group.
 struct ModelSplit {
@@ -107,6 +117,11 @@ class GradientReduction {
   virtual std::size_t bucket_count() const = 0;
   /// The ZeRO state; null for replicated data parallelism.
   virtual const zero::ShardedModel* sharded_model() const { return nullptr; }
+  /// Windows whose late gradients (step 3) took one more reduction, since construction.
+  virtual std::int64_t late_reductions() const = 0;
+  /// The trainer's own optimizer holds `sentinel` (runtime/trainer_optimizer.h): its
+  /// zero_grad() clears these parameters' gradients, as it would in LibTorch.
+  virtual void watch_zero_grad(torch::Tensor sentinel) = 0;
 
   /// The parameters' fp32 state, sliced as `access` says (replicated data parallelism
   /// owns an even split of the concatenated parameters per rank of dp; ZeRO its shards).
@@ -122,10 +137,12 @@ class GradientReduction {
   virtual void set_optimizer_steps(std::int64_t steps) = 0;
 };
 
-/// Replicated data parallelism at zero.stage = 0, ZeRO (with [offload]) at 1–3, over
-/// `params` (the model's trainable parameters, in the compute dtype `dtype`) and
-/// runtime.mesh().dp(). Throws ConfigError for an option ZeRO cannot take.
+/// Replicated data parallelism at zero.stage = 0, ZeRO (with [offload]) at 1–3, as the
+/// engine's `plan` says, over `params` (the model's trainable parameters, in the compute
+/// dtype `dtype`) and runtime.mesh().dp(). Throws ConfigError for an option ZeRO cannot
+/// take.
 std::unique_ptr<GradientReduction> make_gradient_reduction(Runtime& runtime,
+                                                           const proto::Plan& plan,
                                                            torch::nn::Module& model,
                                                            std::vector<torch::Tensor> params,
                                                            torch::ScalarType dtype,

@@ -35,6 +35,10 @@ struct OptimizerSpec {
   /// the trainer may change; runtime/trainer_optimizer.h). It must outlive the engine.
   /// Default: none.
   const torch::optim::Optimizer* lr_source = nullptr;
+  /// A tensor in the first parameter group of the trainer's own optimizer, whose
+  /// zero_grad() then clears the engine's gradients (release_trainer_optimizer).
+  /// Default: none.
+  torch::Tensor zero_grad_sentinel{};
 
   /// [optimizer], [scheduler] and train.steps of a loaded config.
   static OptimizerSpec from(const Config& config);

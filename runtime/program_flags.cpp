@@ -66,6 +66,10 @@ std::string help_text(const std::string& program, const ProgramHelp& help) {
     out << "\n" << program << "'s flags:\n";
     list_flags(out, help.flags);
   }
+  if (help.program_parses_flags) {
+    out << "\nEvery other argument is " << program << "'s own: Parallax takes --config and --set out of\n"
+        << "the command line and leaves the rest, in order, for " << program << "'s parser.\n";
+  }
   if (help.reads_config) {
     out << "\nConfig files: each --config FILE is opened as given (relative to the working\n"
            "directory); a file's `extends = \"base.toml\"` is found relative to that file.\n"
@@ -76,6 +80,13 @@ std::string help_text(const std::string& program, const ProgramHelp& help) {
         out << (i == 0 ? " [" : ", [") << help.app_tables[i] << "]";
       }
       out << " are " << program << "'s own.\n";
+    }
+    if (!help.engines.empty()) {
+      out << "The config tables";
+      for (std::size_t i = 0; i < help.engines.size(); ++i) {
+        out << (i == 0 ? " [engine." : ", [engine.") << help.engines[i] << "]";
+      }
+      out << " hold those engines' own grad_accum and [zero], [offload] and [precision] keys.\n";
     }
     out << "Arguments after a lone \"--\" go to " << program << " untouched.\n";
   }

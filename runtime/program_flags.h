@@ -35,6 +35,9 @@ struct ProgramHelp {
   std::vector<std::string> app_tables{};  ///< config tables it reads, e.g. {"model", "data"}
   bool reads_config = true;               ///< false for a tool that takes no --config/--set
   std::string usage{};                    ///< replaces the generated usage line(s) when set
+  /// The program parses its own flags (InitOptions::program_parses_flags): others pass.
+  bool program_parses_flags = false;
+  std::vector<std::string> engines{};  ///< engines with [engine.<name>] tables (InitOptions::engines)
 };
 
 /// The text for --help, --version or --config-reference when argv (argv[0] first) asks

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <map>
 #include <sstream>
 
 #include "parallax/core/config_loader.h"
@@ -52,6 +53,10 @@ struct Runtime::State {
   ThreadBudget threads;
   proto::Plan plan;
   tensor_parallel::RngTracker rng;
+  std::vector<StepApplier*> engines;  ///< live engines, in construction order
+  std::vector<char*> argv;                              ///< program_parses_flags: into args
+  std::vector<std::string> engine_names;                ///< InitOptions::engines
+  std::map<std::string, proto::Plan> engine_plans;      ///< of the [engine.<name>] tables
 
   ~State() {
     if (tracer && tracer->enabled() && world) {
@@ -150,12 +155,38 @@ std::unique_ptr<Communicator> cuda_world(Communicator& mpi_world, const c10::Dev
 #endif
 }
 
+std::string join_names(const std::vector<std::string>& names) {
+  std::string text;
+  for (const std::string& name : names) text += (text.empty() ? "" : ", ") + name;
+  return text;
+}
+
+// An [engine.<name>] table's plan: the engine's config resolved with the run's degrees
+// and micro-batch (its own grad_accum, when the table sets one, makes its own global
+// batch), refused by the strategy matrix as the run's would be.
+proto::Plan engine_plan_of(const Config& run, const std::string& name, const Cluster& cluster, bool emulated) {
+  const EngineTable& table = run.engines.at(name);
+  Config config = *table.config;
+  config.parallel = run.parallel;
+  config.train.micro_batch_size = run.train.micro_batch_size;
+  if (std::find(table.keys.begin(), table.keys.end(), "train.grad_accum") == table.keys.end()) {
+    config.train.grad_accum = run.train.grad_accum;
+    config.train.global_batch_size = run.train.global_batch_size;
+  }
+  try {
+    config.resolve(run.parallel.tp * run.parallel.pp * run.parallel.dp);
+    return make_plan(config, cluster, emulated);
+  } catch (const ConfigError& e) {
+    throw ConfigError("[engine." + name + "]: " + e.detail());
+  }
+}
+
 // Step 2 of init: load on every rank, agree, then compare what was loaded.
 Config load_config_everywhere(World& world, const ConfigSources& sources, const InitOptions& options) {
   Config config;
   try {
     run_everywhere(world.communicator(), "loading the configuration",
-                   [&] { config = load_config(sources, LoadOptions{options.app_tables}); });
+                   [&] { config = load_config(sources, LoadOptions{options.app_tables, options.engines}); });
   } catch (const UsageError& e) {
     throw ConfigError(e.detail());
   }
@@ -187,13 +218,22 @@ void check_same_config(World& world, const Config& config) {
 Runtime::Runtime(int& argc, char**& argv, const InitOptions& options) : state_(std::make_unique<State>()) {
   State& s = *state_;
   // What needs no MPI, before it starts: a --help answered, or a mistyped flag refused.
-  const ProgramHelp help{options.description, options.flags, options.app_tables};
+  ProgramHelp help{options.description, options.flags, options.app_tables};
+  help.program_parses_flags = options.program_parses_flags;
+  help.engines = options.engines;
   answer_informational_flags(argc, argv, help);
   const CommandLine command_line = parse_command_line(argc, argv);
-  check_flags(command_line, help);
+  if (!options.program_parses_flags) check_flags(command_line, help);
   s.world = std::make_unique<World>(argc, argv);
   failure_watch::start();  // a timeout or a rank's error fails the job, naming the culprit
   s.args = command_line.rest;
+  if (options.program_parses_flags) {
+    // What the program's own parser sees: its arguments, without Parallax's.
+    for (std::string& arg : s.args) s.argv.push_back(arg.data());
+    s.argv.push_back(nullptr);
+    argc = static_cast<int>(s.args.size());
+    argv = s.argv.data();
+  }
   check_same_program(*s.world);
   s.config = load_config_everywhere(*s.world, command_line.sources, options);
   start(options);
@@ -244,6 +284,8 @@ void Runtime::start(const InitOptions& options) {
   // rank holds the same config and cluster, so every rank refuses a strategy the same
   // way, before anything is printed or built.
   s.plan = make_plan(s.config, cluster, emulated);
+  s.engine_names = options.engines;
+  for (const auto& [name, table] : s.config.engines) s.engine_plans[name] = engine_plan_of(s.config, name, cluster, emulated);
   Communicator* mesh_world = &s.world->communicator();
   if (s.config.train.device == TrainDevice::kCuda) {
     run_everywhere(s.world->communicator(), "choosing this rank's GPU", [&] {
@@ -338,6 +380,21 @@ const std::string& Runtime::blas() const {
 
 const proto::Plan& Runtime::plan() const {
   return state_->plan;
+}
+
+const proto::Plan& Runtime::engine_plan(const std::string& name) const {
+  const State& s = *state_;
+  if (name.empty()) return s.plan;
+  PARALLAX_CHECK(std::find(s.engine_names.begin(), s.engine_names.end(), name) != s.engine_names.end(), UsageError,
+                 "EngineOptions(\"", name, "\"): this program's engines are {", join_names(s.engine_names),
+                 "}; add the name to InitOptions::engines, so that the config may give it an [engine.", name,
+                 "] table");
+  const auto found = s.engine_plans.find(name);
+  return found == s.engine_plans.end() ? s.plan : found->second;
+}
+
+std::vector<StepApplier*>& Runtime::engines() {
+  return state_->engines;
 }
 
 std::string Runtime::plan_text() const {

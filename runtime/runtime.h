@@ -44,6 +44,7 @@ struct ThreadBudget;
 
 class World;
 class Mesh;
+class StepApplier;
 class MetricsWriter;
 class Communicator;
 class Cluster;
@@ -73,6 +74,30 @@ struct InitOptions {
   /// The application's own flags, for --help; init refuses any other flag
   /// (program_flags.h). Default: none.
   std::vector<AppFlag> flags{};
+  /// The program parses its own command line (getopt, CLI11, gflags...): init takes
+  /// Parallax's flags (--config, --set) out of argc/argv and leaves every other argument
+  /// there, in order and unchecked, for the program's parser; argv then points into the
+  /// Runtime (valid while it lives). --help, --version and --config-reference are still
+  /// answered first; `flags`, if given, are listed by --help. Default: false (a flag
+  /// neither Parallax's nor in `flags` is refused with a did-you-mean).
+  bool program_parses_flags = false;
+  /// Names of the engines the program builds with EngineOptions (a trainer with several
+  /// models), e.g. {"generator", "discriminator"}: each may have an [engine.<name>]
+  /// table of its own zero, offload, precision and grad_accum keys. Default: none.
+  std::vector<std::string> engines{};
+};
+
+/// One engine of several: its name selects its [engine.<name>] table, whose keys
+/// override the run's for it alone (a large generator at ZeRO-3 beside a small
+/// discriminator at stage 0, or another accumulation per model).
+///
+///   auto d_engine = rt.engine(discriminator, d_optimizer, parallax::EngineOptions("discriminator"));
+struct EngineOptions {
+  EngineOptions() = default;
+  explicit EngineOptions(std::string name) : name(std::move(name)) {}
+  /// One of InitOptions::engines; names the engine in the startup summary too.
+  /// Default: "" (the run's options).
+  std::string name{};
 };
 
 class Runtime {
@@ -96,14 +121,14 @@ class Runtime {
   /// or a ModuleHolder (torch::nn::Linear, a TORCH_MODULE type); defined in engine.h.
   /// Collective: broadcasts rank 0's parameters. `spec`: the optimizer from [optimizer].
   template <typename Model>
-  auto engine(Model&& model, const OptimizerSpec& spec);
+  auto engine(Model&& model, const OptimizerSpec& spec, const EngineOptions& options = {});
   /// As above, keeping the trainer's own LibTorch optimizer (SGD, Adam, AdamW, RMSprop,
   /// Adagrad): the engine builds the same optimizer over its shards, masters or offloaded
   /// state, with the config's [optimizer] keys overriding (each difference is reported
   /// on rank 0), and empties `optimizer`, whose zero_grad() and step() then do nothing
   /// (runtime/trainer_optimizer.h). `optimizer` must outlive the engine.
   template <typename Model>
-  auto engine(Model&& model, torch::optim::Optimizer& optimizer);
+  auto engine(Model&& model, torch::optim::Optimizer& optimizer, const EngineOptions& options = {});
 
   /// Whether this is the world's rank 0, the one rank that should print the trainer's
   /// own output: `if (rt.is_main()) std::printf(...)`. (Parallax's own lines go through
@@ -129,6 +154,10 @@ class Runtime {
   /// The resolved plan (proto/plan.proto): what the engines apply. They build
   /// themselves from it alone; the config it was made from is for the application.
   const proto::Plan& plan() const;
+  /// The plan of the engine called `name`: the run's with its [engine.<name>] table over
+  /// it (the run's own when it has none, or for ""). Throws UsageError for a name not in
+  /// InitOptions::engines.
+  const proto::Plan& engine_plan(const std::string& name) const;
   /// The resolved plan, as Protobuf text.
   std::string plan_text() const;
   /// The plan for people: the strategy, then every rank's coordinates, node, cores,
@@ -144,6 +173,10 @@ class Runtime {
   const std::string& blas() const;
   /// This rank's cores and how its thread pools were sized (runtime/thread_budget.h).
   const ThreadBudget& threads() const;
+  /// Internal to runtime/: the engines built on this runtime (their step appliers,
+  /// which register themselves), so that one engine's backward finds the ZeRO-3
+  /// parameters of another model it runs through.
+  std::vector<StepApplier*>& engines();
 
  private:
   struct State;

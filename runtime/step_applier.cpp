@@ -3,6 +3,7 @@
 #include <torch/nn/functional/loss.h>
 #include <torch/version.h>
 
+#include <algorithm>
 #include <unordered_set>
 
 #include "parallax/checkpoint/async_saver.h"
@@ -93,8 +94,7 @@ zero::LossScalerOptions loss_scaler_options(const PrecisionOptions& precision) {
 }
 
 // Rank 0 of the tensor-parallel group says how the model was split.
-void describe_split(Runtime& runtime, const tensor_parallel::ParallelizedModel& split) {
-  const proto::Plan& plan = runtime.plan();
+void describe_split(Runtime& runtime, const proto::Plan& plan, const tensor_parallel::ParallelizedModel& split) {
   runtime.logger().summary("# tensor parallel: tp = ", plan.degrees().tp(), ", sequence parallel ",
                            plan.tensor_parallel().sequence_parallel() ? "on" : "off");
   for (const std::string& line : split.describe()) runtime.logger().summary("#   ", line);
@@ -162,11 +162,12 @@ std::unique_ptr<tensor_parallel::ParallelizedModel> split_pipeline_stage(
 }  // namespace
 
 StepApplier::StepApplier(Runtime& runtime,
+                         const proto::Plan& engine_plan,
                          std::shared_ptr<torch::nn::Module> model,
                          const OptimizerSpec& spec,
                          const StageCoupling* stage)
-    : runtime_(&runtime), model_(std::move(model)), spec_(spec) {
-  const proto::Plan& plan = runtime.plan();
+    : runtime_(&runtime), plan_(std::make_unique<proto::Plan>(engine_plan)), model_(std::move(model)), spec_(spec) {
+  const proto::Plan& plan = *plan_;
   const int pp = plan.degrees().pp();
   PARALLAX_CHECK(pp == 1 || stage != nullptr, ConfigError, "parallel.pp = ", pp,
                  ": a pipeline needs the model as layer specs, so that each stage builds only its own layers; "
@@ -213,7 +214,7 @@ StepApplier::StepApplier(Runtime& runtime,
     } else {
       split_ = split_pipeline_stage(*model_, tp_options, world, tp, runtime.mesh().pp(), stage->plan_path);
     }
-    describe_split(runtime, *split_);
+    describe_split(runtime, plan, *split_);
   }
   check_same_structure(dp, unique, model_->buffers());
 
@@ -281,14 +282,28 @@ StepApplier::StepApplier(Runtime& runtime,
   if (precision.dtype == Dtype::kFp16) {
     scaler_ = std::make_unique<zero::LossScaler>(loss_scaler_options(precision));
   }
-  telemetry_ = std::make_unique<StepTelemetry>(runtime);
-  reduction_ = make_gradient_reduction(runtime, *model_, params_, dtype_, spec_.optimizer, std::move(model_split));
+  telemetry_ = std::make_unique<StepTelemetry>(runtime, plan);
+  reduction_ =
+      make_gradient_reduction(runtime, plan, *model_, params_, dtype_, spec_.optimizer, std::move(model_split));
+  if (spec_.zero_grad_sentinel.defined()) reduction_->watch_zero_grad(spec_.zero_grad_sentinel);
+  runtime.engines().push_back(this);
   const CheckpointOptions& checkpoints = runtime.config().checkpoint;
   if (!checkpoints.dir.empty() && checkpoints.preemption) preemption_ = std::make_unique<PreemptionSignals>();
   FlightRecorder::instance().set_step(global_step_ + 1);  // the step in progress, for failure reports
 }
 
-StepApplier::~StepApplier() = default;
+StepApplier::~StepApplier() {
+  auto& engines = runtime_->engines();
+  engines.erase(std::remove(engines.begin(), engines.end(), this), engines.end());
+}
+
+StepApplier::PeerScopes StepApplier::peer_scopes() const {
+  PeerScopes scopes;
+  for (const StepApplier* other : runtime_->engines()) {
+    if (other != this) scopes.add(other->reduction_->use_scope());
+  }
+  return scopes;
+}
 
 void StepApplier::begin_window() {
   telemetry_->begin_window_if_needed();
@@ -382,7 +397,7 @@ void StepApplier::explain_missing_kernel() const {
   } catch (const c10::Error& e) {
     const std::string what = e.what_without_backtrace();
     if (dtype_ == torch::kFloat32 || what.find("not implemented for '") == std::string::npos) return;
-    const proto::Precision& precision = runtime_->plan().precision();
+    const proto::Precision& precision = plan_->precision();
     const bool fp16 = precision.dtype() == proto::DTYPE_FP16;
     throw ConfigError(std::string("precision.dtype = \"") + to_string(precision.dtype()) + "\"" +
                       precision.dtype_position() + ": LibTorch " + TORCH_VERSION +

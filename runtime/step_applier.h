@@ -46,6 +46,9 @@ class LossScaler;
 }  // namespace zero
 class Runtime;
 class GradientReduction;
+namespace proto {
+class Plan;
+}
 class StepTelemetry;
 
 /// How a pipeline stage's module couples to the other stages.
@@ -73,11 +76,13 @@ struct ForwardScope {
 
 class StepApplier {
  public:
-  /// Collective; the construction above. `stage` is null for a whole model (parallel.pp
-  /// must then be 1) and the pipeline coupling for one stage's module. Throws
-  /// ConfigError for a config it cannot run, UsageError for a model that differs across
-  /// ranks or has nothing to train, CommError if a broadcast fails.
+  /// Collective; the construction above, as `plan` says (the run's, or an engine's own:
+  /// Runtime::engine_plan). `stage` is null for a whole model (parallel.pp must then be
+  /// 1) and the pipeline coupling for one stage's module. Throws ConfigError for a
+  /// config it cannot run, UsageError for a model that differs across ranks or has
+  /// nothing to train, CommError if a broadcast fails.
   StepApplier(Runtime& runtime,
+              const proto::Plan& plan,
               std::shared_ptr<torch::nn::Module> model,
               const OptimizerSpec& spec,
               const StageCoupling* stage);
@@ -93,6 +98,24 @@ class StepApplier {
   ForwardScope forward_scope();
   /// The scope alone, for a forward that is part of a step (a pipeline chunk's).
   ModelScope model_scope() const;
+  /// The ZeRO-3 parameter scopes of the runtime's other engines, held around a backward
+  /// that may run through their models (a generator's loss through the discriminator);
+  /// they close in reverse order.
+  class PeerScopes {
+   public:
+    PeerScopes() = default;
+    PeerScopes(PeerScopes&&) = default;
+    ~PeerScopes() {
+      while (!scopes_.empty()) scopes_.pop_back();
+    }
+    void add(zero::ParameterUseScope scope) {
+      scopes_.push_back(std::make_unique<zero::ParameterUseScope>(std::move(scope)));
+    }
+
+   private:
+    std::vector<std::unique_ptr<zero::ParameterUseScope>> scopes_;
+  };
+  PeerScopes peer_scopes() const;
   /// Runs `body` (the model's forward or backward) through explain_missing_kernel().
   void run_model(const std::function<void()>& body) const;
   /// Call inside a `catch (const c10::Error&)` around the model's forward or backward:
@@ -117,6 +140,8 @@ class StepApplier {
   double loss_scale() const;
   std::int64_t skipped_steps() const;
 
+  /// What this engine applies.
+  const proto::Plan& plan() const { return *plan_; }
   std::int64_t global_step() const { return global_step_; }
   const StepMetrics& last_metrics() const { return last_; }
   torch::ScalarType compute_dtype() const { return dtype_; }
@@ -161,6 +186,7 @@ class StepApplier {
   bool save_if_preempted();
 
   Runtime* runtime_;
+  std::unique_ptr<const proto::Plan> plan_;
   std::shared_ptr<torch::nn::Module> model_;
   OptimizerSpec spec_;
   torch::ScalarType dtype_ = torch::kFloat32;

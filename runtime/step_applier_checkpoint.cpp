@@ -46,10 +46,10 @@ std::string rank_stream_name(int rank, const std::string& stream) {
 }
 
 // "dp=2 tp=1 pp=1 zero=1 bf16, 2 ranks": the saving run, for messages.
-std::string layout_text(Runtime& runtime, torch::ScalarType dtype) {
+std::string layout_text(Runtime& runtime, const proto::Plan& plan, torch::ScalarType dtype) {
   const MeshDegrees& d = runtime.mesh().degrees();
   std::ostringstream text;
-  text << "dp=" << d.dp << " tp=" << d.tp << " pp=" << d.pp << " zero=" << runtime.plan().zero().stage() << " "
+  text << "dp=" << d.dp << " tp=" << d.tp << " pp=" << d.pp << " zero=" << plan.zero().stage() << " "
        << c10::toString(dtype) << ", " << runtime.world().size() << " ranks";
   return text.str();
 }
@@ -104,7 +104,7 @@ checkpoint::SaveResult StepApplier::save_checkpoint(const std::string& trainer_s
   request.root = options.dir;
   request.step = global_step_;
   request.keep = static_cast<int>(options.keep);
-  request.layout = layout_text(*runtime_, dtype_);
+  request.layout = layout_text(*runtime_, *plan_, dtype_);
   request.timeout = checkpoint_timeout(*runtime_);
   for (const StateSlice& slice : reduction_->state_slices(StateAccess::kOwned, /*create_optimizer_state=*/false)) {
     const torch::Tensor& param = params_[slice.param];

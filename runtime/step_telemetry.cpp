@@ -31,7 +31,7 @@ std::string human_rate(double per_second) {
 
 }  // namespace
 
-StepTelemetry::StepTelemetry(Runtime& runtime) : runtime_(runtime) {
+StepTelemetry::StepTelemetry(Runtime& runtime, const proto::Plan& plan) : runtime_(runtime), plan_(plan) {
   Mesh& mesh = runtime.mesh();
   for (Communicator* c : {&mesh.world(), &mesh.dp(), &mesh.tp(), &mesh.pp()}) {
     if (std::find(training_comms_.begin(), training_comms_.end(), c) == training_comms_.end()) {
@@ -111,7 +111,7 @@ StepMetrics StepTelemetry::end_window(
   }
   const auto elapsed = std::chrono::steady_clock::now() - window_start_;
   metrics.step_ms = std::chrono::duration<double, std::milli>(elapsed).count();
-  const double samples = static_cast<double>(runtime_.plan().batch().global_batch_size());
+  const double samples = static_cast<double>(plan_.batch().global_batch_size());
   metrics.samples_per_s = metrics.step_ms > 0 ? samples * 1000.0 / metrics.step_ms : 0.0;
   metrics.tokens_per_sample = tokens_per_sample_;
   metrics.tokens_per_s = metrics.samples_per_s * static_cast<double>(std::max<std::int64_t>(tokens_per_sample_, 1));
@@ -131,7 +131,7 @@ StepMetrics StepTelemetry::end_window(
     }
   }
   const LoggingOptions& logging = runtime_.config().logging;
-  const std::int64_t total = runtime_.plan().batch().steps();
+  const std::int64_t total = plan_.batch().steps();
   if (logging.every > 0 && (step % logging.every == 0 || step == total || step == 1)) {
     const bool tokens = tokens_per_sample_ > 0;
     char line[256];

@@ -27,10 +27,14 @@
 #include "parallax/runtime/runtime.h"
 
 namespace parallax {
+namespace proto {
+class Plan;
+}
 
 class StepTelemetry {
  public:
-  explicit StepTelemetry(Runtime& runtime);
+  /// `plan`: the engine's (its global batch and run length); it must outlive this.
+  StepTelemetry(Runtime& runtime, const proto::Plan& plan);
   ~StepTelemetry();
 
   /// Marks the start of an accumulation window (the step timer) if none is open: the
@@ -55,6 +59,7 @@ class StepTelemetry {
   CommCounters training_counters() const;
 
   Runtime& runtime_;
+  const proto::Plan& plan_;
   std::vector<Communicator*> training_comms_;
   CommCounters counters_at_start_;
   bool window_open_ = false;

@@ -164,7 +164,7 @@ AdoptedOptimizer read_trainer_optimizer(const Config& config, const torch::optim
   return out;
 }
 
-void release_trainer_optimizer(torch::optim::Optimizer& optimizer, const torch::nn::Module& model) {
+torch::Tensor release_trainer_optimizer(torch::optim::Optimizer& optimizer, const torch::nn::Module& model) {
   std::unordered_set<const void*> trainable;
   std::unordered_map<const void*, std::string> names;
   for (const auto& item : model.named_parameters(/*recurse=*/true)) {
@@ -197,6 +197,12 @@ void release_trainer_optimizer(torch::optim::Optimizer& optimizer, const torch::
   }
   for (auto& group : optimizer.param_groups()) group.params().clear();
   optimizer.state().clear();
+  // What the trainer's zero_grad() still reaches: one element the engine watches
+  // (zero/gradient_ledger.h), with state made so the trainer's step() accepts it.
+  torch::Tensor sentinel = torch::zeros({1});
+  optimizer.param_groups().front().params().push_back(sentinel);
+  optimizer_state(optimizer, sentinel, /*create=*/true);
+  return sentinel;
 }
 
 OptimizerSpec adopt_trainer_optimizer(Runtime& runtime, const torch::nn::Module& model, torch::optim::Optimizer& optimizer) {
@@ -204,7 +210,7 @@ OptimizerSpec adopt_trainer_optimizer(Runtime& runtime, const torch::nn::Module&
   if (runtime.is_main()) {
     for (const std::string& line : adopted.overrides) runtime.logger().warn(line);
   }
-  release_trainer_optimizer(optimizer, model);
+  adopted.spec.zero_grad_sentinel = release_trainer_optimizer(optimizer, model);
   return adopted.spec;
 }
 

@@ -7,8 +7,10 @@
 // (same type, same options) over what it trains (the parameters, the fp32 masters,
 // this rank's ZeRO shard or the offloaded state), so the trainer's settings need not be
 // copied into TOML. The trainer's object keeps its parameter groups' options but loses
-// their parameters, so its own zero_grad() and step() do nothing: loops that still call
-// them stay correct. Its learning rate stays live: unless the config sets optimizer.lr
+// their parameters, so its own step() changes nothing of the model; its first group keeps
+// one element the engine watches, so its zero_grad() clears the engine's gradients as it
+// would have cleared the parameters' (zero/gradient_ledger.h): loops that still call
+// both stay correct. Its learning rate stays live: unless the config sets optimizer.lr
 // or a [scheduler] key, every step uses the lr of its first group at that step, so a
 // schedule the trainer writes into it (group.options().set_lr(...)) applies.
 #pragma once
@@ -46,10 +48,11 @@ AdoptedOptimizer read_trainer_optimizer(const Config& config, const torch::optim
 
 /// Hands `optimizer` over to the engine: checks that its parameters are exactly the
 /// trainable parameters of `model` (each once) and that it has not stepped, then empties
-/// its parameter groups (their options stay) and its state. Throws UsageError naming a
-/// parameter the optimizer lacks or holds beyond the model, or saying it has stepped;
-/// the optimizer is unchanged then.
-void release_trainer_optimizer(torch::optim::Optimizer& optimizer, const torch::nn::Module& model);
+/// its parameter groups (their options stay) and its state, and puts one sentinel
+/// element (returned) in its first group, for the engine to see its zero_grad(). Throws
+/// UsageError naming a parameter the optimizer lacks or holds beyond the model, or
+/// saying it has stepped; the optimizer is unchanged then.
+torch::Tensor release_trainer_optimizer(torch::optim::Optimizer& optimizer, const torch::nn::Module& model);
 
 /// What Runtime::engine(model, optimizer) does first: read_trainer_optimizer, the
 /// overrides printed as warnings on rank 0, then release_trainer_optimizer. Returns the

@@ -117,11 +117,39 @@ void FlatGroup::release() {
   full_live_ = false;
 }
 
+void FlatGroup::begin_micro_step() {
+  reported_ = 0;
+  if (!keep_full_gradients_ || !reduced_in_window_ || settled_.defined()) return;
+  torch::NoGradGuard no_grad;
+  // The full buffer still holds this rank's unreduced gradients beside its reduced
+  // shard: set the shard aside (the host shard keeps it when offloaded), start again.
+  if (!host_gradient_) settled_ = grad_shard_.clone();
+  grad_full_.zero_();
+}
+
 bool FlatGroup::add_gradient(std::size_t i, const torch::Tensor& grad) {
   torch::NoGradGuard no_grad;
   if (!grad_full_.defined()) grad_full_ = torch::zeros({layout_.padded_numel()}, gradient_options_);
   grad_full_.narrow(0, layout_.offset(i), layout_.numel(i)).add_(grad.reshape({-1}));
   return ++reported_ == params_.size();
+}
+
+void FlatGroup::absorb_gradient(std::size_t i, const torch::Tensor& grad) {
+  torch::NoGradGuard no_grad;
+  if (!grad_full_.defined()) grad_full_ = torch::zeros({layout_.padded_numel()}, gradient_options_);
+  grad_full_.narrow(0, layout_.offset(i), layout_.numel(i)).add_(grad.reshape({-1}).to(torch::kFloat32));
+  absorbed_ = true;
+}
+
+void FlatGroup::discard_gradient(std::size_t i) {
+  PARALLAX_ASSERT(!received_.defined() && !staged_.defined(), "a gradient discarded while its group is reduced");
+  torch::NoGradGuard no_grad;
+  if (grad_full_.defined()) grad_full_.narrow(0, layout_.offset(i), layout_.numel(i)).zero_();
+  const auto fragment = layout_.fragment(i, rank_);
+  if (!fragment) return;
+  to_host_.wait();  // a reduced shard on its way to the host shard
+  grad_shard_.narrow(0, fragment->shard_offset, fragment->numel).zero_();
+  if (settled_.defined()) settled_.narrow(0, fragment->shard_offset, fragment->numel).zero_();
 }
 
 WorkPtr FlatGroup::reduce(Communicator& comm) {
@@ -136,7 +164,7 @@ void FlatGroup::complete_reduction() {
     // From the device to the offloaded optimizer's host shard, on the side stream: the
     // copy (or, once the shard holds an earlier micro-step's gradient, a staging copy
     // added by finish_host_gradient) overlaps the rest of backward.
-    if (keep_full_gradients_ || !host_shard_written_) {
+    if (!host_shard_written_) {
       to_host_ = copies_->copy(grad_shard_, received_);
     } else {
       PARALLAX_ASSERT(!staged_.defined(), "a group reduced twice before finish_host_gradient");
@@ -146,13 +174,23 @@ void FlatGroup::complete_reduction() {
     host_shard_written_ = true;
     if (!keep_full_gradients_) grad_full_ = torch::Tensor();
   } else if (keep_full_gradients_) {
-    grad_shard_.copy_(received_);  // the rest of the full buffer is zeroed with the step
+    // The window's first reduction replaces the shard (the rest of the full buffer is
+    // zeroed with the step); a late one adds to the host shard, or to what was set aside.
+    if (host_gradient_ && reduced_in_window_) {
+      grad_shard_.add_(received_);
+    } else {
+      grad_shard_.copy_(received_);
+    }
+    if (settled_.defined()) grad_shard_.add_(settled_);
+    settled_ = torch::Tensor();
   } else {
     grad_shard_.add_(received_);
     grad_full_ = torch::Tensor();
   }
   received_ = torch::Tensor();
   reported_ = 0;
+  absorbed_ = false;
+  reduced_in_window_ = true;
 }
 
 void FlatGroup::zero_gradients() {
@@ -162,6 +200,9 @@ void FlatGroup::zero_gradients() {
     grad_shard_.zero_();
   }
   reported_ = 0;
+  absorbed_ = false;
+  reduced_in_window_ = false;
+  settled_ = torch::Tensor();
   host_shard_written_ = false;
 }
 

@@ -68,13 +68,22 @@ class FlatGroup {
   bool full_buffer_live() const { return full_live_; }
 
   // ---- gradients ----
-  /// Starts a micro-step's gradient reports.
-  void begin_micro_step() { reported_ = 0; }
-  /// Whether a gradient was added in this micro-step.
-  bool has_gradients() const { return reported_ > 0; }
+  /// Starts a micro-step's gradient reports. With `keep_full_gradients`, a micro-step
+  /// after this window's reduction (a late backward) is reduced again and added: the
+  /// reduced shard is set aside and the full buffer starts from zero.
+  void begin_micro_step();
+  /// Whether a gradient was added (or absorbed) since the last reduction's report.
+  bool has_gradients() const { return reported_ > 0 || absorbed_; }
   /// Adds parameter `i`'s gradient of this backward; returns true when every
   /// parameter of the group has reported in this micro-step.
   bool add_gradient(std::size_t i, const torch::Tensor& grad);
+  /// Adds a gradient of parameter `i` that no report counts (one the trainer's .grad
+  /// held from another backward); the next reduction carries it.
+  void absorb_gradient(std::size_t i, const torch::Tensor& grad);
+  /// Drops everything this rank holds of parameter `i`'s gradient: its elements of the
+  /// full buffer and of the gradient shard (the trainer cleared it). Not while a
+  /// reduction of the group is in flight.
+  void discard_gradient(std::size_t i);
   /// Reduce-scatters the full gradient buffer (zeros where nothing was added) and
   /// returns the work; complete_reduction() folds the result into the gradient shard.
   WorkPtr reduce(Communicator& comm);
@@ -137,6 +146,9 @@ class FlatGroup {
   torch::Tensor received_;                 ///< reduce-scatter output in flight
   torch::TensorOptions gradient_options_;  ///< fp32 on the parameters' device
   std::size_t reported_ = 0;
+  bool absorbed_ = false;         ///< absorb_gradient() since the last reduction
+  bool reduced_in_window_ = false;  ///< a reduction completed since zero_gradients()
+  torch::Tensor settled_;         ///< keep_full_gradients: the window's earlier reduced shard, set aside
   bool host_gradient_ = false;                   ///< grad_shard_ is the offloaded optimizer's
   offload::SideStreamCopies* copies_ = nullptr;  ///< offloaded: device <-> host
   bool host_shard_written_ = false;              ///< offloaded: the host shard holds a gradient since it was zeroed

@@ -11,7 +11,7 @@
 #include "parallax/offload/side_stream.h"
 #include "parallax/zero/flat_group.h"
 #include "parallax/zero/gather_schedule.h"
-#include "parallax/zero/gradient_hooks.h"
+#include "parallax/zero/gradient_ledger.h"
 #include "parallax/zero/group_plan.h"
 
 namespace parallax::zero {
@@ -73,13 +73,16 @@ struct ShardedModel::State {
   std::unique_ptr<torch::optim::Optimizer> optimizer;  ///< unless offloaded
   std::unique_ptr<offload::OffloadedAdam> offloaded;   ///< [offload] optimizer != none
   std::unique_ptr<offload::SideStreamCopies> copies;   ///< offloaded: between the device and the host
-  std::unique_ptr<GradientHooks> hooks;
+  std::unique_ptr<GradientLedger> ledger;
   /// Stage 3: each unit named by its first parameter, for messages.
   std::vector<std::string> unit_names;
   /// Stage 3: the units' storages, for the scopes and the watch (null otherwise).
   std::shared_ptr<ParameterRegistry> registry;
 
   std::mutex mutex;  ///< hooks and parameter uses may come from autograd threads
+  std::optional<GradientLedger::OwnBackward> own_backward;  ///< from begin_backward to end_backward
+  std::int64_t late_reductions = 0;
+  bool window_reduced = false;  ///< a backward of this window reduced (stage 1 reduces once)
   bool reduce_this_micro_step = false;
   bool reduce_untouched = true;  ///< this backward reduces groups no gradient reached
   bool in_backward = false;
@@ -260,7 +263,19 @@ ShardedModel::ShardedModel(torch::nn::Module& model,
   s.complete.assign(s.groups.size(), false);
   s.reductions.resize(s.groups.size());
 
-  s.hooks = std::make_unique<GradientHooks>(s.params, [this](std::size_t i) { on_gradient_ready(i); });
+  GradientKeeper keeper;
+  keeper.before = [this](std::size_t i, bool own) {
+    if (own) check_scale_of_live_gradient(i);
+  };
+  keeper.after = [this](std::size_t i, bool own) {
+    if (own) on_gradient_ready(i);  // another model's backward leaves its gradient in .grad
+  };
+  keeper.discard = [this](std::size_t i) {
+    State& st = *state_;
+    std::lock_guard<std::mutex> lock(st.mutex);
+    st.groups[st.group_of_param[i]]->discard_gradient(st.index_in_group[i]);
+  };
+  s.ledger = std::make_unique<GradientLedger>(s.params, std::move(keeper));
   if (!s.unit_groups.empty()) {
     // A parameter read between steps on the constructing thread (a print, a direct
     // model->forward) is refused clearly instead of reading released memory.
@@ -277,7 +292,8 @@ ShardedModel::~ShardedModel() {
   State& s = *state_;
   // A scope still open elsewhere may keep the registry: it must no longer name us.
   if (s.registry) s.registry->clear();
-  s.hooks.reset();
+  s.own_backward.reset();
+  s.ledger.reset();
   // Never free buffers a collective still reads; never throw from a destructor.
   for (auto* works : {&s.reductions, &s.gathers}) {
     for (WorkPtr& work : *works) {
@@ -294,13 +310,36 @@ ShardedModel::~ShardedModel() {
   }
 }
 
+void ShardedModel::check_scale_of_live_gradient(std::size_t i) const {
+  const State& s = *state_;
+  PARALLAX_CHECK(s.params[i].scalar_type() != torch::kFloat16 || !s.ledger->foreign(i), UsageError, "parameter ", i,
+                 " (shape ", s.params[i].sizes(),
+                 ") trains in fp16 with loss scaling, and another backward left a gradient in its .grad whose scale "
+                 "this engine cannot know; call zero_grad() before this engine's backward, or train in bf16");
+}
+
+void ShardedModel::absorb_live_gradients() {
+  State& s = *state_;
+  auto guard = s.ledger->lock();
+  for (std::size_t i = 0; i < s.params.size(); ++i) {
+    const torch::Tensor live = s.ledger->live(i);
+    if (!live.defined()) continue;
+    check_scale_of_live_gradient(i);
+    {
+      std::lock_guard<std::mutex> lock(s.mutex);
+      s.groups[s.group_of_param[i]]->absorb_gradient(s.index_in_group[i], live);
+    }
+    s.ledger->hold(i);
+  }
+}
+
 void ShardedModel::on_gradient_ready(std::size_t i) {
   State& s = *state_;
-  torch::Tensor& grad = s.params[i].mutable_grad();
   const std::size_t g = s.group_of_param[i];
   std::lock_guard<std::mutex> lock(s.mutex);
-  const bool group_complete = s.groups[g]->add_gradient(s.index_in_group[i], grad);
-  grad = torch::Tensor();  // the group holds it now
+  // .grad also holds what other backwards left there since the trainer last cleared it.
+  const bool group_complete = s.groups[g]->add_gradient(s.index_in_group[i], s.params[i].grad());
+  s.ledger->hold(i);  // the group holds it now
   if (!group_complete) return;
   s.complete[g] = true;
   if (s.unit_of_group[g] >= 0) s.apply_locked(s.schedule->backward_done(static_cast<std::size_t>(s.unit_of_group[g])));
@@ -334,6 +373,8 @@ void ShardedModel::on_parameter_use(std::size_t unit, bool in_step) {
 
 void ShardedModel::begin_backward(bool last_micro_step, bool reduce_untouched) {
   State& s = *state_;
+  s.ledger->sync_all();  // what the trainer cleared since the last backward
+  s.own_backward.emplace(s.ledger->own_backward());
   std::lock_guard<std::mutex> lock(s.mutex);
   PARALLAX_ASSERT(!s.in_backward, "begin_backward twice without end_backward");
   if (s.schedule) s.apply_locked(s.schedule->end_forward());
@@ -348,6 +389,10 @@ void ShardedModel::begin_backward(bool last_micro_step, bool reduce_untouched) {
 
 void ShardedModel::end_backward() {
   State& s = *state_;
+  s.own_backward.reset();
+  // Gradients other backwards left on parameters this one did not reach: their groups
+  // have not launched yet, so the reductions below carry them.
+  absorb_live_gradients();
   {
     std::lock_guard<std::mutex> lock(s.mutex);
     PARALLAX_ASSERT(s.in_backward, "end_backward without begin_backward");
@@ -356,6 +401,7 @@ void ShardedModel::end_backward() {
     if (s.reduce_this_micro_step) s.launch_reductions_locked(/*all=*/true, s.reduce_untouched);
   }
   if (s.reduce_this_micro_step) {
+    s.window_reduced = true;
     auto span = s.tracer->span("zero reduce_scatter wait", "comm");
     for (std::size_t g = s.next_to_reap; g < s.groups.size(); ++g) {
       if (s.reductions[g]) s.finish_reduction(g);
@@ -397,6 +443,28 @@ std::optional<GradientPart> ShardedModel::gradient_part(std::size_t i) const {
                       s.groups[g]->gradient_shard().narrow(0, fragment->shard_offset, fragment->numel)};
 }
 
+void ShardedModel::finish_window() {
+  State& s = *state_;
+  s.ledger->sync_all();
+  bool late = false;
+  for (std::size_t i = 0; i < s.params.size() && !late; ++i) late = s.ledger->live(i).defined();
+  // Gradients that reached .grad after this window's last backward (every rank runs the
+  // same backwards, so every rank has the same ones): one more reduction of the groups
+  // that hold them (stage 1: of every group, as it is when no backward reduced yet).
+  if (!late && s.window_reduced) return;
+  if (late) ++s.late_reductions;
+  begin_backward(/*last_micro_step=*/true, /*reduce_untouched=*/false);
+  end_backward();
+}
+
+void ShardedModel::watch_zero_grad(torch::Tensor sentinel) {
+  state_->ledger->watch_zero_grad(std::move(sentinel));
+}
+
+std::int64_t ShardedModel::late_reductions() const {
+  return state_->late_reductions;
+}
+
 StepOutcome ShardedModel::step(double gradient_scale, double clip_norm, bool skip_non_finite) {
   State& s = *state_;
   torch::NoGradGuard no_grad;
@@ -435,6 +503,8 @@ StepOutcome ShardedModel::step(double gradient_scale, double clip_norm, bool ski
     if (skip_non_finite && !std::isfinite(outcome.grad_norm)) {
       outcome.skipped = true;
       for (const auto& group : s.groups) group->zero_gradients();
+      s.ledger->end_window();
+      s.window_reduced = false;
       return outcome;
     }
     // As torch::nn::utils::clip_grad_norm_: scale by max_norm / (norm + 1e-6) when < 1.
@@ -450,6 +520,8 @@ StepOutcome ShardedModel::step(double gradient_scale, double clip_norm, bool ski
   }
   s.publish_masters();
   for (const auto& group : s.groups) group->zero_gradients();
+  s.ledger->end_window();
+  s.window_reduced = false;
   return outcome;
 }
 

@@ -18,12 +18,18 @@
 //     model may be destroyed on any thread.
 //  3. begin_backward(last): stage 3's forward is over (reshard). Backward runs; as each
 //     parameter's gradient is accumulated its hook adds it (fp32) to its group's full
-//     gradient buffer and drops the parameter's .grad. A group whose gradients are
-//     complete is reduce-scattered — stage 1 on the last micro-step only, stages 2–3
-//     every micro-step — strictly in group order, so all ranks issue the same
-//     collectives; at stage 3 the unit is also released.
+//     gradient buffer, and .grad shows the gradient ledger's marker (gradient_ledger.h:
+//     the trainer's zero_grad() still reaches what the group holds). A group whose
+//     gradients are complete is reduce-scattered — stage 1 on the last micro-step only,
+//     stages 2–3 every micro-step — strictly in group order, so all ranks issue the
+//     same collectives; at stage 3 the unit is also released. Any number of backwards
+//     may run per micro-step (several losses); each is one begin/end pair.
 //  4. end_backward(): groups whose parameters took no part (no hook fired) are
-//     reduced too; every reduction is awaited and folded into the gradient shards.
+//     reduced too, carrying what other backwards (another model's, through these
+//     parameters) left in .grad since the trainer last cleared it; every reduction is
+//     awaited and folded into the gradient shards.
+//  4'. finish_window(), before the step: what the trainer cleared is dropped, and
+//     gradients other backwards left after the last end_backward are reduced too.
 //  5. step(): gradient shards are scaled (1/N, loss-scale undo), the global norm is one
 //     all_reduce of a float64 sum of squares (when clipping or checking for overflow),
 //     a non-finite norm skips the step on every rank, the optimizer updates the master
@@ -140,6 +146,15 @@ class ShardedModel final : private ParameterUseListener {
   void begin_backward(bool last_micro_step, bool reduce_untouched = true);
   /// Blocks until this micro-step's reductions are done; throws CommError.
   void end_backward();
+  /// Step 4' of the protocol. Collective over dp only when late gradients exist (on
+  /// every rank alike: the ranks run the same backwards). Throws CommError; UsageError
+  /// for an fp16 parameter another backward left a gradient on (its scale is unknown).
+  void finish_window();
+  /// The trainer's optimizer holds `sentinel`: its zero_grad() clears these gradients
+  /// (gradient_ledger.h).
+  void watch_zero_grad(torch::Tensor sentinel);
+  /// Reductions finish_window() ran for late gradients since construction.
+  std::int64_t late_reductions() const;
   /// Model parallelism around the data-parallel group (a model split over tensor and/or
   /// pipeline ranks; see ModelParallel). From then on step() sums the partial
   /// gradients' fragments in this rank's shard over `tp` (one all-reduce) and computes
@@ -205,6 +220,9 @@ class ShardedModel final : private ParameterUseListener {
   struct State;
   void on_parameter_use(std::size_t unit, bool in_step) override;
   void on_gradient_ready(std::size_t param_index);
+  void check_scale_of_live_gradient(std::size_t param_index) const;
+  /// Takes every gradient .grad holds that the groups do not (other backwards').
+  void absorb_live_gradients();
   std::unique_ptr<State> state_;
   ZeroOptions options_;
 };

@@ -1,9 +1,9 @@
 // The engine's contract on unusual models and misuse, on several ranks: tied weights
-// count once, frozen parameters stay frozen, bool buffers travel, a model that differs
-// across ranks or a replaced .grad is a clear error on every rank, and a metrics file
-// rank 0 cannot open stops every rank at init instead of leaving them waiting; gradient
-// all-reduces are launched while backward runs; each rank's thread pools are sized, and
-// the rank bound, as its thread budget says.
+// count once, frozen parameters stay frozen, bool buffers travel, a .grad set to none or
+// replaced means what it means in LibTorch, a model that differs across ranks is a clear
+// error on every rank, and a metrics file rank 0 cannot open stops every rank at init
+// instead of leaving them waiting; gradient all-reduces are launched while backward
+// runs; each rank's thread pools are sized, and the rank bound, as its thread budget says.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -117,18 +117,21 @@ TEST(EngineContract, EveryBucketsAllReduceIsLaunchedWhileBackwardRuns) {
   for (int rank = 0; rank < world; ++rank) std::filesystem::remove(Tracer::per_rank_path(trace, rank));
 }
 
-TEST(EngineContract, ReplacingGradIsAClearErrorNotSilentDrift) {
+// A .grad set to none (zero_grad(set_to_none), LibTorch 2.x's default) or replaced by
+// another tensor means what it means in LibTorch: the gradient is gone, or is that
+// tensor; the engine's bucket takes it. Mutant caught: the engine keeping the bucket's
+// earlier contents (the stale gradient of the forgotten backward reaches the step).
+TEST(EngineContract, GradSetToNoneOrReplacedMeansWhatItMeansInLibTorch) {
   Runtime rt(sgd_config(), kQuiet);
   auto model = std::make_shared<TiedNet>();
   auto engine = rt.engine(model, OptimizerSpec::from(rt.config()));
-  model->weight.mutable_grad() = torch::Tensor();  // what zero_grad(set_to_none) does
-  engine.backward(engine.forward(torch::ones({1, 4})).sum());
-  try {
-    engine.step();
-    FAIL() << "step() accepted a replaced .grad";
-  } catch (const UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("zero_grad"), std::string::npos) << e.what();
-  }
+  const torch::Tensor before = model->weight.detach().clone();
+  engine.backward(engine.forward(torch::ones({1, 4})).sum() * 100);  // forgotten below
+  model->zero_grad(/*set_to_none=*/true);
+  model->weight.mutable_grad() = torch::full({4, 4}, 0.25);  // the gradient now, on every rank
+  ASSERT_TRUE(engine.step());  // no backward of its own since: the step takes the .grad above
+  EXPECT_TRUE(torch::allclose(model->weight, before - 0.5 * 0.25, 1e-6, 1e-7))
+      << (model->weight - (before - 0.125)).abs().max().item<double>();
 }
 
 TEST(EngineContract, AModelThatDiffersAcrossRanksFailsOnEveryRank) {

@@ -118,6 +118,8 @@ class GradientBucketsTest : public ::testing::Test {
     char** argv = nullptr;
     world_ = std::make_unique<World>(argc, argv);
   }
+  /// All-reduces a bucket takes: none in a group of one, which has nothing to average.
+  std::int64_t reduces() const { return world_->size() > 1 ? 1 : 0; }
   std::unique_ptr<World> world_;
   Tracer tracer_{false};
 };
@@ -141,12 +143,17 @@ TEST_F(GradientBucketsTest, BackwardAccumulatesIntoTheBucketsAndReducesOnlyWhenA
   auto bias = torch::ones({3}, torch::requires_grad());
   GradientBuckets buckets({weight, bias}, 1 << 20, world_->communicator(), tracer_);
   const auto before = world_->communicator().counters()[CommOp::kAllReduce].calls;
-  (weight * 2 + bias).sum().backward();  // micro-step 1: accumulate only
+  {
+    auto own = buckets.own_backward(/*reduce=*/false);
+    (weight * 2 + bias).sum().backward();  // micro-step 1: accumulate only
+  }
   EXPECT_EQ(world_->communicator().counters()[CommOp::kAllReduce].calls, before);
-  buckets.arm();
-  (weight * 2 + bias).sum().backward();  // micro-step 2: reduce as gradients arrive
+  {
+    auto own = buckets.own_backward(/*reduce=*/true);
+    (weight * 2 + bias).sum().backward();  // micro-step 2: reduce as gradients arrive
+  }
   buckets.finish();
-  EXPECT_EQ(world_->communicator().counters()[CommOp::kAllReduce].calls, before + 1);
+  EXPECT_EQ(world_->communicator().counters()[CommOp::kAllReduce].calls, before + reduces());
   EXPECT_TRUE(torch::equal(weight.grad(), torch::full({3}, 4.0)));
   EXPECT_TRUE(torch::equal(bias.grad(), torch::full({3}, 2.0)));
   buckets.zero();
@@ -157,11 +164,13 @@ TEST_F(GradientBucketsTest, WithoutOverlapNothingIsLaunchedBeforeFinish) {
   auto weight = torch::ones({3}, torch::requires_grad());
   GradientBuckets buckets({weight}, 1 << 20, world_->communicator(), tracer_, /*overlap=*/false);
   const auto before = world_->communicator().counters()[CommOp::kAllReduce].calls;
-  buckets.arm();
-  (weight * 5).sum().backward();
+  {
+    auto own = buckets.own_backward(/*reduce=*/true);
+    (weight * 5).sum().backward();
+  }
   EXPECT_EQ(world_->communicator().counters()[CommOp::kAllReduce].calls, before);
   buckets.finish();
-  EXPECT_EQ(world_->communicator().counters()[CommOp::kAllReduce].calls, before + 1);
+  EXPECT_EQ(world_->communicator().counters()[CommOp::kAllReduce].calls, before + reduces());
   EXPECT_TRUE(torch::equal(weight.grad(), torch::full({3}, 5.0)));
 }
 
@@ -170,8 +179,10 @@ TEST_F(GradientBucketsTest, UnusedParametersStillReduceInBucketOrder) {
   auto unused = torch::ones({2}, torch::requires_grad());
   GradientBuckets buckets({used, unused}, 8, world_->communicator(), tracer_);  // one per bucket
   ASSERT_EQ(buckets.bucket_count(), 2u);
-  buckets.arm();
-  (used * 3).sum().backward();
+  {
+    auto own = buckets.own_backward(/*reduce=*/true);
+    (used * 3).sum().backward();
+  }
   buckets.finish();  // launches the unused parameter's bucket too; must not hang
   EXPECT_TRUE(torch::equal(used.grad(), torch::full({2}, 3.0)));
   EXPECT_TRUE(torch::equal(unused.grad(), torch::zeros({2})));
@@ -187,13 +198,13 @@ TEST_F(GradientBucketsTest, NarrowGradientsAccumulateAndReduceInTheWideDtype) {
   // stall at 1 + 2^-7·k; in fp32 they add up exactly.
   const auto small = torch::full({3}, 1.0 / 256, torch::kFloat32);
   for (int micro = 0; micro < 3; ++micro) {
-    if (micro == 2) buckets.arm();
+    auto own = buckets.own_backward(/*reduce=*/micro == 2);
     (weight.to(torch::kFloat32) * (micro == 0 ? torch::ones({3}) : small)).sum().backward();
   }
   buckets.finish();
   EXPECT_EQ(buckets.accumulated_grad(0).scalar_type(), torch::kFloat32);
   EXPECT_TRUE(torch::equal(buckets.accumulated_grad(0), torch::full({3}, 1.0 + 2.0 / 256)));
-  EXPECT_TRUE(torch::equal(weight.grad(), torch::zeros({3}, torch::kBFloat16)));  // folded and cleared
+  EXPECT_FALSE(weight.grad().defined());  // folded into the fp32 bucket, which the masters' .grad views
 }
 
 // A VM whose CPU model OpenBLAS does not know gets the SSE3 kernels unless told: the
@@ -354,11 +365,17 @@ TEST(TrainerOptimizer, ConfigKeysOverrideAndMismatchesAreRefused) {
   EXPECT_THROW(release_trainer_optimizer(stepped, *model), UsageError);
 
   torch::optim::Adagrad fresh(model->parameters(), torch::optim::AdagradOptions(0.1));  // state made eagerly
-  release_trainer_optimizer(fresh, *model);
-  EXPECT_TRUE(fresh.param_groups().front().params().empty());
-  EXPECT_TRUE(fresh.state().empty());
-  fresh.zero_grad();  // the trainer's calls now do nothing
-  fresh.step();
+  const torch::Tensor before = model->weight.detach().clone();
+  const torch::Tensor sentinel = release_trainer_optimizer(fresh, *model);
+  // Only the sentinel is left, with the state Adagrad's step() requires.
+  ASSERT_EQ(fresh.param_groups().front().params().size(), 1u);
+  EXPECT_TRUE(fresh.param_groups().front().params().front().is_same(sentinel));
+  EXPECT_EQ(fresh.state().size(), 1u);
+  sentinel.mutable_grad() = torch::ones({1});  // what the engine's ledger does
+  fresh.step();                                 // the trainer's step changes nothing of the model
+  EXPECT_TRUE(torch::equal(model->weight, before));
+  fresh.zero_grad();  // ... and its zero_grad() reaches the sentinel the engine watches
+  EXPECT_TRUE(!sentinel.grad().defined() || sentinel.grad().item<double>() == 0.0);
   EXPECT_DOUBLE_EQ(fresh.param_groups().front().options().get_lr(), 0.1);  // the options stay
 }
 
