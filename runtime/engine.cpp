@@ -36,7 +36,12 @@ Engine::Engine(Runtime& runtime,
                std::shared_ptr<torch::nn::Module> model,
                const OptimizerSpec& spec,
                const EngineOptions& options)
-    : applier_(std::make_unique<StepApplier>(runtime, runtime.engine_plan(options.name), std::move(model), spec, nullptr)),
+    : applier_(std::make_unique<StepApplier>(runtime,
+                                             runtime.engine_plan(options.name),
+                                             options.name,
+                                             std::move(model),
+                                             spec,
+                                             nullptr)),
       logger_(&runtime.logger()),
       dp_rank_(runtime.mesh().coord().dp),
       dp_size_(runtime.mesh().degrees().dp),
@@ -101,7 +106,10 @@ bool Engine::step() {
   }
   if (backwards_in_micro_batch_ > 0) backwards_per_micro_batch_ = backwards_in_micro_batch_;
   backwards_in_micro_batch_ = 0;
-  if (++micro_batches_ < grad_accum_) return false;
+  if (++micro_batches_ < grad_accum_) {
+    applier_->reduction().end_micro_batch();
+    return false;
+  }
   micro_batches_ = 0;
   applier_->reduction().finish();
   const double local_loss = loss_sum_.item<double>() / static_cast<double>(grad_accum_);

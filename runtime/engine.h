@@ -3,10 +3,22 @@
 //   auto engine = rt.engine(model, optimizer);   // or an OptimizerSpec from [optimizer]
 //   for (int64_t i = 0; i < steps * grad_accum; ++i) {
 //     auto [input, target] = engine.local_batch(load_batch(i));   // this rank's part
+//     optimizer.zero_grad();   // optional, as in plain LibTorch
 //     auto loss = loss_fn(engine.forward(input), target);
-//     engine.backward(loss);   // (loss / grad_accum).backward(); reduces on the last micro-step
-//     engine.step();           // acts at the accumulation boundary; returns true when it stepped
+//     engine.backward(loss);   // (loss / grad_accum).backward(); may be called several times
+//     engine.step();           // ends the micro-batch; steps at the accumulation boundary
 //   }
+//
+// Gradients follow LibTorch's rules (zero/gradient_ledger.h). Each micro-batch is one
+// iteration of the plain loop: any number of backward() calls accumulate (several
+// losses), and step() ends it; train.grad_accum micro-batches make an optimizer step,
+// whose gradients the step consumes (the engine starts the next from zero). A backward
+// that another engine or plain LibTorch runs through this model leaves its gradients on
+// these parameters' .grad, and the trainer's zero_grad() (the module's, or the
+// optimizer's handed to the engine) clears them and whatever this engine took of the
+// micro-batch's gradients, at every ZeRO stage and with offload; what the step includes
+// is what .grad would hold in the plain program. Under ZeRO (and data parallelism
+// after the reduction began) .grad shows zeros where the engine holds the gradient.
 //
 // Data parallelism (this strategy): at construction, rank 0's parameters and
 // buffers are broadcast over the data-parallel group; gradients are all-reduced in
@@ -46,9 +58,9 @@
 // prepares the model (tensor-parallel split, broadcast, cast) and applies each step;
 // this one adds the trainer-driven micro-step window.
 //
-// Gradients live in the buckets: do not call zero_grad() on the model or replace a
-// parameter's .grad (step() detects it and throws UsageError). Under ZeRO a parameter's
-// .grad is empty after backward: its gradient has moved into the owner's shard.
+// Several engines in one program (a GAN's generator and discriminator) each take their
+// own options from an [engine.<name>] table (EngineOptions); a backward through another
+// engine's ZeRO-3 model gathers its parameters too.
 #pragma once
 
 #include <torch/data/example.h>
@@ -110,15 +122,19 @@ class Engine {
     return {local_batch(batch.data), local_batch(batch.target)};
   }
 
-  /// Backward of `loss / grad_accum`. On the last micro-step of the window, gradient
-  /// buckets are reduced while backward runs. `loss` must be a scalar of this rank's
-  /// micro-batch mean.
+  /// Backward of `loss / grad_accum`; any number per micro-batch, their gradients
+  /// accumulating. In the window's last micro-batch the reductions launch while the
+  /// backward runs that ends as many backwards as the previous micro-batch ran; a later
+  /// one takes one more reduction at the step (late_reductions()). `loss` must be a
+  /// scalar of this rank's micro-batch mean.
   void backward(const torch::Tensor& loss);
 
-  /// At the accumulation boundary: waits for the reductions, clips, updates, advances
-  /// the schedule, writes metrics and the progress line, zeroes gradients; returns true.
-  /// Before the boundary: returns false and does nothing else. Blocks; throws
-  /// CommError if a collective fails or times out.
+  /// Ends a micro-batch. At the accumulation boundary (train.grad_accum micro-batches):
+  /// drops what the trainer cleared, reduces what arrived late, waits for the
+  /// reductions, clips, updates, advances the schedule, writes metrics and the progress
+  /// line, zeroes gradients; returns true. Before the boundary: the micro-batch's
+  /// gradients join the step's (beyond the trainer's zero_grad()) and it returns false.
+  /// Blocks; throws CommError if a collective fails or times out.
   bool step();
 
   /// Mean cross-entropy of `logits` [..., V] against `targets` [...] (int64), in fp32.
@@ -131,7 +147,8 @@ class Engine {
   torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets) const;
 
   /// Collective over the world, between optimizer steps: saves a checkpoint of the
-  /// training state after the last step under checkpoint.dir (each rank writes what it
+  /// training state after the last step under checkpoint.dir (a named engine's under
+  /// checkpoint.dir/<name>, its export_on_finish file as <stem>.<name>.<ext>; each rank writes what it
   /// owns; published atomically; the oldest beyond checkpoint.keep go; see
   /// checkpoint/store.h). `trainer_state`: bytes resume() gives back (e.g. a data
   /// loader's position). With checkpoint.every = N, step() saves after every N-th step

@@ -137,6 +137,11 @@ void GradientBuckets::after_accumulation(std::size_t i, bool own) {
     region(bucket.buffer, i).add_(staged);
     staged.zero_();
     ledger_->hold(i);
+  } else if (!ledger_->showing(i)) {
+    // After a micro-batch of several (commit()): .grad is a tensor of its own.
+    torch::NoGradGuard no_grad;
+    region(bucket.buffer, i).add_(params_[i].grad());
+    ledger_->hold(i);
   }
   if (!armed_) return;  // an accumulation micro-step: no communication
   if (bucket.pending > 0) --bucket.pending;

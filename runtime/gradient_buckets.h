@@ -67,6 +67,10 @@ class GradientBuckets {
   /// backward) buckets launch as their gradients become ready; once they have, later
   /// backwards of the window are late (see the protocol, c).
   zero::GradientLedger::OwnBackward own_backward(bool reduce);
+  /// A micro-batch of several ended: its gradients are the window's, beyond the
+  /// trainer's zero_grad() (zero/gradient_ledger.h, f); later backwards' gradients are
+  /// added into the buckets from fresh .grad tensors.
+  void commit() { ledger_->commit(); }
   /// Completes the window (see the protocol). Blocks; throws CommError on a failed or
   /// timed-out collective.
   void finish();

@@ -85,6 +85,8 @@ class ReplicatedReduction final : public GradientReduction {
     backward();
   }
 
+  void end_micro_batch() override { buckets_->commit(); }
+
   void finish() override {
     buckets_->finish();
     if (split_.partial.empty()) return;
@@ -254,6 +256,7 @@ class ShardedReduction final : public GradientReduction {
 
   // Every backward waited for its reductions; what came later is reduced here; step()
   // sums partial ones.
+  void end_micro_batch() override { sharded_->commit_micro_batch(); }
   void finish() override { sharded_->finish_window(); }
 
   // Each rank's parts of the parameters' gradients are disjoint: a sum over dp of

@@ -96,6 +96,10 @@ class GradientReduction {
   /// strategy does. Blocks until this backward's reductions are done where the strategy
   /// waits per backward (ZeRO); throws CommError.
   virtual void run_backward(pipeline::WeightGradients writes, const std::function<void()>& backward) = 0;
+  /// A micro-batch ended before the window's last (Engine::step() before the boundary):
+  /// its gradients are the window's, beyond the trainer's zero_grad(), as the plain
+  /// loop's optimizer step would have consumed them. Does not communicate.
+  virtual void end_micro_batch() = 0;
   /// Step 3 of the protocol. Blocks; throws CommError.
   virtual void finish() = 0;
   /// Calls `edit` with the reduced, not yet averaged fp32 gradients of params[i] for i in

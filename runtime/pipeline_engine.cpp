@@ -260,7 +260,7 @@ std::shared_ptr<PipelineEngine::Built> PipelineEngine::build(Runtime& runtime,
 PipelineEngine::PipelineEngine(Runtime& runtime, std::shared_ptr<Built> built, const OptimizerSpec& spec)
     : built_(std::move(built)) {
   Built& b = *built_;
-  b.applier = std::make_unique<StepApplier>(runtime, runtime.plan(), b.module, spec, &b.coupling);
+  b.applier = std::make_unique<StepApplier>(runtime, runtime.plan(), "", b.module, spec, &b.coupling);
   b.transport = std::make_unique<pipeline::Transport>(runtime.mesh().pp());
   for (TiedWeight& tie : b.ties) {
     for (const torch::Tensor& copy : tie.local) tie.indices.push_back(b.applier->parameter_index(copy));

@@ -31,6 +31,31 @@ std::string whole_model_name(const StageCoupling& stage, const std::string& name
   return module.empty() ? leaf : module + "." + leaf;
 }
 
+// A parameter belongs to one engine (one optimizer, one reduction, one ZeRO shard), and
+// engines are told apart by name, also on disk (checkpoint.dir/<name>).
+void check_beside_other_engines(Runtime& runtime, const std::string& name, const torch::nn::Module& model) {
+  std::unordered_set<const void*> ours;
+  for (const auto& p : model.parameters()) {
+    if (p.requires_grad()) ours.insert(p.unsafeGetTensorImpl());
+  }
+  for (const StepApplier* other : runtime.engines()) {
+    const std::string other_name = other->name().empty() ? "an unnamed engine" : "engine '" + other->name() + "'";
+    PARALLAX_CHECK(name.empty() || other->name() != name, UsageError, "an engine named '", name,
+                   "' exists already; give each engine its own name (EngineOptions)");
+    PARALLAX_CHECK(!name.empty() || !other->name().empty() || runtime.config().checkpoint.dir.empty(), UsageError,
+                   "a second unnamed engine would save its checkpoints into the same checkpoint.dir (\"",
+                   runtime.config().checkpoint.dir, "\") as the first: name them (EngineOptions(\"generator\"), ...), "
+                   "and each saves under checkpoint.dir/<name>");
+    const std::vector<std::string>& names = other->parameter_names();
+    for (std::size_t i = 0; i < other->parameters().size(); ++i) {
+      PARALLAX_CHECK(!ours.count(other->parameters()[i].unsafeGetTensorImpl()), UsageError, "parameter '", names[i],
+                     "' of ", other_name,
+                     " is in this engine's model too; a parameter belongs to one engine (one optimizer, one gradient "
+                     "reduction): share the module through one engine, or give each engine a copy of its own");
+    }
+  }
+}
+
 // Before the first collective that depends on the model: every rank must hold the same
 // parameters and buffers (count, shapes, dtypes), or the broadcasts would mismatch.
 void check_same_structure(Communicator& comm,
@@ -163,11 +188,19 @@ std::unique_ptr<tensor_parallel::ParallelizedModel> split_pipeline_stage(
 
 StepApplier::StepApplier(Runtime& runtime,
                          const proto::Plan& engine_plan,
+                         const std::string& name,
                          std::shared_ptr<torch::nn::Module> model,
                          const OptimizerSpec& spec,
                          const StageCoupling* stage)
-    : runtime_(&runtime), plan_(std::make_unique<proto::Plan>(engine_plan)), model_(std::move(model)), spec_(spec) {
+    : runtime_(&runtime),
+      plan_(std::make_unique<proto::Plan>(engine_plan)),
+      name_(name),
+      model_(std::move(model)),
+      spec_(spec) {
   const proto::Plan& plan = *plan_;
+  check_beside_other_engines(runtime, name_, *model_);
+  const std::string& root = runtime.config().checkpoint.dir;
+  checkpoint_root_ = root.empty() || name_.empty() ? root : root + "/" + name_;
   const int pp = plan.degrees().pp();
   PARALLAX_CHECK(pp == 1 || stage != nullptr, ConfigError, "parallel.pp = ", pp,
                  ": a pipeline needs the model as layer specs, so that each stage builds only its own layers; "
@@ -329,6 +362,12 @@ torch::Tensor StepApplier::prepare_input(const torch::Tensor& input) {
 }
 
 void StepApplier::apply_step(double local_loss) {
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    PARALLAX_CHECK(params_[i].requires_grad(), UsageError, "parameter '", param_names_[i],
+                   "' no longer requires grad, but the engine built over it steps it (a zero gradient still moves "
+                   "it through the optimizer's momentum and weight decay, where the plain program's optimizer "
+                   "would skip it): freeze parameters before building the engine, or build a new one");
+  }
   const double lr = learning_rate(spec_, global_step_);
   const double scale = loss_scale();
   zero::StepOutcome outcome;

@@ -77,12 +77,16 @@ struct ForwardScope {
 class StepApplier {
  public:
   /// Collective; the construction above, as `plan` says (the run's, or an engine's own:
-  /// Runtime::engine_plan). `stage` is null for a whole model (parallel.pp must then be
-  /// 1) and the pipeline coupling for one stage's module. Throws ConfigError for a
-  /// config it cannot run, UsageError for a model that differs across ranks or has
-  /// nothing to train, CommError if a broadcast fails.
+  /// Runtime::engine_plan). `name`: the engine's (EngineOptions), "" for the run's; a
+  /// named engine's checkpoints go under checkpoint.dir/<name>. `stage` is null for a
+  /// whole model (parallel.pp must then be 1) and the pipeline coupling for one stage's
+  /// module. Throws ConfigError for a config it cannot run, UsageError for a model that
+  /// differs across ranks or has nothing to train, for a parameter another engine of the
+  /// runtime trains, for a second engine of the same name (or a second unnamed one that
+  /// would save into the same checkpoint.dir), CommError if a broadcast fails.
   StepApplier(Runtime& runtime,
               const proto::Plan& plan,
+              const std::string& name,
               std::shared_ptr<torch::nn::Module> model,
               const OptimizerSpec& spec,
               const StageCoupling* stage);
@@ -128,7 +132,9 @@ class StepApplier {
   /// call checks that every rank of the group got the same input (UsageError if not).
   torch::Tensor prepare_input(const torch::Tensor& input);
   /// After reduction().finish(): clips, updates and records the step, `local_loss` being
-  /// the mean loss of this rank's window. Collective; blocks.
+  /// the mean loss of this rank's window. Collective; blocks. Throws UsageError when a
+  /// trained parameter no longer requires grad (the plain program's optimizer would
+  /// skip it; this step would not).
   void apply_step(double local_loss);
 
   /// Index of `param` among the trained parameters (the reduction's order). Throws
@@ -142,6 +148,10 @@ class StepApplier {
 
   /// What this engine applies.
   const proto::Plan& plan() const { return *plan_; }
+  /// The engine's name ("" for the run's), its trained parameters and their names.
+  const std::string& name() const { return name_; }
+  const std::vector<torch::Tensor>& parameters() const { return params_; }
+  const std::vector<std::string>& parameter_names() const { return param_names_; }
   std::int64_t global_step() const { return global_step_; }
   const StepMetrics& last_metrics() const { return last_; }
   torch::ScalarType compute_dtype() const { return dtype_; }
@@ -187,6 +197,8 @@ class StepApplier {
 
   Runtime* runtime_;
   std::unique_ptr<const proto::Plan> plan_;
+  std::string name_;             ///< the engine's, "" for the run's
+  std::string checkpoint_root_;  ///< checkpoint.dir, or checkpoint.dir/<name>
   std::shared_ptr<torch::nn::Module> model_;
   OptimizerSpec spec_;
   torch::ScalarType dtype_ = torch::kFloat32;

@@ -95,13 +95,13 @@ checkpoint::Reader open_checkpoint(const std::string& where, bool latest) {
 checkpoint::SaveResult StepApplier::save_checkpoint(const std::string& trainer_state) {
   const auto started = std::chrono::steady_clock::now();
   const CheckpointOptions& options = runtime_->config().checkpoint;
-  PARALLAX_CHECK(!options.dir.empty(), UsageError,
+  PARALLAX_CHECK(!checkpoint_root_.empty(), UsageError,
                  "save_checkpoint: checkpoint.dir is not set (the directory checkpoints go under)");
   torch::NoGradGuard no_grad;
   const int tp_rank = runtime_->mesh().coord().tp;
   const int tp_size = runtime_->mesh().degrees().tp;
   checkpoint::SaveRequest request;
-  request.root = options.dir;
+  request.root = checkpoint_root_;
   request.step = global_step_;
   request.keep = static_cast<int>(options.keep);
   request.layout = layout_text(*runtime_, *plan_, dtype_);
@@ -303,7 +303,11 @@ std::string StepApplier::load_checkpoint(const std::string& where, bool latest) 
 std::optional<std::string> StepApplier::resume() {
   const CheckpointOptions& options = runtime_->config().checkpoint;
   if (options.load.empty() || options.load == "none") return std::nullopt;
-  if (options.load == "latest") return load_checkpoint(options.dir, /*latest=*/true);
+  if (options.load == "latest") return load_checkpoint(checkpoint_root_, /*latest=*/true);
+  PARALLAX_CHECK(name_.empty(), UsageError, "checkpoint.load = \"", options.load, "\"", runtime_->config().position_of("checkpoint.load"),
+                 " names one checkpoint, and engine '", name_,
+                 "' keeps its own under checkpoint.dir/", name_, ": use checkpoint.load = \"latest\", or load each "
+                 "engine's with engine.load_checkpoint(directory)");
   return load_checkpoint(options.load, /*latest=*/false);
 }
 
@@ -335,22 +339,29 @@ bool StepApplier::save_if_preempted() {
 
 void StepApplier::finish() {
   const CheckpointOptions& options = runtime_->config().checkpoint;
-  if (options.dir.empty()) return;
+  if (checkpoint_root_.empty()) return;
   if (last_saved_step_ != global_step_) save_checkpoint("");
   wait_for_checkpoint();
   if (options.export_on_finish.empty()) return;
-  const std::string directory = options.dir + "/" + checkpoint::directory_name(global_step_);
+  // A named engine's weights: "gan.safetensors" becomes "gan.generator.safetensors".
+  std::string target = options.export_on_finish;
+  if (!name_.empty()) {
+    const std::size_t dot = target.rfind('.');
+    const std::size_t slash = target.rfind('/');
+    const bool has_extension = dot != std::string::npos && (slash == std::string::npos || dot > slash);
+    target.insert(has_extension ? dot : target.size(), "." + name_);
+  }
+  const std::string directory = checkpoint_root_ + "/" + checkpoint::directory_name(global_step_);
   std::string error;
   if (runtime_->world().rank() == 0) {
     error = checkpoint::error_of([&] {
       const checkpoint::Reader saved = checkpoint::Reader::open(directory, checkpoint::Reader::kExactly);
-      const checkpoint::ExportResult result = checkpoint::export_weights(saved, options.export_on_finish);
+      const checkpoint::ExportResult result = checkpoint::export_weights(saved, target);
       runtime_->logger().summary("# checkpoint: exported ", result.tensors, " tensors (", result.bytes, " bytes) of ",
-                                 directory, " to ", options.export_on_finish);
+                                 directory, " to ", target);
     });
   }
-  checkpoint::raise_if_any_failed(runtime_->world().communicator(),
-                                  "exporting " + directory + " to " + options.export_on_finish, error,
+  checkpoint::raise_if_any_failed(runtime_->world().communicator(), "exporting " + directory + " to " + target, error,
                                   checkpoint_timeout(*runtime_));
 }
 

@@ -182,14 +182,36 @@ void GradientLedger::clear_everything() {
   torch::NoGradGuard no_grad;
   for (std::size_t i = 0; i < entries_.size(); ++i) {
     Entry& e = entries_[i];
+    refuse_clear_after_commit(i);
     const bool was_held = e.held;
-    if (e.held || e.shown.defined()) keeper_.discard(i);
+    if (e.held || (e.shown.defined() && !committed_)) keeper_.discard(i);
     e.held = false;
     e.foreign = false;
     // A held buffer may be in a reduction: the next gradient waits in .grad (live).
-    e.param.mutable_grad() = was_held ? torch::Tensor() : e.shown;
+    e.param.mutable_grad() = was_held || committed_ ? torch::Tensor() : e.shown;
     record(e);
   }
+}
+
+void GradientLedger::refuse_clear_after_commit(std::size_t i) const {
+  PARALLAX_CHECK(!committed_ || !entries_[i].held, UsageError, "the gradient of parameter ", i, " (shape ",
+                 entries_[i].param.sizes(),
+                 ") was cleared (zero_grad()) after a backward of this micro-batch, while the engine's buffers also "
+                 "hold the step's earlier micro-batches (train.grad_accum > 1), which it cannot separate: clear "
+                 "gradients before a micro-batch's first backward (zero_grad() at the top of the loop)");
+}
+
+void GradientLedger::commit() {
+  auto guard = lock();
+  for (Entry& e : entries_) {
+    e.held = false;
+    const torch::Tensor& grad = e.param.grad();
+    if (is_marker(e, grad) || (e.shown.defined() && grad.defined() && grad.data_ptr() == e.shown.data_ptr())) {
+      e.param.mutable_grad() = torch::Tensor();
+    }
+    record(e);
+  }
+  committed_ = true;
 }
 
 void GradientLedger::sync(std::size_t i) {
@@ -203,7 +225,7 @@ void GradientLedger::sync(std::size_t i) {
   const void* impl = impl_of(grad);
   if (impl == e.seen && (impl == nullptr || grad._version() == e.seen_version)) return;  // untouched
   torch::NoGradGuard no_grad;
-  if (e.shown.defined() && !e.held) {
+  if (e.shown.defined() && !e.held && !committed_) {
     // Zeroed (or edited) in place: that is the buffer itself, as in LibTorch.
     if (grad.defined() && grad.data_ptr() == e.shown.data_ptr()) {
       record(e);
@@ -219,6 +241,7 @@ void GradientLedger::sync(std::size_t i) {
   }
   const bool marker = is_marker(e, grad);
   if (e.held) {
+    refuse_clear_after_commit(i);
     // The same live tensor, changed in place to anything but zeros: an edit the keeper
     // cannot repeat on what it holds.
     const bool edited = grad.defined() && !marker && impl == e.seen && grad.count_nonzero().item<std::int64_t>() != 0;
@@ -242,6 +265,7 @@ void GradientLedger::sync_all() {
 
 void GradientLedger::end_window() {
   auto guard = lock();
+  committed_ = false;
   for (Entry& e : entries_) {
     e.held = false;
     if (e.shown.defined()) {

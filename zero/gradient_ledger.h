@@ -30,6 +30,11 @@
 //     seeing it at the next accumulation or sync, clears every parameter's gradient.
 //  e. A trainer's in-place edit of a gradient the keeper partly holds (clipping .grad by
 //     hand) cannot reach what the keeper holds: a UsageError, never a silent difference.
+//  f. With several micro-batches per optimizer step, each is one iteration of the plain
+//     loop: commit() at its end makes what the keeper holds the window's, beyond the
+//     trainer's zero_grad() (as the plain loop's optimizer step would have consumed it).
+//     A later clear of a gradient the keeper took since then would have to separate it
+//     from the committed ones in the same buffer: a UsageError.
 //
 // Every callback runs with the ledger's lock held (recursive: the keeper may call back
 // into the ledger), on the thread that runs the backward or the caller's.
@@ -125,8 +130,11 @@ class GradientLedger {
   /// a gradient the keeper holds part of.
   void sync(std::size_t i);
   void sync_all();
+  /// A micro-batch of several ended (protocol f): nothing is held any more, markers and
+  /// shown views leave .grad until end_window().
+  void commit();
   /// The optimizer step consumed the window's gradients: nothing is held any more;
-  /// markers leave .grad, shown views stay.
+  /// markers leave .grad, shown views return.
   void end_window();
 
   /// The trainer's optimizer holds `sentinel` (a 1-element tensor of its first parameter
@@ -152,10 +160,12 @@ class GradientLedger {
   bool is_marker(const Entry& entry, const torch::Tensor& grad) const;
   bool zero_grad_called();
   void clear_everything();
+  void refuse_clear_after_commit(std::size_t i) const;
 
   GradientKeeper keeper_;
   std::vector<Entry> entries_;
   std::atomic<bool> own_{false};
+  bool committed_ = false;  ///< commit() since end_window()
   torch::Tensor sentinel_;
   const void* sentinel_seen_ = nullptr;
   std::int64_t sentinel_version_ = 0;

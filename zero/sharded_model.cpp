@@ -457,6 +457,10 @@ void ShardedModel::finish_window() {
   end_backward();
 }
 
+void ShardedModel::commit_micro_batch() {
+  state_->ledger->commit();
+}
+
 void ShardedModel::watch_zero_grad(torch::Tensor sentinel) {
   state_->ledger->watch_zero_grad(std::move(sentinel));
 }

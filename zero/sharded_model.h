@@ -150,6 +150,9 @@ class ShardedModel final : private ParameterUseListener {
   /// every rank alike: the ranks run the same backwards). Throws CommError; UsageError
   /// for an fp16 parameter another backward left a gradient on (its scale is unknown).
   void finish_window();
+  /// A micro-batch of several ended: what the groups hold is the window's, beyond the
+  /// trainer's zero_grad() (gradient_ledger.h, f).
+  void commit_micro_batch();
   /// The trainer's optimizer holds `sentinel`: its zero_grad() clears these gradients
   /// (gradient_ledger.h).
   void watch_zero_grad(torch::Tensor sentinel);
