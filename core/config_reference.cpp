@@ -127,6 +127,17 @@ std::string config_reference() {
     detail::ReferenceWriter writer(out);
     section.fields(writer, defaults);
   }
+  out << "\n## [engine.<name>]\n\n"
+         "A program with several models (a GAN's generator and discriminator) builds one engine per model, "
+         "each with a name it declares (`InitOptions::engines`, `EngineOptions(name)`). The table "
+         "`[engine.<name>]` gives that engine options of its own over the run's: `grad_accum` (its "
+         "micro-batches per optimizer step; its global batch is then `micro_batch_size x grad_accum x dp`), "
+         "and the tables `[engine.<name>.zero]`, `[engine.<name>.offload]` and `[engine.<name>.precision]`, "
+         "with the keys of `[zero]`, `[offload]` and `[precision]` above, each key over the run's. Every "
+         "engine shares the rest: the degrees and mesh, the micro-batch per rank, the optimizer keys, "
+         "checkpoints (a named engine's go under `checkpoint.dir/<name>`). A table for a name the program "
+         "did not declare, or any other key, is an error; each engine's combination is checked by the "
+         "same rules as the run's (`--set engine.generator.zero.stage=3`).\n";
   return out.str();
 }
 

@@ -120,13 +120,18 @@ class Runtime {
   /// (the engine refers to it, so it must outlive the engine), a std::shared_ptr to one,
   /// or a ModuleHolder (torch::nn::Linear, a TORCH_MODULE type); defined in engine.h.
   /// Collective: broadcasts rank 0's parameters. `spec`: the optimizer from [optimizer].
+  /// Throws UsageError for a name not in InitOptions::engines, a parameter another
+  /// engine trains, a second engine of one name, or a second unnamed one saving into
+  /// the same checkpoint.dir.
   template <typename Model>
   auto engine(Model&& model, const OptimizerSpec& spec, const EngineOptions& options = {});
   /// As above, keeping the trainer's own LibTorch optimizer (SGD, Adam, AdamW, RMSprop,
   /// Adagrad): the engine builds the same optimizer over its shards, masters or offloaded
   /// state, with the config's [optimizer] keys overriding (each difference is reported
-  /// on rank 0), and empties `optimizer`, whose zero_grad() and step() then do nothing
-  /// (runtime/trainer_optimizer.h). `optimizer` must outlive the engine.
+  /// on rank 0), and empties `optimizer`: its step() then changes nothing of the model,
+  /// and its zero_grad() clears the engine's gradients (runtime/trainer_optimizer.h).
+  /// `optimizer` must outlive the engine. `options.name` selects the engine's own
+  /// [engine.<name>] table (EngineOptions).
   template <typename Model>
   auto engine(Model&& model, torch::optim::Optimizer& optimizer, const EngineOptions& options = {});
 

@@ -319,6 +319,10 @@ StepApplier::StepApplier(Runtime& runtime,
   reduction_ =
       make_gradient_reduction(runtime, plan, *model_, params_, dtype_, spec_.optimizer, std::move(model_split));
   if (spec_.zero_grad_sentinel.defined()) reduction_->watch_zero_grad(spec_.zero_grad_sentinel);
+  if (zero_stage == 3) {
+    evaluation_ = dp.split(0, dp.rank(),
+                           "evaluation forward at zero.stage = 3 (under NoGradGuard: every data-parallel rank runs it)");
+  }
   runtime.engines().push_back(this);
   const CheckpointOptions& checkpoints = runtime.config().checkpoint;
   if (!checkpoints.dir.empty() && checkpoints.preemption) preemption_ = std::make_unique<PreemptionSignals>();
@@ -343,6 +347,10 @@ void StepApplier::begin_window() {
 }
 
 ForwardScope StepApplier::forward_scope() {
+  if (evaluation_ && !torch::GradMode::is_enabled()) {
+    torch::Tensor every_rank = torch::ones({1}, torch::kInt64);
+    evaluation_->all_reduce(every_rank)->wait();
+  }
   begin_window();
   return ForwardScope{tracer().span("forward", "compute"), model_scope()};
 }

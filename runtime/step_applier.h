@@ -45,6 +45,7 @@ class ShardedModel;
 class LossScaler;
 }  // namespace zero
 class Runtime;
+class Communicator;
 class GradientReduction;
 namespace proto {
 class Plan;
@@ -98,7 +99,11 @@ class StepApplier {
   GradientReduction& reduction() { return *reduction_; }
   /// Opens the step's timing window (idempotent until apply_step closes it).
   void begin_window();
-  /// begin_window(), then the scope a forward runs in.
+  /// begin_window(), then the scope a forward runs in. At ZeRO stage 3 a forward under
+  /// torch::NoGradGuard (an evaluation) first agrees with every rank of the data-parallel
+  /// group on a communicator of its own, since its gathers are collectives: one rank
+  /// evaluating alone fails with a CommError naming the evaluation after comm.timeout_s,
+  /// instead of its gathers meeting the others' training gathers.
   ForwardScope forward_scope();
   /// The scope alone, for a forward that is part of a step (a pipeline chunk's).
   ModelScope model_scope() const;
@@ -207,6 +212,7 @@ class StepApplier {
   std::vector<std::string> param_names_;                       ///< theirs, in the whole model
   std::unique_ptr<tensor_parallel::ParallelizedModel> split_;  ///< parallel.tp > 1
   std::unique_ptr<GradientReduction> reduction_;
+  std::unique_ptr<Communicator> evaluation_;  ///< zero.stage = 3: agreement before an evaluation forward
   std::unique_ptr<zero::LossScaler> scaler_;  ///< fp16
   std::unique_ptr<StepTelemetry> telemetry_;
   std::unique_ptr<checkpoint::AsyncSaver> saver_;  ///< checkpoint.async, from the first save

@@ -71,6 +71,7 @@ FIGURES = {
     "checkpoint_faults": ctest("checkpoint_(preemption|crash|manifest_fuzz)"),
     "faults": ctest("faults_test"),
     "existing_trainers": ctest("existing_trainers"),
+    "gan_equivalence": ctest("gan_equivalence"),
     "soak": Figure(["scripts/soak.sh", "2000", "200"], keep=r"^\[ figures  \] soak"),
     "bench_checkpoint": Figure(["bench/checkpoint.sh"], keep=r"^(GPT example|checkpoint|mode|sync|async)"),
     "bench_zero": Figure(["bench/zero.sh"] + BIG_GPT, env={"TORCH": "wheel"}, keep=r"^(impl/stage|parallax-|torch-|zero\d-|Parallax / PyTorch)"),

@@ -141,11 +141,6 @@ torch::Tensor GradientLedger::live(std::size_t i) const {
   return grad;
 }
 
-bool GradientLedger::held(std::size_t i) const {
-  auto guard = lock();
-  return entries_.at(i).held;
-}
-
 bool GradientLedger::showing(std::size_t i) const {
   auto guard = lock();
   const Entry& e = entries_.at(i);

@@ -118,7 +118,6 @@ class GradientLedger {
   /// A gradient in params[i].grad the keeper neither holds nor shows (another backward's,
   /// or the owner's after the keeper's reduction began), or undefined.
   torch::Tensor live(std::size_t i) const;
-  bool held(std::size_t i) const;
   /// Whether .grad is the buffer show() gave.
   bool showing(std::size_t i) const;
   /// Whether live(i) holds a contribution of a backward that was not the owner's (whose

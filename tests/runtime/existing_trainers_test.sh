@@ -9,17 +9,19 @@
 # about, once per rank.
 # The GAN trainer (examples/gan_trainer: two engines, two discriminator losses per step,
 # the generator's loss through the discriminator, its own getopt_long flags): on one rank
-# it prints the plain program's losses (first 10 steps; a GAN amplifies the fused Adam's
-# rounding beyond that); on two ranks, with its flags mixed with --config and --set and
-# the generator at ZeRO-3 beside the discriminator at stages 1-3, its discriminator
-# learns (loss below 1.3 at step 300; one that learns nothing sits at 2 ln 2 = 1.386,
-# as the reported ZeRO bug made it); a flag unknown to both is the program's parser's
-# error, not Parallax's.
+# it prints the plain program's losses (first 6 steps: a GAN amplifies rounding, the fused
+# Adam's and each LibTorch's kernels', past 1e-4 by step 7); on two ranks, with its flags
+# mixed with --config and --set and the generator at ZeRO-3 beside the discriminator at
+# stages 1-3, its discriminator learns (mean loss over steps 100-375 below 1.33, measured
+# 1.18-1.22 on both LibTorch builds; one that learns nothing sits at 2 ln 2 = 1.386, as
+# the reported ZeRO bug made it); a flag unknown to both is the program's parser's error,
+# not Parallax's.
 # Mutants: local_batch giving every rank the first rows (the losses part from step 1),
 # the trainer's optimizer read without its momentum or lr (the image trainer's losses
 # part), a ZeRO-3 rebuild that forgets the trainer's options (same), the reported GAN bug
-# (ZeRO taking the generator's backward into the discriminator's step: its loss stays at
-# 1.39 through step 299, tried at ZeRO-1).
+# (ZeRO taking the generator's backward into the discriminator's step, tried: at ZeRO-1
+# the mean stays at 1.39; at ZeRO-2 and 3 the discriminator still learns, on a wrong
+# trajectory that only gan_equivalence_test's step-by-step comparison catches).
 # Usage: existing_trainers_test.sh MPIEXEC SOURCE_DIR PLAIN PARALLAX IMAGE_PLAIN IMAGE_PARALLAX GAN_PLAIN GAN_PARALLAX
 set -u
 mpiexec=$1 source_dir=$2 plain=$3 parallax=$4 image_plain=$5 image_parallax=$6 gan_plain=$7 gan_parallax=$8
@@ -88,18 +90,19 @@ warned=$(grep -c "forward got a micro-batch of 32 samples .* train.micro_batch_s
 [[ "$warned" == 2 ]] || { fail "the micro-batch warning printed $warned times, expected 2 (once per rank)"; tail -5 "$work/mlp-batch.err"; }
 
 # The GAN: one rank against the plain program, to its 4 printed decimals.
-"$gan_plain" --steps 10 --log-every 1 >"$work/gan-plain.out" 2>"$work/gan-plain.err" || fail "gan plain_train exited non-zero"
-run gan-one 1 "$gan_parallax" --steps 10 --config "$configs/gan_trainer.toml" --log-every 1
+"$gan_plain" --steps 6 --log-every 1 >"$work/gan-plain.out" 2>"$work/gan-plain.err" || fail "gan plain_train exited non-zero"
+run gan-one 1 "$gan_parallax" --steps 6 --config "$configs/gan_trainer.toml" --log-every 1
 compare gan-one gan-plain 1.01e-4
 # Two ranks: the program's own flags among Parallax's, each engine its own ZeRO stage.
 for stage in 1 2 3; do
-  run "gan-zero$stage" 2 "$gan_parallax" --steps 300 --config "$configs/gan_trainer.toml" --log-every 100 \
+  run "gan-zero$stage" 2 "$gan_parallax" --steps 400 --config "$configs/gan_trainer.toml" --log-every 25 \
     --set zero.stage=$stage --set engine.generator.zero.stage=3
-  last=$(awk '$1 == "step" && $2 == 299 { print $4 }' "$work/gan-zero$stage.out")
-  if [[ -n "$last" ]] && awk -v d="$last" 'BEGIN { exit !(d < 1.3) }'; then
-    echo "[ figures  ] existing trainers: gan on 2 ranks, discriminator at ZeRO-$stage, generator at ZeRO-3: discriminator loss $last at step 299 (2 ln 2 = 1.386 learns nothing)"
+  mean=$(awk '$1 == "step" && $2 >= 100 && $2 % 25 == 0 { sum += $4; n++ } END { if (n == 12) printf "%.4f", sum / n }' \
+    "$work/gan-zero$stage.out")
+  if [[ -n "$mean" ]] && awk -v d="$mean" 'BEGIN { exit !(d < 1.33) }'; then
+    echo "[ figures  ] existing trainers: gan on 2 ranks, discriminator at ZeRO-$stage, generator at ZeRO-3: mean discriminator loss $mean over steps 100-375 (2 ln 2 = 1.386 learns nothing)"
   else
-    fail "gan at ZeRO-$stage: discriminator loss at step 299 is '$last', expected below 1.3"
+    fail "gan at ZeRO-$stage: mean discriminator loss over steps 100-375 is '$mean', expected below 1.33"
     cat "$work/gan-zero$stage.out"
   fi
   for engine in "'generator': ZeRO stage 3" "'discriminator': ZeRO stage $stage"; do

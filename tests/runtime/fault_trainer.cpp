@@ -7,6 +7,8 @@
 //   --fault disk-full   its file writes fail from then on (RLIMIT_FSIZE 0, SIGXFSZ
 //                       ignored: each write fails with EFBIG), as on a full drive: the
 //                       NVMe tier's next write, or the next checkpoint, fails mid-run
+//   --fault evaluate    evaluates alone (a forward under NoGradGuard the others do not
+//                       run), as a trainer that evaluates only on rank 0
 // Just before, it writes the wall-clock time (seconds since the epoch) to --fault-time FILE,
 // so the test measures the time from the fault to the job's end.
 #include <sys/resource.h>
@@ -58,7 +60,7 @@ int main(int argc, char** argv) {
   try {
     parallax::InitOptions options;
     options.description = "Trains a small MLP and fails on purpose (tests/runtime/faults_test.sh).";
-    options.flags = {{"--fault", "HOW", "exception, stop, kill or disk-full"},
+    options.flags = {{"--fault", "HOW", "exception, stop, kill, disk-full or evaluate"},
                      {"--fault-rank", "R", "the rank that fails"},
                      {"--fault-step", "S", "the step it fails at"},
                      {"--fault-time", "FILE", "where the fault's wall-clock time is written"}};
@@ -72,7 +74,13 @@ int main(int argc, char** argv) {
       auto engine = rt.engine(model, parallax::OptimizerSpec::from(rt.config()));
       const std::int64_t batch = rt.config().train.micro_batch_size;
       for (std::int64_t step = 0; step < rt.config().train.steps; ++step) {
-        if (step == fault_step && rt.world().rank() == fault_rank) inject(fault, value_of(rt.args(), "--fault-time"));
+        if (step == fault_step && rt.world().rank() == fault_rank) {
+          inject(fault, value_of(rt.args(), "--fault-time"));
+          if (fault == "evaluate") {
+            torch::NoGradGuard no_grad;
+            engine.forward(torch::randn({batch, 16}));
+          }
+        }
         for (std::int64_t micro = 0; micro < rt.config().train.grad_accum; ++micro) {
           const torch::Tensor x = torch::randn({batch, 16});
           engine.backward(torch::mse_loss(engine.forward(x), torch::sin(x.sum(1, true))));

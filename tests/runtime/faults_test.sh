@@ -5,6 +5,10 @@
 #              comm.timeout_s + 5 s, naming the stalled rank ("rank R never joined ...")
 #   exception  a rank's own error: the others stop at once, naming it ("rank R failed: ...")
 #   kill       a rank dies (SIGKILL): mpirun ends the job, naming it
+#   evaluate   at ZeRO-3 one rank evaluates alone (a forward under NoGradGuard, as a
+#              trainer that evaluates on rank 0 only): the job ends within comm.timeout_s
+#              + 5 s naming the evaluation, instead of that rank's gathers meeting the
+#              others' training gathers
 #   disk-full  a rank's file writes start failing (as on a full drive) mid-run: the NVMe
 #              tier's next write, or the next checkpoint, fails; the others stop at once,
 #              naming it, and the last complete checkpoint still exports whole
@@ -110,6 +114,7 @@ run_case tp-stop 2 stop 0 "rank 0 never joined" "$BOUND" --set parallel.tp=2 --s
 run_case dp-exception 3 exception 2 "rank 2 failed: .*injected exception" "$BOUND"
 run_case zero3-exception 2 exception 0 "rank 0 failed: .*injected exception" "$BOUND" --set zero.stage=3
 run_case dp-kill 3 kill 1 "rank 1 .*(signal 9|Killed|killed)" "$BOUND"
+run_case zero3-evaluate-alone 2 evaluate 0 "evaluation forward at zero.stage = 3" "$BOUND" --set zero.stage=3
 run_case config-differs 1+1 none 0 "ranks hold different configurations" 60 --set train.seed=7
 run_case nvme-path-missing 2 none 0 "$WORK/absent" 60 --set zero.stage=2 --set 'offload.optimizer="nvme"' \
   --set "offload.nvme_path=\"$WORK/absent\""

@@ -231,8 +231,8 @@ TEST_P(GanEquivalence, TwoEnginesTwoLossesAndCrossEngineGradientsMatchThePlainPr
   // more all-reduce), two from then on. ZeRO reduces every backward, and nothing reaches
   // .grad between the discriminator's last backward and its step.
   EXPECT_EQ(engines.d_late_reductions, c.stage == 0 && ranks > 1 ? 1 : 0);
-  parallax_test::print_figure("%s on %d rank(s): max loss difference %.2g, max parameter difference %.2g\n",
-                              name_of(c).c_str(), ranks, worst_loss, worst_param);
+  parallax_test::print_figure("%d rank(s): max loss difference %.2g, max parameter difference %.2g\n", ranks,
+                              worst_loss, worst_param);
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryStage,
@@ -277,9 +277,8 @@ TEST(GanPerEngineOptions, AZero3GeneratorOfItsOwnAccumulationBesideAReplicatedDi
   EXPECT_EQ(rt.engine_plan("generator").batch().global_batch_size(), 2 * kGlobalBatch);
   EXPECT_EQ(rt.engine_plan("discriminator").batch().global_batch_size(), kGlobalBatch);
   const auto [worst_loss, worst_param] = compare(engines, train_reference(ranks, false, /*g_accum=*/2));
-  parallax_test::print_figure("generator zero3 grad_accum 2, discriminator zero0, on %d rank(s): max loss difference "
-                              "%.2g, max parameter difference %.2g\n",
-                              ranks, worst_loss, worst_param);
+  parallax_test::print_figure("%d rank(s): max loss difference %.2g, max parameter difference %.2g\n", ranks,
+                              worst_loss, worst_param);
 }
 
 }  // namespace
