@@ -188,6 +188,77 @@ SyntheticSize synthetic_size(const std::string& hwloc_part) {
   return size;
 }
 
+// The attributes of a synthetic description's levels, "(...)" after a level (hwloc 2.9:
+// size= for caches, memory= for the others, indexes=; separated by one space). hwloc
+// reads each number as it comes: an index makes it allocate a bitmap up to that index,
+// a size shifted past 64 bits wraps, and a malformed list is ignored without a word.
+// Here every attribute is one of the three, every size a decimal count of bytes (or kB,
+// MB, GB, TB) of at most 1 PiB, and every index or step a decimal below
+// kMaxSyntheticPus. Returns what is wrong, or "".
+std::string bad_synthetic_attribute(const std::string& hwloc_part) {
+  constexpr unsigned long long kMaxBytes = 1ULL << 50;
+  std::size_t open = hwloc_part.find('(');
+  while (open != std::string::npos) {
+    const std::size_t close = hwloc_part.find(')', open);
+    if (close == std::string::npos) return "'(' without ')'";
+    std::istringstream attributes(hwloc_part.substr(open + 1, close - open - 1));
+    std::string attribute;
+    while (attributes >> attribute) {
+      const std::size_t equals = attribute.find('=');
+      const std::string key = attribute.substr(0, equals);
+      const std::string value = equals == std::string::npos ? "" : attribute.substr(equals + 1);
+      const auto is_digit = [](char c) { return std::isdigit(static_cast<unsigned char>(c)) != 0; };
+      if (key == "size" || key == "memory") {
+        std::size_t digits = 0;
+        unsigned long long bytes = 0;
+        for (; digits < value.size() && is_digit(value[digits]); ++digits) {
+          bytes = std::min(bytes * 10 + static_cast<unsigned long long>(value[digits] - '0'), kMaxBytes + 1);
+        }
+        std::string unit = value.substr(digits);
+        std::transform(unit.begin(), unit.end(), unit.begin(), [](char c) { return static_cast<char>(std::toupper(c)); });
+        const int shift = unit.empty() ? 0 : unit == "KB" ? 10 : unit == "MB" ? 20 : unit == "GB" ? 30 : unit == "TB" ? 40 : -1;
+        if (digits == 0 || shift < 0 || (digits > 1 && value[0] == '0')) {
+          return "'" + attribute + "': expected a decimal number of bytes, optionally followed by kB, MB, GB or TB";
+        }
+        if (bytes > (kMaxBytes >> shift)) return "'" + attribute + "': more than 1 PiB";
+      } else if (key == "indexes") {
+        // Level names ("pu:core"), steps ("2*4:1*2") or a list ("0,2,4,6"), as hwloc 2.9 reads them.
+        const bool names = !value.empty() && std::all_of(value.begin(), value.end(), [](char c) {
+          return std::isalpha(static_cast<unsigned char>(c)) != 0 || c == ':';
+        });
+        if (names) continue;
+        const bool steps = value.find('*') != std::string::npos;
+        std::istringstream list(value);
+        std::string item;
+        bool empty = true;
+        while (std::getline(list, item, steps ? ':' : ',')) {
+          empty = false;
+          const std::size_t star = steps ? item.find('*') : std::string::npos;
+          for (const std::string& number : steps && star != std::string::npos
+                                               ? std::vector<std::string>{item.substr(0, star), item.substr(star + 1)}
+                                               : std::vector<std::string>{item}) {
+            if (number.empty() || !std::all_of(number.begin(), number.end(), is_digit) ||
+                (steps && star == std::string::npos)) {
+              return "'" + attribute +
+                     "': expected OS indexes as decimals separated by commas (e.g. indexes=0,2,4,6), an interleaving "
+                     "of level names (indexes=pu:core) or of steps (indexes=2*4:1*2)";
+            }
+            if (number.size() > 5 || std::stoll(number) >= kMaxSyntheticPus) {
+              return "'" + attribute + "': " + number + " is " + std::to_string(kMaxSyntheticPus) +
+                     " or more (hwloc would allocate up to it)";
+            }
+          }
+        }
+        if (empty) return "'" + attribute + "': no indexes";
+      } else {
+        return "'" + attribute + "': expected size= (caches), memory= or indexes=";
+      }
+    }
+    open = hwloc_part.find('(', close);
+  }
+  return "";
+}
+
 std::string local_hostname() {
   char host[256] = {};
   if (gethostname(host, sizeof(host) - 1) != 0) return "localhost";
@@ -273,6 +344,9 @@ NodeTopology NodeTopology::from_synthetic(const std::string& description) {
   PARALLAX_CHECK(size.widest <= kMaxSyntheticArity, TopologyError, "bad synthetic topology '", description,
                  "': a level of ", size.widest, " objects under one parent, more than ", kMaxSyntheticArity,
                  " (expected one node's levels, e.g. \"pack:2 numa:1 core:8 pu:2\")");
+  const std::string bad_attribute = bad_synthetic_attribute(hwloc_part);
+  PARALLAX_CHECK(bad_attribute.empty(), TopologyError, "bad synthetic topology '", description,
+                 "': a level's attribute ", bad_attribute);
   HwlocTopology topo("synthetic topology '" + description + "'");
   PARALLAX_CHECK(hwloc_topology_set_synthetic(topo.get(), hwloc_part.c_str()) == 0, TopologyError,
                  "bad synthetic topology '", description, "': hwloc rejected \"", hwloc_part,

@@ -3,11 +3,16 @@
 # AddressSanitizer and UndefinedBehaviorSanitizer): builds each harness of tests/fuzz/
 # (in build-fuzz/, or FUZZ_BUILD_DIR), replays its committed regression inputs, then
 # fuzzes it for SECONDS (default 60) starting from its committed seed corpus. Exits
-# non-zero on a crash, hang (> 5 s per input), leak or sanitizer report; the input that
-# caused it is left in tests/fuzz/findings/, to be fixed and then moved to
-# tests/fuzz/regressions/<harness>/.
+# non-zero on a crash, hang (> 5 s per input), out-of-memory (> 2 GB), leak or sanitizer
+# report; the input that caused it is left in tests/fuzz/findings/. A finding becomes a
+# regression once fixed: move it to tests/fuzz/regressions/<harness>/ (keeping
+# libFuzzer's name, e.g. oom-<sha1>, prefixed by the harness), add the unit test that
+# names the bug, and `scripts/fuzz.sh replay <harness>` passes.
 #
-#   scripts/fuzz.sh [SECONDS [HARNESS...]]
+#   scripts/fuzz.sh [SECONDS [HARNESS...]]   a campaign: explores for SECONDS each
+#   scripts/fuzz.sh replay [HARNESS...]      what the test suite runs (label fuzz): the
+#       regressions, every committed corpus input, then FUZZ_RUNS (default 50000)
+#       executions from seed 1: the same inputs every time, so it fails only on those
 # Harnesses (default: all): manifest (checkpoint/manifest.h's parse_manifest), config
 # (core/config_loader.h's load_config with --set overrides and extends, then to_toml's
 # round trip and Config::resolve), topology (core/topology.h's synthetic
@@ -16,8 +21,15 @@
 # transport's header and TransferMeta, pipeline/transfer_meta.h).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-SECONDS_EACH="${1:-60}"
-shift || true
+MODE=explore
+if [[ "${1:-}" == replay ]]; then
+  MODE=replay
+  shift
+else
+  SECONDS_EACH="${1:-60}"
+  shift || true
+fi
+RUNS="${FUZZ_RUNS:-50000}"
 HARNESSES=("$@")
 [[ ${#HARNESSES[@]} -gt 0 ]] || HARNESSES=(manifest config topology transfer_meta)
 CXX="${FUZZ_CXX:-clang++}"
@@ -107,7 +119,28 @@ fuzz() {
   echo "[ figures  ] fuzz $harness: $runs executions in $SECONDS_EACH s, no finding"
 }
 
+# replay HARNESS: its regressions and committed corpus, then RUNS executions from seed 1
+# (a fixed sequence of inputs: libFuzzer's mutations depend only on the seed, the binary
+# and its coverage), with bounds far from any input's normal cost.
+replay() {
+  local harness="$1" fuzzer input inputs
+  fuzzer="$OUT/$harness/fuzzer"
+  inputs=()
+  for input in tests/fuzz/regressions/"$harness"/* tests/fuzz/corpus/"$harness"/*; do
+    [[ -f "$input" ]] && inputs+=("$input")
+  done
+  "$fuzzer" -timeout=60 -rss_limit_mb=2048 "${inputs[@]}" 2>"$WORK/replay.log" || { cat "$WORK/replay.log"; exit 1; }
+  mkdir -p "$WORK/corpus-$harness"
+  if ! "$fuzzer" -seed=1 -runs="$RUNS" -timeout=60 -rss_limit_mb=2048 -print_final_stats=1 \
+    -artifact_prefix="$WORK/$harness-" "$WORK/corpus-$harness" tests/fuzz/corpus/"$harness" 2>"$WORK/fuzz.log"; then
+    tail -n 60 "$WORK/fuzz.log"
+    echo "fuzz: $harness: seed 1 found an input that fails (above); run scripts/fuzz.sh 60 $harness to keep it" >&2
+    exit 1
+  fi
+  echo "[ figures  ] fuzz $harness: ${#inputs[@]} regression and corpus inputs, then $RUNS executions from seed 1, no finding"
+}
+
 for harness in "${HARNESSES[@]}"; do
   build "$harness"
-  fuzz "$harness"
+  if [[ $MODE == replay ]]; then replay "$harness"; else fuzz "$harness"; fi
 done

@@ -157,11 +157,37 @@ TEST(NodeTopology, SyntheticDescriptionsAreBoundedAndWhole) {
   EXPECT_NE(topology_error([] { NodeTopology::from_synthetic("pack:16pu:2321"); })
                 .find("'pack:16pu:2321' runs two levels together"),
             std::string::npos);
-  EXPECT_EQ(NodeTopology::from_synthetic("pack:2 core:4(indexes=0-3) pu:2").pus, 16);  // attributes stay
+  // Attributes stay: indexes as a list, as steps, as level names; sizes.
+  EXPECT_EQ(NodeTopology::from_synthetic("pack:2 core:4(indexes=0,1,2,3,4,5,6,7) pu:2").pus, 16);
+  EXPECT_EQ(NodeTopology::from_synthetic("pack:2 core:4(indexes=1*2:2*4) pu:2").pus, 16);
+  EXPECT_EQ(NodeTopology::from_synthetic("pack:2 core:4 pu:2(indexes=pack:core:pu)").pus, 16);
+  EXPECT_EQ(NodeTopology::from_synthetic("pack:2(memory=64GB) core:4 pu:2").pus, 16);
   EXPECT_NE(topology_error([] { NodeTopology::from_synthetic(std::string("pack:2 core:2 \0u:2", 18)); })
                 .find("byte 14 (code 0) is neither printable"),
             std::string::npos);
   EXPECT_EQ(NodeTopology::from_synthetic("pack:2\tcore:2\npu:1").pus, 4);  // white space of any kind separates
+}
+
+// Found by topology_fuzz (issue 38; its regression keeps the input): an index in a
+// level's attributes made hwloc allocate a bitmap up to it, gigabytes for a long number,
+// and a malformed one ("0-3") was ignored without a word. Every attribute is checked.
+TEST(NodeTopology, SyntheticAttributesAreBounded) {
+  const auto error_of = [](const std::string& description) {
+    return topology_error([&] { NodeTopology::from_synthetic(description); });
+  };
+  EXPECT_NE(error_of("numa core:2(indexes=0,28888888888888) pu:1 gpu:3")
+                .find("a level's attribute 'indexes=0,28888888888888': 28888888888888 is 16384 or more"),
+            std::string::npos);
+  EXPECT_NE(error_of("pack:2 core:2(indexes=0,1,2,20000) pu:1").find("20000 is 16384 or more"), std::string::npos);
+  EXPECT_NE(error_of("pack:2 core:2(indexes=1*2:99999*2) pu:1").find("99999 is 16384 or more"), std::string::npos);
+  EXPECT_NE(error_of("pack:2 core:4(indexes=0-3) pu:2").find("expected OS indexes"), std::string::npos);
+  EXPECT_NE(error_of("pack:2(memory=2048TB) core:2 pu:1").find("'memory=2048TB': more than 1 PiB"),
+            std::string::npos);
+  EXPECT_NE(error_of("pack:2(memory=0x10GB) core:2 pu:1").find("expected a decimal number of bytes"),
+            std::string::npos);
+  EXPECT_NE(error_of("pack:2(colour=red) core:2 pu:1").find("expected size= (caches), memory= or indexes="),
+            std::string::npos);
+  EXPECT_NE(error_of("pack:2(memory=1GB core:2 pu:1").find("'pack:2(memory=1GB'"), std::string::npos);
 }
 
 TEST(NodeTopology, SerializeParseRoundTrip) {
