@@ -173,7 +173,10 @@ SyntheticSize synthetic_size(const std::string& hwloc_part) {
     if (token[0] == '[') continue;
     const std::size_t colon = token.find(':');
     const std::size_t paren = token.find('(');
-    const std::size_t digits = colon != std::string::npos && colon < paren ? colon + 1 : 0;
+    // "core:8", or a count alone ("8"): hwloc reads a token that starts with a digit as a
+    // count, and anything after it as the next level ("242pu:428" is 242 x 428 PUs).
+    const bool count_first = std::isdigit(static_cast<unsigned char>(token[0])) != 0;
+    const std::size_t digits = !count_first && colon != std::string::npos && colon < paren ? colon + 1 : 0;
     long long arity = 0;
     std::size_t i = digits;
     for (; i < token.size() && std::isdigit(static_cast<unsigned char>(token[i])); ++i) {

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Pastes the README's measured figures from the commands that produce them.
+"""Pastes the documentation's measured figures from the commands that produce them.
 
-Every measured figure in README.md sits in a block between
+Every measured figure in README.md and the pages under docs/ sits in a block between
 
     <!-- figures ID: begin (pasted by scripts/readme_figures.py) -->
     <!-- figures ID: end -->
@@ -34,6 +34,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+
+
+def pages():
+    """README.md, then every page under docs/, in name order."""
+    return [README] + sorted((ROOT / "docs").glob("*.md"))
 BUILD_DIR = Path(os.environ.get("BUILD_DIR", ROOT / "build"))
 
 
@@ -157,31 +162,35 @@ def paste(lines, shown):
     return fence + f"Pasted from `{shown}` on {today}, {machine()}.\n"
 
 
-def check(text):
+def check(texts):
+    """Problems of every page's blocks; `texts` maps each page's name to its text."""
     problems = []
-    found = [m.group("id") for m in BLOCK.finditer(text)]
-    for name in found:
+    found = {}  # block -> the pages it is on
+    for page, text in texts.items():
+        for m in BLOCK.finditer(text):
+            found.setdefault(m.group("id"), []).append(page)
+            if not STAMP.search(m.group("body")):
+                problems.append(f"{page}: block '{m.group('id')}' has no 'Pasted from ...' line; "
+                                f"run scripts/readme_figures.py {m.group('id')}")
+        opened = len(re.findall(r"<!-- figures [\w-]+: begin", text))
+        well_formed = len(list(BLOCK.finditer(text)))
+        if opened != well_formed:
+            problems.append(f"{page}: {opened} blocks begin, {well_formed} are well formed")
+    for name, where in found.items():
         if name not in FIGURES:
-            problems.append(f"README.md: block '{name}' has no command in scripts/readme_figures.py")
-        elif found.count(name) > 1:
-            problems.append(f"README.md: block '{name}' appears {found.count(name)} times")
+            problems.append(f"{where[0]}: block '{name}' has no command in scripts/readme_figures.py")
+        elif len(where) > 1:
+            problems.append(f"block '{name}' appears {len(where)} times ({', '.join(where)})")
     for name in FIGURES:
         if name not in found:
-            problems.append(f"README.md: no block for '{name}' (scripts/readme_figures.py lists it)")
-    for m in BLOCK.finditer(text):
-        if not STAMP.search(m.group("body")):
-            problems.append(f"README.md: block '{m.group('id')}' has no 'Pasted from ...' line; "
-                            f"run scripts/readme_figures.py {m.group('id')}")
-    opened = len(re.findall(r"<!-- figures [\w-]+: begin", text))
-    if opened != len(found):
-        problems.append(f"README.md: {opened} blocks begin, {len(found)} are well formed")
+            problems.append(f"no page has a block for '{name}' (scripts/readme_figures.py lists it)")
     return problems
 
 
 def main(argv):
-    text = README.read_text()
+    texts = {str(page.relative_to(ROOT)): page.read_text() for page in pages()}
     if argv[:1] == ["--check"]:
-        problems = check(text)
+        problems = check(texts)
         for p in problems:
             print(p, file=sys.stderr)
         return 1 if problems else 0
@@ -212,12 +221,13 @@ def main(argv):
             failed += 1
             continue
         pattern = re.compile(rf"(<!-- figures {name}: begin[^>]*-->\n).*?(<!-- figures {name}: end -->\n)", re.DOTALL)
-        if not pattern.search(text):
-            print(f"README.md has no block '{name}'", file=sys.stderr)
+        page = next((p for p, text in texts.items() if pattern.search(text)), None)
+        if page is None:
+            print(f"no page has a block '{name}'", file=sys.stderr)
             failed += 1
             continue
-        text = pattern.sub(lambda m: m.group(1) + body + m.group(2), text)
-        README.write_text(text)  # after each block: an interrupted run keeps what it measured
+        texts[page] = pattern.sub(lambda m: m.group(1) + body + m.group(2), texts[page])
+        (ROOT / page).write_text(texts[page])  # after each block: an interrupted run keeps what it measured
     return 1 if failed else 0
 
 

@@ -1,8 +1,8 @@
-// The measured figures a test prints for people and for the README:
+// The measured figures a test prints for people and for the documentation (README.md, docs/):
 //   print_figure("stage %d: max loss difference %.3g\n", stage, worst);
 // prints "[ figures  ] Suite.Test: stage 1: max loss difference 2e-07" on stdout, named
 // after the running GoogleTest test, whichever rank prints it (ranks' lines interleave).
-// scripts/readme_figures.py pastes these lines into the README.
+// scripts/readme_figures.py pastes these lines into those pages.
 #pragma once
 
 #include <gtest/gtest.h>

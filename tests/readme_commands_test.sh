@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every command the README shows runs as shown:
+# Every command the README and the pages under docs/ show runs as shown:
 #  - each command of a ```sh block must exit 0;
 #  - each "$ " command of another block must print every line the block shows after it
 #    (on stdout or on stderr; each stream is searched whole, so interleaving cannot
@@ -21,7 +21,7 @@ source scripts/common.sh
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 
-# The README as records: "sh<TAB>command" or "shown<TAB>command<TAB>expected line ...".
+# The pages as records: "sh<TAB>command" or "shown<TAB>command<TAB>expected line ...".
 extract() {
   awk '
     function flush() {
@@ -43,7 +43,7 @@ extract() {
       if (cmd ~ /\\$/) { sub(/\\$/, "", cmd); joining = 1 }
     }
     END { flush() }
-  ' README.md
+  ' README.md docs/*.md
 }
 
 as_run_here() {
@@ -79,7 +79,7 @@ while IFS=$'\t' read -r -a record; do
   elif [[ "$kind" == shown ]]; then
     for expected in "${record[@]:2}"; do
       if ! grep -qxF -- "$expected" "$logs/out" && ! grep -qxF -- "$expected" "$logs/err"; then
-        problem="the README shows a line it did not print: $expected"
+        problem="the documentation shows a line it did not print: $expected"
         break
       fi
     done
@@ -94,7 +94,7 @@ while IFS=$'\t' read -r -a record; do
   fi
 done < <(extract)
 
-echo "$ran of the README's $total command(s) run ($listed listed), $failures failed"
+echo "$ran of the documentation's $total command(s) run ($listed listed), $failures failed"
 figures_failed=0
 python3 scripts/readme_figures.py --check || figures_failed=1
 [[ $((ran + listed)) -eq $total && $ran -gt 0 && $failures -eq 0 && $figures_failed -eq 0 ]]

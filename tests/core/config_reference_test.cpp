@@ -1,8 +1,8 @@
 // The configuration reference (config_reference(), docs/config.md) against the loader:
 // the committed file is the generated text; the reference lists exactly the keys that
-// to_toml writes and the loader accepts, each with a meaning; the README's key tables
+// to_toml writes and the loader accepts, each with a meaning; the guides' key tables
 // name only keys the reference has, with its defaults. Mutants: a key added to a
-// section's fields but not to docs/config.md (the file comparison), a README default
+// section's fields but not to docs/config.md (the file comparison), a guide's default
 // that drifts (the table check), a reference row the loader refuses (the --set loads).
 #include <gtest/gtest.h>
 
@@ -93,11 +93,12 @@ TEST(ConfigReference, ListsExactlyTheKeysTheLoaderAcceptsEachWithAMeaning) {
   EXPECT_THROW(load_config({{}, {"zero.stagee=1"}}), ConfigError);  // and nothing else is accepted
 }
 
-// The README's "| `[section]` key | Default | Meaning |" tables: every key is one the
-// reference lists, with the reference's default (numbers compared as numbers).
-TEST(ConfigReference, TheReadmeKeyTablesAgreeWithIt) {
+// The guides' "| `[section]` key | Default | Meaning |" tables (docs/zero-and-offload.md):
+// every key is one the reference lists, with the reference's default (numbers compared
+// as numbers).
+TEST(ConfigReference, TheGuidesKeyTablesAgreeWithIt) {
   const auto rows = reference_rows();
-  std::istringstream readme(read_text(PARALLAX_SOURCE_DIR "/README.md"));
+  std::istringstream readme(read_text(PARALLAX_SOURCE_DIR "/docs/zero-and-offload.md"));
   std::string line, section;
   int checked = 0;
   while (std::getline(readme, line)) {
@@ -113,13 +114,13 @@ TEST(ConfigReference, TheReadmeKeyTablesAgreeWithIt) {
     const std::vector<std::string> row = cells(line);
     const std::string key = section + "." + unquoted(row[0]);
     const auto found = rows.find(key);
-    ASSERT_NE(found, rows.end()) << "README lists " << key << ", which the loader does not read";
+    ASSERT_NE(found, rows.end()) << "the guide lists " << key << ", which the loader does not read";
     const std::string want = unquoted(found->second[2]);
     const std::string got = unquoted(row[1]);
     char* end = nullptr;
     const double number = std::strtod(got.c_str(), &end);
     if (!got.empty() && *end == '\0') {
-      EXPECT_EQ(number, std::strtod(want.c_str(), nullptr)) << key << ": README says " << got << ", the code " << want;
+      EXPECT_EQ(number, std::strtod(want.c_str(), nullptr)) << key << ": the guide says " << got << ", the code " << want;
     } else {
       EXPECT_EQ(got, want) << key;
     }

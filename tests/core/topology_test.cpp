@@ -157,6 +157,12 @@ TEST(NodeTopology, SyntheticDescriptionsAreBoundedAndWhole) {
   EXPECT_NE(topology_error([] { NodeTopology::from_synthetic("pack:16pu:2321"); })
                 .find("'pack:16pu:2321' runs two levels together"),
             std::string::npos);
+  // ... and "242pu:428" as a count of 242 then a level of 428 PUs (issue 38's campaign:
+  // 103,576 PUs, counted as 428, ran past the fuzzer's 5 s).
+  EXPECT_NE(topology_error([] { NodeTopology::from_synthetic("242pu:428"); })
+                .find("'242pu:428' runs two levels together"),
+            std::string::npos);
+  EXPECT_EQ(NodeTopology::from_synthetic("2 4 2").pus, 16);  // counts alone: hwloc's own shorthand
   // Attributes stay: indexes as a list, as steps, as level names; sizes.
   EXPECT_EQ(NodeTopology::from_synthetic("pack:2 core:4(indexes=0,1,2,3,4,5,6,7) pu:2").pus, 16);
   EXPECT_EQ(NodeTopology::from_synthetic("pack:2 core:4(indexes=1*2:2*4) pu:2").pus, 16);

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# train_gpt --explain on an emulated 2-node cluster (the README's command): exits 0 after printing the plan
+# train_gpt --explain on an emulated 2-node cluster (the command docs/strategy-matrix-and-placement.md shows): exits 0 after printing the plan
 # (every rank's coordinates, node, cores, device, groups) and, after one step, every
 # rank's model-state bytes equal to ZeRO's formula and the bytes its groups moved.
 # Usage: explain_test.sh <mpiexec> <train_gpt> <configs-dir>
