@@ -19,5 +19,8 @@ configure_and_build -DPARALLAX_BUILD_TESTS=ON -DPARALLAX_BUILD_EXAMPLES=ON \
   -DPARALLAX_BUILD_BENCHMARKS="${PARALLAX_BUILD_BENCHMARKS:-ON}" -DPARALLAX_WITH_NCCL="$nccl"
 cd "$BUILD_DIR"
 # PARALLAX_TEST_EXCLUDE: the labels left out (a regex; default "gpu"). The fuzzers (label
-# "fuzz") use neither LibTorch, so CI runs them in its first pass only.
-ctest --output-on-failure --timeout 600 -LE "${PARALLAX_TEST_EXCLUDE:-gpu}" "$@"
+# "fuzz") use neither LibTorch, so CI runs them in its first pass only. Tests run side by
+# side on every core (PARALLAX_TEST_JOBS to change it): each declares the processors it
+# uses (its ranks), CTest never runs more at once than there are, and a test of more ranks
+# than cores runs alone; none depends on time, and the fuzzers share build-fuzz/ by a lock.
+ctest --output-on-failure --timeout 600 -j"${PARALLAX_TEST_JOBS:-$(nproc)}" -LE "${PARALLAX_TEST_EXCLUDE:-gpu}" "$@"
