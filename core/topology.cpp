@@ -161,6 +161,7 @@ std::string strip_gpu_token(const std::string& description, int& gpus) {
 struct SyntheticSize {
   long long pus = 1;
   long long widest = 1;
+  std::string bad_count;     // a level whose count is not a plain decimal ("pu:+8", "pu:0x8")
   std::string run_together;  // a token with more after its count ("pack:16pu:8"), which
                              // hwloc reads as two levels and this count as one
 };
@@ -176,14 +177,21 @@ SyntheticSize synthetic_size(const std::string& hwloc_part) {
     // "core:8", or a count alone ("8"): hwloc reads a token that starts with a digit as a
     // count, and anything after it as the next level ("242pu:428" is 242 x 428 PUs).
     const bool count_first = std::isdigit(static_cast<unsigned char>(token[0])) != 0;
-    const std::size_t digits = !count_first && colon != std::string::npos && colon < paren ? colon + 1 : 0;
+    const bool typed = !count_first && colon != std::string::npos && colon < paren && colon < token.find('=');
+    if (!count_first && !typed) continue;  // an attribute's continuation, or what hwloc rejects
+    const std::size_t digits = typed ? colon + 1 : 0;
     long long arity = 0;
     std::size_t i = digits;
     for (; i < token.size() && std::isdigit(static_cast<unsigned char>(token[i])); ++i) {
       arity = std::min(arity * 10 + (token[i] - '0'), kMaxSyntheticPus + 1);
     }
-    if (arity == 0) continue;
     const bool ends_after_count = i == token.size() || (token[i] == '(' && token.find(')') == token.size() - 1);
+    // hwloc reads a count with strtoul: "+88601", "0x100" or " 8" are counts to it, and
+    // none was counted here. Only plain decimals are.
+    if (i == digits || (!ends_after_count && token.find(':', i) == std::string::npos)) {
+      if (size.bad_count.empty()) size.bad_count = token;
+      continue;
+    }
     if (!ends_after_count && size.run_together.empty()) size.run_together = token;
     size.pus = std::min(size.pus * arity, kMaxSyntheticPus + 1);
     size.widest = std::max(size.widest, arity);
@@ -338,6 +346,8 @@ NodeTopology NodeTopology::from_synthetic(const std::string& description) {
   PARALLAX_CHECK(!hwloc_part.empty(), TopologyError, "bad synthetic topology '", description,
                  "': no hwloc levels (expected e.g. \"pack:2 numa:1 core:8 pu:2\")");
   const SyntheticSize size = synthetic_size(hwloc_part);
+  PARALLAX_CHECK(size.bad_count.empty(), TopologyError, "bad synthetic topology '", description, "': '",
+                 size.bad_count, "' needs a count of objects in plain decimal digits (e.g. \"pu:2\")");
   PARALLAX_CHECK(size.run_together.empty(), TopologyError, "bad synthetic topology '", description, "': '",
                  size.run_together, "' runs two levels together (separate levels with spaces, e.g. ",
                  "\"pack:2 numa:1 core:8 pu:2\")");

@@ -163,6 +163,13 @@ TEST(NodeTopology, SyntheticDescriptionsAreBoundedAndWhole) {
                 .find("'242pu:428' runs two levels together"),
             std::string::npos);
   EXPECT_EQ(NodeTopology::from_synthetic("2 4 2").pus, 16);  // counts alone: hwloc's own shorthand
+  // ... and "pu:+88601" as 88,601 PUs (strtoul takes the sign), counted as none (issue 38's
+  // campaign, 16 minutes in); hexadecimal too.
+  EXPECT_NE(topology_error([] { NodeTopology::from_synthetic("pu:+88601"); })
+                .find("'pu:+88601' needs a count of objects in plain decimal digits"),
+            std::string::npos);
+  EXPECT_NE(topology_error([] { NodeTopology::from_synthetic("pack:2 pu:0x4000"); }).find("'pu:0x4000' needs a count"),
+            std::string::npos);
   // Attributes stay: indexes as a list, as steps, as level names; sizes.
   EXPECT_EQ(NodeTopology::from_synthetic("pack:2 core:4(indexes=0,1,2,3,4,5,6,7) pu:2").pus, 16);
   EXPECT_EQ(NodeTopology::from_synthetic("pack:2 core:4(indexes=1*2:2*4) pu:2").pus, 16);
