@@ -129,6 +129,10 @@ void count_objects(hwloc_topology_t topo, NodeTopology& node) {
 // about 9 s, 1,024 a quarter of a second (a real level: at most 192 cores a package).
 constexpr long long kMaxSyntheticPus = 1 << 14;
 constexpr long long kMaxSyntheticArity = 1 << 10;
+// Within those, wide levels over many PUs still cost hwloc seconds: "core:1024 pu:16" is
+// 2^28 words of cpuset compared, 4.4 s under AddressSanitizer; 2^26 stays near a second
+// there (and "pack:4 core:64 pu:64", 16,384 PUs, costs 2^22).
+constexpr long long kMaxSiblingWork = 1 << 26;
 
 // Splits "pack:2 numa:2 core:8 pu:2 gpu:4" into hwloc's part and the GPU count.
 std::string strip_gpu_token(const std::string& description, int& gpus) {
@@ -161,6 +165,8 @@ std::string strip_gpu_token(const std::string& description, int& gpus) {
 struct SyntheticSize {
   long long pus = 1;
   long long widest = 1;
+  std::vector<long long> arities;  // the counted levels, outermost first
+  long long sibling_work = 0;       // hwloc's cpuset comparisons x words above the PUs
   std::string bad_count;     // a level whose count is not a plain decimal ("pu:+8", "pu:0x8")
   std::string run_together;  // a token with more after its count ("pack:16pu:8"), which
                              // hwloc reads as two levels and this count as one
@@ -193,8 +199,17 @@ SyntheticSize synthetic_size(const std::string& hwloc_part) {
       continue;
     }
     if (!ends_after_count && size.run_together.empty()) size.run_together = token;
+    size.arities.push_back(arity);
     size.pus = std::min(size.pus * arity, kMaxSyntheticPus + 1);
     size.widest = std::max(size.widest, arity);
+  }
+  // hwloc inserts each object among its siblings comparing cpusets of the node's PUs:
+  // each level above the PUs costs its objects x its width x the cpuset's words.
+  long long objects = 1;
+  for (std::size_t level = 0; level + 1 < size.arities.size(); ++level) {
+    objects = std::min(objects * size.arities[level], kMaxSyntheticPus + 1);
+    size.sibling_work = std::min(size.sibling_work + objects * size.arities[level] * ((size.pus + 63) / 64),
+                                 kMaxSiblingWork + 1);
   }
   return size;
 }
@@ -357,6 +372,10 @@ NodeTopology NodeTopology::from_synthetic(const std::string& description) {
   PARALLAX_CHECK(size.widest <= kMaxSyntheticArity, TopologyError, "bad synthetic topology '", description,
                  "': a level of ", size.widest, " objects under one parent, more than ", kMaxSyntheticArity,
                  " (expected one node's levels, e.g. \"pack:2 numa:1 core:8 pu:2\")");
+  PARALLAX_CHECK(size.sibling_work <= kMaxSiblingWork, TopologyError, "bad synthetic topology '", description,
+                 "': its levels are too wide for this many PUs (hwloc would compare more than ", kMaxSiblingWork,
+                 " words of cpusets to build it: each level's objects x its width x the PUs / 64; expected one "
+                 "node's levels, e.g. \"pack:2 numa:1 core:8 pu:2\")");
   const std::string bad_attribute = bad_synthetic_attribute(hwloc_part);
   PARALLAX_CHECK(bad_attribute.empty(), TopologyError, "bad synthetic topology '", description,
                  "': a level's attribute ", bad_attribute);

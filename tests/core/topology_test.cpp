@@ -170,6 +170,12 @@ TEST(NodeTopology, SyntheticDescriptionsAreBoundedAndWhole) {
             std::string::npos);
   EXPECT_NE(topology_error([] { NodeTopology::from_synthetic("pack:2 pu:0x4000"); }).find("'pu:0x4000' needs a count"),
             std::string::npos);
+  // ... and "4 672 6" (16,128 PUs, levels within the bounds above): hwloc compares
+  // 2,688 objects' cpusets among 672 siblings each, over 5 s under AddressSanitizer
+  // (issue 38's campaign, 9 minutes in).
+  EXPECT_NE(topology_error([] { NodeTopology::from_synthetic("4 672 6"); }).find("too wide for this many PUs"),
+            std::string::npos);
+  EXPECT_NE(topology_error([] { NodeTopology::from_synthetic("core:1024 pu:16"); }).find("too wide"), std::string::npos);
   // Attributes stay: indexes as a list, as steps, as level names; sizes.
   EXPECT_EQ(NodeTopology::from_synthetic("pack:2 core:4(indexes=0,1,2,3,4,5,6,7) pu:2").pus, 16);
   EXPECT_EQ(NodeTopology::from_synthetic("pack:2 core:4(indexes=1*2:2*4) pu:2").pus, 16);
