@@ -17,6 +17,7 @@
 #include "parallax/core/error.h"
 #include "parallax/core/hwloc_support.h"
 #include "proto/topology.pb.h"
+#include "synthetic_description.h"
 
 namespace parallax {
 namespace {
@@ -123,168 +124,6 @@ void count_objects(hwloc_topology_t topo, NodeTopology& node) {
   node.pus = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_PU);
 }
 
-// A synthetic node larger than any real one (a DGX H100 has 224 PUs, an 8-socket server
-// under 2,000) is a typo, and hwloc would spend minutes and gigabytes building it. Its
-// time grows with the square of a level's width: 4,096 cores under one parent take
-// about 9 s, 1,024 a quarter of a second (a real level: at most 192 cores a package).
-constexpr long long kMaxSyntheticPus = 1 << 14;
-constexpr long long kMaxSyntheticArity = 1 << 10;
-// Within those, wide levels over many PUs still cost hwloc seconds: "core:1024 pu:16" is
-// 2^28 words of cpuset compared, 4.4 s under AddressSanitizer; 2^26 stays near a second
-// there (and "pack:4 core:64 pu:64", 16,384 PUs, costs 2^22).
-constexpr long long kMaxSiblingWork = 1 << 26;
-
-// Splits "pack:2 numa:2 core:8 pu:2 gpu:4" into hwloc's part and the GPU count.
-std::string strip_gpu_token(const std::string& description, int& gpus) {
-  std::istringstream in(description);
-  std::string token;
-  std::string rest;
-  bool have_gpus = false;
-  gpus = 0;
-  while (in >> token) {
-    if (token.rfind("gpu:", 0) == 0) {
-      const std::string count = token.substr(4);
-      char* end = nullptr;
-      long value = std::strtol(count.c_str(), &end, 10);
-      PARALLAX_CHECK(!have_gpus && !count.empty() && *end == '\0' && value >= 0 && value <= 4096, TopologyError,
-                     "bad synthetic topology '", description, "': '", token,
-                     have_gpus ? "' repeats the GPU count" : "' should be gpu:N with N >= 0");
-      gpus = static_cast<int>(value);
-      have_gpus = true;
-      continue;
-    }
-    rest += rest.empty() ? token : " " + token;
-  }
-  return rest;
-}
-
-// The size of a synthetic description: the PUs it makes, the product of its levels'
-// arities ("core:8" or "8"; attributes in parentheses and memory levels in brackets do
-// not multiply), and its widest level. Tokens hwloc would reject count as 1: hwloc
-// rejects them itself.
-struct SyntheticSize {
-  long long pus = 1;
-  long long widest = 1;
-  std::vector<long long> arities;  // the counted levels, outermost first
-  long long sibling_work = 0;       // hwloc's cpuset comparisons x words above the PUs
-  std::string bad_count;     // a level whose count is not a plain decimal ("pu:+8", "pu:0x8")
-  std::string run_together;  // a token with more after its count ("pack:16pu:8"), which
-                             // hwloc reads as two levels and this count as one
-};
-
-SyntheticSize synthetic_size(const std::string& hwloc_part) {
-  std::istringstream in(hwloc_part);
-  std::string token;
-  SyntheticSize size;
-  while (in >> token) {
-    if (token[0] == '[') continue;
-    const std::size_t colon = token.find(':');
-    const std::size_t paren = token.find('(');
-    // "core:8", or a count alone ("8"): hwloc reads a token that starts with a digit as a
-    // count, and anything after it as the next level ("242pu:428" is 242 x 428 PUs).
-    const bool count_first = std::isdigit(static_cast<unsigned char>(token[0])) != 0;
-    const bool typed = !count_first && colon != std::string::npos && colon < paren && colon < token.find('=');
-    if (!count_first && !typed) continue;  // an attribute's continuation, or what hwloc rejects
-    const std::size_t digits = typed ? colon + 1 : 0;
-    long long arity = 0;
-    std::size_t i = digits;
-    for (; i < token.size() && std::isdigit(static_cast<unsigned char>(token[i])); ++i) {
-      arity = std::min(arity * 10 + (token[i] - '0'), kMaxSyntheticPus + 1);
-    }
-    const bool ends_after_count = i == token.size() || (token[i] == '(' && token.find(')') == token.size() - 1);
-    // hwloc reads a count with strtoul: "+88601", "0x100" or " 8" are counts to it, and
-    // none was counted here. Only plain decimals are.
-    if (i == digits || (!ends_after_count && token.find(':', i) == std::string::npos)) {
-      if (size.bad_count.empty()) size.bad_count = token;
-      continue;
-    }
-    if (!ends_after_count && size.run_together.empty()) size.run_together = token;
-    size.arities.push_back(arity);
-    size.pus = std::min(size.pus * arity, kMaxSyntheticPus + 1);
-    size.widest = std::max(size.widest, arity);
-  }
-  // hwloc inserts each object among its siblings comparing cpusets of the node's PUs:
-  // each level above the PUs costs its objects x its width x the cpuset's words.
-  long long objects = 1;
-  for (std::size_t level = 0; level + 1 < size.arities.size(); ++level) {
-    objects = std::min(objects * size.arities[level], kMaxSyntheticPus + 1);
-    size.sibling_work = std::min(size.sibling_work + objects * size.arities[level] * ((size.pus + 63) / 64),
-                                 kMaxSiblingWork + 1);
-  }
-  return size;
-}
-
-// The attributes of a synthetic description's levels, "(...)" after a level (hwloc 2.9:
-// size= for caches, memory= for the others, indexes=; separated by one space). hwloc
-// reads each number as it comes: an index makes it allocate a bitmap up to that index,
-// a size shifted past 64 bits wraps, and a malformed list is ignored without a word.
-// Here every attribute is one of the three, every size a decimal count of bytes (or kB,
-// MB, GB, TB) of at most 1 PiB, and every index or step a decimal below
-// kMaxSyntheticPus. Returns what is wrong, or "".
-std::string bad_synthetic_attribute(const std::string& hwloc_part) {
-  constexpr unsigned long long kMaxBytes = 1ULL << 50;
-  std::size_t open = hwloc_part.find('(');
-  while (open != std::string::npos) {
-    const std::size_t close = hwloc_part.find(')', open);
-    if (close == std::string::npos) return "'(' without ')'";
-    std::istringstream attributes(hwloc_part.substr(open + 1, close - open - 1));
-    std::string attribute;
-    while (attributes >> attribute) {
-      const std::size_t equals = attribute.find('=');
-      const std::string key = attribute.substr(0, equals);
-      const std::string value = equals == std::string::npos ? "" : attribute.substr(equals + 1);
-      const auto is_digit = [](char c) { return std::isdigit(static_cast<unsigned char>(c)) != 0; };
-      if (key == "size" || key == "memory") {
-        std::size_t digits = 0;
-        unsigned long long bytes = 0;
-        for (; digits < value.size() && is_digit(value[digits]); ++digits) {
-          bytes = std::min(bytes * 10 + static_cast<unsigned long long>(value[digits] - '0'), kMaxBytes + 1);
-        }
-        std::string unit = value.substr(digits);
-        std::transform(unit.begin(), unit.end(), unit.begin(), [](char c) { return static_cast<char>(std::toupper(c)); });
-        const int shift = unit.empty() ? 0 : unit == "KB" ? 10 : unit == "MB" ? 20 : unit == "GB" ? 30 : unit == "TB" ? 40 : -1;
-        if (digits == 0 || shift < 0 || (digits > 1 && value[0] == '0')) {
-          return "'" + attribute + "': expected a decimal number of bytes, optionally followed by kB, MB, GB or TB";
-        }
-        if (bytes > (kMaxBytes >> shift)) return "'" + attribute + "': more than 1 PiB";
-      } else if (key == "indexes") {
-        // Level names ("pu:core"), steps ("2*4:1*2") or a list ("0,2,4,6"), as hwloc 2.9 reads them.
-        const bool names = !value.empty() && std::all_of(value.begin(), value.end(), [](char c) {
-          return std::isalpha(static_cast<unsigned char>(c)) != 0 || c == ':';
-        });
-        if (names) continue;
-        const bool steps = value.find('*') != std::string::npos;
-        std::istringstream list(value);
-        std::string item;
-        bool empty = true;
-        while (std::getline(list, item, steps ? ':' : ',')) {
-          empty = false;
-          const std::size_t star = steps ? item.find('*') : std::string::npos;
-          for (const std::string& number : steps && star != std::string::npos
-                                               ? std::vector<std::string>{item.substr(0, star), item.substr(star + 1)}
-                                               : std::vector<std::string>{item}) {
-            if (number.empty() || !std::all_of(number.begin(), number.end(), is_digit) ||
-                (steps && star == std::string::npos)) {
-              return "'" + attribute +
-                     "': expected OS indexes as decimals separated by commas (e.g. indexes=0,2,4,6), an interleaving "
-                     "of level names (indexes=pu:core) or of steps (indexes=2*4:1*2)";
-            }
-            if (number.size() > 5 || std::stoll(number) >= kMaxSyntheticPus) {
-              return "'" + attribute + "': " + number + " is " + std::to_string(kMaxSyntheticPus) +
-                     " or more (hwloc would allocate up to it)";
-            }
-          }
-        }
-        if (empty) return "'" + attribute + "': no indexes";
-      } else {
-        return "'" + attribute + "': expected size= (caches), memory= or indexes=";
-      }
-    }
-    open = hwloc_part.find('(', close);
-  }
-  return "";
-}
-
 std::string local_hostname() {
   char host[256] = {};
   if (gethostname(host, sizeof(host) - 1) != 0) return "localhost";
@@ -347,38 +186,7 @@ NodeTopology NodeTopology::from_xml(const std::string& path) {
 }
 
 NodeTopology NodeTopology::from_synthetic(const std::string& description) {
-  // hwloc reads a C string: a NUL would silently cut the description short. The
-  // message cannot quote such a description (what() would end at the NUL), so it
-  // names the offending byte instead.
-  const auto unprintable = std::find_if(description.begin(), description.end(), [](char c) {
-    return !std::isprint(static_cast<unsigned char>(c)) && !std::isspace(static_cast<unsigned char>(c));
-  });
-  PARALLAX_CHECK(unprintable == description.end(), TopologyError, "bad synthetic topology: byte ",
-                 unprintable - description.begin(), " (code ", static_cast<int>(static_cast<unsigned char>(*unprintable)),
-                 ") is neither printable ASCII nor white space");
-  int gpus = 0;
-  const std::string hwloc_part = strip_gpu_token(description, gpus);
-  PARALLAX_CHECK(!hwloc_part.empty(), TopologyError, "bad synthetic topology '", description,
-                 "': no hwloc levels (expected e.g. \"pack:2 numa:1 core:8 pu:2\")");
-  const SyntheticSize size = synthetic_size(hwloc_part);
-  PARALLAX_CHECK(size.bad_count.empty(), TopologyError, "bad synthetic topology '", description, "': '",
-                 size.bad_count, "' needs a count of objects in plain decimal digits (e.g. \"pu:2\")");
-  PARALLAX_CHECK(size.run_together.empty(), TopologyError, "bad synthetic topology '", description, "': '",
-                 size.run_together, "' runs two levels together (separate levels with spaces, e.g. ",
-                 "\"pack:2 numa:1 core:8 pu:2\")");
-  PARALLAX_CHECK(size.pus <= kMaxSyntheticPus, TopologyError, "bad synthetic topology '", description,
-                 "': its levels multiply to more than ", kMaxSyntheticPus,
-                 " PUs (expected one node, e.g. \"pack:2 numa:1 core:8 pu:2\")");
-  PARALLAX_CHECK(size.widest <= kMaxSyntheticArity, TopologyError, "bad synthetic topology '", description,
-                 "': a level of ", size.widest, " objects under one parent, more than ", kMaxSyntheticArity,
-                 " (expected one node's levels, e.g. \"pack:2 numa:1 core:8 pu:2\")");
-  PARALLAX_CHECK(size.sibling_work <= kMaxSiblingWork, TopologyError, "bad synthetic topology '", description,
-                 "': its levels are too wide for this many PUs (hwloc would compare more than ", kMaxSiblingWork,
-                 " words of cpusets to build it: each level's objects x its width x the PUs / 64; expected one "
-                 "node's levels, e.g. \"pack:2 numa:1 core:8 pu:2\")");
-  const std::string bad_attribute = bad_synthetic_attribute(hwloc_part);
-  PARALLAX_CHECK(bad_attribute.empty(), TopologyError, "bad synthetic topology '", description,
-                 "': a level's attribute ", bad_attribute);
+  const auto [hwloc_part, gpus] = detail::check_synthetic_description(description);
   HwlocTopology topo("synthetic topology '" + description + "'");
   PARALLAX_CHECK(hwloc_topology_set_synthetic(topo.get(), hwloc_part.c_str()) == 0, TopologyError,
                  "bad synthetic topology '", description, "': hwloc rejected \"", hwloc_part,

@@ -81,7 +81,7 @@ build() {
       # topology_xml also mutates hwloc XML: it fuzzes hwloc's importer, which Debian's
       # hwloc 2.9.0 crashes in on crafted files (tests/fuzz/topology_fuzzer.cpp says which).
       [[ $1 == topology_xml ]] && extra=(-DPARALLAX_FUZZ_HWLOC_XML)
-      link "$1" "tests/fuzz/topology_fuzzer.cpp core/topology.cpp core/error.cpp core/logging.cpp
+      link "$1" "tests/fuzz/topology_fuzzer.cpp core/topology.cpp core/synthetic_description.cpp core/error.cpp core/logging.cpp
         $OUT/include/proto/topology.pb.cc" -lhwloc -lprotobuf -lpthread
       ;;
     transfer_meta)

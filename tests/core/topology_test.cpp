@@ -185,6 +185,25 @@ TEST(NodeTopology, SyntheticDescriptionsAreBoundedAndWhole) {
                 .find("byte 14 (code 0) is neither printable"),
             std::string::npos);
   EXPECT_EQ(NodeTopology::from_synthetic("pack:2\tcore:2\npu:1").pus, 4);  // white space of any kind separates
+  // hwloc looks for a level's ':' anywhere further on: it read "311 2 pu [ pu [u:95" as
+  // 311 x 2 x 95 PUs (59,090), 18 s (issue 38's hour-long campaign, 14 minutes in). A
+  // type needs its own ':' and count; a memory level its own ']'.
+  EXPECT_NE(topology_error([] { NodeTopology::from_synthetic("311 2 pu [ pu [u:95"); })
+                .find("'pu' needs ':' and a count of objects right after its type"),
+            std::string::npos);
+  EXPECT_NE(topology_error([] { NodeTopology::from_synthetic("numa core:2 pu:1"); }).find("'numa' needs ':'"),
+            std::string::npos);
+  EXPECT_NE(topology_error([] { NodeTopology::from_synthetic("pack:2 [numa core:2 pu:1]"); })
+                .find("'[numa' needs ']' right after"),
+            std::string::npos);
+  EXPECT_NE(topology_error([] { NodeTopology::from_synthetic("pack:2 [ core:2 pu:1"); }).find("after '['"),
+            std::string::npos);
+  EXPECT_EQ(NodeTopology::from_synthetic("pack:2 [numa(memory=1GB)] core:2 pu:2").pus, 8);
+  // ... and reads counts in base 0: "010" is 8 to it.
+  EXPECT_NE(topology_error([] { NodeTopology::from_synthetic("pack:2 pu:010"); }).find("'pu:010' needs a count"),
+            std::string::npos);
+  EXPECT_NE(topology_error([] { NodeTopology::from_synthetic("pack:2 pu:2,"); }).find("',' where a space"),
+            std::string::npos);
 }
 
 // Found by topology_fuzz (issue 38; its regression keeps the input): an index in a
@@ -194,7 +213,7 @@ TEST(NodeTopology, SyntheticAttributesAreBounded) {
   const auto error_of = [](const std::string& description) {
     return topology_error([&] { NodeTopology::from_synthetic(description); });
   };
-  EXPECT_NE(error_of("numa core:2(indexes=0,28888888888888) pu:1 gpu:3")
+  EXPECT_NE(error_of("numa:1 core:2(indexes=0,28888888888888) pu:1 gpu:3")
                 .find("a level's attribute 'indexes=0,28888888888888': 28888888888888 is 16384 or more"),
             std::string::npos);
   EXPECT_NE(error_of("pack:2 core:2(indexes=0,1,2,20000) pu:1").find("20000 is 16384 or more"), std::string::npos);
