@@ -190,11 +190,12 @@ class LevelReader {
   }
 
   long long level() {
-    const bool typed = !type_name().empty();
-    if (typed && (pos_ >= text_.size() || text_[pos_] != ':')) {
-      fail("needs ':' and a count of objects right after its type (e.g. \"core:8\")");
+    if (!type_name().empty()) {
+      if (pos_ >= text_.size() || text_[pos_] != ':') {
+        fail("needs ':' and a count of objects right after its type (e.g. \"core:8\")");
+      }
+      ++pos_;
     }
-    if (typed) ++pos_;
     const std::size_t digits = pos_;
     long long count = 0;
     for (; pos_ < text_.size() && is_digit(text_[pos_]); ++pos_) {
