@@ -45,10 +45,13 @@ Callbacks& callbacks() {
 }
 
 void fail_everything(const std::string& reason) {
+  {
+    Callbacks& c = callbacks();
+    std::lock_guard<std::mutex> lock(c.mutex);
+    for (auto& [id, fail] : c.by_id) fail(reason);
+  }
+  // After the groups heard: whoever sees job_failed() finds them refusing new work.
   mark_job_failed();
-  Callbacks& c = callbacks();
-  std::lock_guard<std::mutex> lock(c.mutex);
-  for (auto& [id, fail] : c.by_id) fail(reason);
 }
 
 std::string rank_list(const std::vector<int>& ranks) {

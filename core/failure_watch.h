@@ -10,9 +10,11 @@
 //      rank 2 never joined all_reduce #418 of dp[...] (step 208) and did not answer
 //      (stopped, dead or hung); ranks 0, 1, 3 waited 10.0 s in it
 //  - A rank that fails with an error of its own tells the others (FAILED).
-//  - A rank that hears a VERDICT or a FAILED prints it once, marks the job failed and
-//    fails its own pending operations with it, so it stops waiting at once instead of
-//    at its own timeout; its shutdown then takes a short grace, not the full one.
+//  - A rank that hears a VERDICT or a FAILED prints it once, tells its groups (which
+//    refuse new operations and fail their pending ones once these have had a short
+//    grace to complete: mpi_progress.h, step d) and marks the job failed, so it stops
+//    waiting within that grace instead of at its own timeout; its shutdown then takes a
+//    short grace, not the full one.
 //  - SIGUSR2 dumps this rank's flight recorder to stderr.
 // Everything is best effort: a message to a dead rank is never waited for.
 #pragma once

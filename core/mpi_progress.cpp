@@ -111,6 +111,14 @@ void MpiEngineShared::fail_group_locked(const std::string& reason) {
   queue_cv.notify_all();
 }
 
+void MpiEngineShared::hear_failure_locked(const std::string& reason) {
+  if (!failure.empty() || !heard_failure.empty()) return;
+  heard_failure = reason;
+  settle_deadline = Clock::now() + MpiProgressEngine::kSettleGrace;
+  ++wakeups;
+  queue_cv.notify_all();
+}
+
 void MpiEngineShared::time_out_locked(MpiOpState& op) {
   if (op.finished) {
     return;
@@ -138,7 +146,7 @@ MpiProgressEngine::MpiProgressEngine(std::string where, std::string group, std::
       failure_watch::on_job_failure([weak = std::weak_ptr<MpiEngineShared>(shared_)](const std::string& reason) {
         if (const auto shared = weak.lock()) {
           std::lock_guard<std::mutex> lock(shared->mutex);
-          shared->fail_group_locked(reason);
+          shared->hear_failure_locked(reason);
         }
       });
   thread_ = std::thread([this] { run(); });
@@ -161,6 +169,8 @@ WorkPtr MpiProgressEngine::submit(MpiOpSpec spec) {
     std::lock_guard<std::mutex> lock(shared_->mutex);
     PARALLAX_CHECK(shared_->failure.empty(), CommError, op->spec.what,
                    ": the group is unusable since an earlier operation failed: ", shared_->failure);
+    PARALLAX_CHECK(shared_->heard_failure.empty(), CommError, op->spec.what, " was not started: ",
+                   shared_->heard_failure);
     PARALLAX_ASSERT(!shared_->stopping, "submit after shutdown");
     shared_->queue.push_back(op);
     ++shared_->wakeups;
@@ -267,11 +277,18 @@ void MpiProgressEngine::run() {
         if (s.stopping && now >= s.stop_deadline) {
           break;
         }
+        // The job failed elsewhere: once what was submitted settled, or its grace ran
+        // out, the group fails with that reason (protocol step d).
+        if (!s.heard_failure.empty() && s.failure.empty() &&
+            (now >= s.settle_deadline || (in_flight.empty() && s.queue.empty()))) {
+          s.fail_group_locked(s.heard_failure);
+        }
         if (in_flight.empty() && abandoned.empty() && s.queue.empty()) {
           if (s.stopping) {
             break;
           }
-          s.queue_cv.wait(lock, [&] { return s.stopping || !s.queue.empty(); });
+          s.queue_cv.wait(lock, [&] { return s.stopping || !s.queue.empty() || (!s.heard_failure.empty() && s.failure.empty());
+          });
           continue;
         }
         // Queued operations held back (in-flight limit, fence) still have deadlines.

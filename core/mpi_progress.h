@@ -26,7 +26,11 @@
 //      waiting caller then asks the other ranks where they are (failure_watch.h) and
 //      adds the verdict, who never joined, to its error. Every operation is in the
 //      flight recorder (flight_recorder.h) from submit to its end. When the job fails
-//      elsewhere, every group fails at once with that reason.
+//      elsewhere, every group fails with that reason, later submits throw at once, and
+//      the operations already submitted get kSettleGrace to complete first: the rank
+//      that failed may have finished them (it failed just after a collective that this
+//      rank, slower, is still completing), and failing them would replace this rank's
+//      own report with a relayed one.
 //   e. MPI forbids freeing an active collective request, so the requests of failed
 //      operations are kept, together with the tensors they read and write, and polled
 //      until they complete (a late peer may still match them).
@@ -107,6 +111,11 @@ struct MpiEngineShared {
   /// The operation whose timeout failed the group, as its waiters (and those of every
   /// operation abandoned with it) report it to the diagnosis; empty until then.
   std::optional<TimeoutFacts> timeout;
+  /// The job's failure elsewhere, heard but not yet applied (protocol step d): the
+  /// operations already submitted may complete until `settle_deadline`, then the group
+  /// fails with it. Empty until heard.
+  std::string heard_failure;
+  std::chrono::steady_clock::time_point settle_deadline;
 
   /// Fails `op` with a timeout and the group with it. Caller holds `mutex`.
   void time_out_locked(MpiOpState& op);
@@ -114,8 +123,11 @@ struct MpiEngineShared {
   void fail_locked(MpiOpState& op, const std::string& message, bool fail_group);
   /// Fails the group with `reason` (the first reason wins): fails the queued operations
   /// and wakes the waiters of those in flight, which fail theirs; later submits throw.
-  /// Also how the job's failure elsewhere reaches it (failure_watch.h). Holds `mutex`.
+  /// Holds `mutex`.
   void fail_group_locked(const std::string& reason);
+  /// How the job's failure elsewhere reaches the group (failure_watch.h): later submits
+  /// throw, what was submitted settles (protocol step d). Holds `mutex`.
+  void hear_failure_locked(const std::string& reason);
 };
 
 class MpiProgressEngine {
@@ -145,6 +157,10 @@ class MpiProgressEngine {
   /// Stops the thread after at most `grace` (see protocol step f). Idempotent.
   void shutdown(std::chrono::milliseconds grace);
   static constexpr std::chrono::milliseconds kDefaultGrace{5000};
+  /// How long operations submitted before the job's failure was heard may still complete
+  /// (protocol step d): ample for local progress on an oversubscribed host, short beside
+  /// World's kShutdownAfterFailure, which the rank that failed waits for the others.
+  static constexpr std::chrono::milliseconds kSettleGrace{250};
 
   /// After shutdown: requests that never completed and were leaked. When non-zero,
   /// the MPI communicator and ops they use must be leaked too.
