@@ -377,4 +377,10 @@ Config load_config(const ConfigSources& sources, const LoadOptions& options) {
   return config;
 }
 
+void check_sections(const Config& config) {
+  for (const detail::SectionDef& section : detail::sections()) {
+    if (section.check != nullptr) section.check(config, config.positions);
+  }
+}
+
 }  // namespace parallax

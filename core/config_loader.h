@@ -73,6 +73,12 @@ struct LoadOptions {
 /// Throws UsageError if an app table name is empty or collides with a Parallax section.
 Config load_config(const ConfigSources& sources, const LoadOptions& options = {});
 
+/// The checks load_config runs on each section (what keys say together inside one
+/// section: offload needs a ZeRO stage, interleaving needs virtual stages, ...) on a
+/// Config built in code, e.g. a planner's candidate. Messages name keys by their
+/// positions in `config.positions`. Throws ConfigError on the first failure.
+void check_sections(const Config& config);
+
 /// Canonical TOML text of `config`: every Parallax section in a fixed order with every
 /// key (defaults included), then the app tables sorted by name. Batch values still 0
 /// (to be inferred) appear as comments. load_config on this text (with the same

@@ -18,47 +18,7 @@ std::int64_t total_bytes(const CommCounters& counters) {
   return bytes;
 }
 
-int dtype_bytes(Dtype dtype) {
-  return dtype == Dtype::kFp32 ? 4 : 2;
-}
-
 }  // namespace
-
-ModelStateBytes model_state_formula(
-    std::int64_t elements, std::int64_t padding, int dp, int stage, Dtype dtype, int optimizer_bytes_per_element) {
-  const std::int64_t e = dtype_bytes(dtype);
-  const std::int64_t per_element = optimizer_bytes_per_element + (e < 4 ? 4 : 0);
-  const std::int64_t psi = elements;
-  const std::int64_t padded = elements + padding;
-  const std::int64_t n = dp;
-  ModelStateBytes bytes;
-  if (stage == 0) {
-    bytes.params = e * psi;
-    bytes.grads = (e < 4 ? 4 + e : 4) * psi;  // bf16/fp16: a staging gradient beside the fp32 bucket
-    bytes.optimizer = per_element * psi;
-    return bytes;
-  }
-  bytes.params = stage == 3 ? e * padded / n : e * padded;
-  bytes.grads = stage == 1 ? 4 * padded : 4 * padded / n;
-  bytes.optimizer = per_element * padded / n;
-  return bytes;
-}
-
-int optimizer_bytes_per_element(const OptimizerOptions& optimizer) {
-  const int momentum = optimizer.momentum != 0.0 ? 4 : 0;
-  switch (optimizer.type) {
-    case OptimizerType::kSgd:
-      return momentum;
-    case OptimizerType::kAdam:
-    case OptimizerType::kAdamW:
-      return optimizer.amsgrad ? 12 : 8;
-    case OptimizerType::kRmsprop:
-      return 4 + momentum + (optimizer.centered ? 4 : 0);
-    case OptimizerType::kAdagrad:
-      return 4;
-  }
-  return 8;
-}
 
 GroupTraffic::GroupTraffic(Mesh& mesh)
     : mesh_(&mesh), start_{mesh.tp().counters(), mesh.pp().counters(), mesh.dp().counters()} {}

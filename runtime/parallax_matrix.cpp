@@ -1,4 +1,4 @@
-// parallax-matrix: prints the strategy matrix (runtime/strategy_matrix.h) as the
+// parallax-matrix: prints the strategy matrix (planner/strategy_matrix.h) as the
 // Markdown table the README holds between its strategy-matrix markers.
 #include <cstdio>
 #include <exception>
@@ -6,7 +6,7 @@
 #include "parallax/core/error.h"
 
 #include "parallax/runtime/program_flags.h"
-#include "parallax/runtime/strategy_matrix.h"
+#include "parallax/planner/strategy_matrix.h"
 
 int main(int argc, char** argv) {
   parallax::ProgramHelp help;

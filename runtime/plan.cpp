@@ -9,7 +9,7 @@
 #include "parallax/core/error.h"
 #include "parallax/core/mesh.h"
 #include "parallax/runtime/plan_options.h"
-#include "parallax/runtime/strategy_matrix.h"
+#include "parallax/planner/strategy_matrix.h"
 
 namespace parallax {
 namespace {

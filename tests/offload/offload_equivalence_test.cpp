@@ -20,6 +20,7 @@
 #include "gpt.h"
 #include "gpt_training.h"
 #include "parallax/core/cpu_binding.h"
+#include "parallax/planner/model_state.h"
 #include "parallax/runtime/parallax.h"
 
 namespace {
@@ -88,21 +89,17 @@ TEST_P(OffloadEquivalence, BytesOnDeviceHostAndNvmeFollowZeroOffload) {
   const std::int64_t n = static_cast<std::int64_t>(run.metrics.front().comm.size());
   const std::int64_t padded = run.parameter_elements + run.padding_bytes / 4;  // Ψ'
   const std::int64_t t = padded / n;
-  // The device keeps the parameters (all of them at stages 1–2, the shard at stage 3,
-  // none with parameter offload) and the gradient buffers (stage 1's full buffer
-  // persists; stages 2–3 free theirs once reduced into the host shard).
-  parallax::ModelStateBytes want;
-  want.params = v.stage < 3 ? 4 * padded : v.param == "none" ? 4 * t : 0;
-  want.grads = v.stage == 1 ? 4 * padded : 0;
-  want.optimizer = 0;
-  // The host: the gradient shard, the master (unless in the file) and the moments
-  // (unless in the file, then the tier's buffers of E elements × streams).
-  const std::int64_t streams = v.param == "nvme" ? 3 : 2;
-  const auto buffer_bytes = static_cast<std::int64_t>(kBufferMegabytes * 1024 * 1024);
-  const std::int64_t tile = std::min(t, buffer_bytes / (4 * streams));
-  const std::int64_t buffers = std::min(v.buffer_count, (t + tile - 1) / tile);
-  want.host = 4 * t + (v.param == "nvme" ? 0 : 4 * t) + (v.optimizer == "nvme" ? buffers * streams * tile * 4 : 8 * t);
-  want.nvme = v.optimizer == "nvme" ? streams * 4 * t : 0;
+  // The planner's formula (planner/model_state.h) for this rank's shard of fp32 Adam
+  // state: the engine's bytes on the device, the host and the NVMe tier must equal it.
+  parallax::OffloadOptions offload;
+  offload.optimizer = v.optimizer == "nvme" ? parallax::OffloadTarget::kNvme : parallax::OffloadTarget::kCpu;
+  offload.param = v.param == "none"  ? parallax::OffloadTarget::kNone
+                  : v.param == "cpu" ? parallax::OffloadTarget::kCpu
+                                     : parallax::OffloadTarget::kNvme;
+  offload.buffer_mb = kBufferMegabytes;
+  offload.buffer_count = v.buffer_count;
+  const parallax::ModelStateBytes want = parallax::offloaded_model_state_formula(
+      run.parameter_elements, run.padding_bytes / 4, static_cast<int>(n), v.stage, parallax::Dtype::kFp32, 8, offload);
   for (const auto& m : run.metrics) {
     for (std::size_t r = 0; r < m.model_state_bytes.size(); ++r) {
       const auto& got = m.model_state_bytes[r];

@@ -1,4 +1,4 @@
-// The strategy matrix (runtime/strategy_matrix.h): each refused combination names its
+// The strategy matrix (planner/strategy_matrix.h): each refused combination names its
 // keys with their file positions, the reason and the nearest cell that runs; the
 // shipped configs run; and the README's table is the one the code prints.
 #include <gtest/gtest.h>
@@ -11,7 +11,7 @@
 
 #include "parallax/core/config_loader.h"
 #include "parallax/core/error.h"
-#include "parallax/runtime/strategy_matrix.h"
+#include "parallax/planner/strategy_matrix.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-#include "parallax/runtime/strategy_matrix.h"
+#include "parallax/planner/strategy_matrix.h"
 
 #include <algorithm>
 #include <sstream>
