@@ -229,14 +229,15 @@ int activation_bound(const ScheduleShape& shape, int stage) {
   return std::min(bound, total);
 }
 
-std::vector<Instruction> make_schedule(const ScheduleShape& shape, int stage) {
-  validate(shape);
-  PARALLAX_CHECK(stage >= 0 && stage < shape.stages, UsageError, "pipeline stage ", stage, " is not in [0, ",
-                 shape.stages, ")");
+namespace {
+
+// `stage`'s list from the compute orders of every stage (protocol step c).
+std::vector<Instruction> list_of(const ScheduleShape& shape,
+                                 const std::vector<std::vector<ComputeOp>>& orders,
+                                 int stage) {
   const int parts = shape.parts();
   auto stage_of = [&shape](int part) { return part % shape.stages; };
   std::vector<Instruction> list;
-  const std::vector<std::vector<ComputeOp>> orders = compute_orders(shape);
   for (const ComputeOp& op : orders[stage]) {
     const int micro = op.slot.micro;
     const int chunk = op.slot.chunk;
@@ -264,6 +265,23 @@ std::vector<Instruction> make_schedule(const ScheduleShape& shape, int stage) {
   list.push_back({Op::kReduceTiedGradients, -1, 0, -1});
   list.push_back({Op::kOptimizerStep, -1, 0, -1});
   return list;
+}
+
+}  // namespace
+
+std::vector<Instruction> make_schedule(const ScheduleShape& shape, int stage) {
+  validate(shape);
+  PARALLAX_CHECK(stage >= 0 && stage < shape.stages, UsageError, "pipeline stage ", stage, " is not in [0, ",
+                 shape.stages, ")");
+  return list_of(shape, compute_orders(shape), stage);
+}
+
+std::vector<std::vector<Instruction>> make_schedules(const ScheduleShape& shape) {
+  validate(shape);
+  const std::vector<std::vector<ComputeOp>> orders = compute_orders(shape);
+  std::vector<std::vector<Instruction>> lists;
+  for (int stage = 0; stage < shape.stages; ++stage) lists.push_back(list_of(shape, orders, stage));
+  return lists;
 }
 
 Simulation simulate(const ScheduleShape& shape,
@@ -392,9 +410,7 @@ Simulation simulate(const ScheduleShape& shape,
 }
 
 Simulation check_schedules(const ScheduleShape& shape) {
-  std::vector<std::vector<Instruction>> lists;
-  for (int s = 0; s < shape.stages; ++s) lists.push_back(make_schedule(shape, s));
-  return simulate(shape, lists, std::vector<StageCosts>(shape.stages));
+  return simulate(shape, make_schedules(shape), std::vector<StageCosts>(shape.stages));
 }
 
 std::string format_timeline(const ScheduleShape& shape) {

@@ -99,6 +99,10 @@ int activation_bound(const ScheduleShape& shape, int stage);
 /// deterministic: every rank computes its own list. Throws ConfigError (validate).
 std::vector<Instruction> make_schedule(const ScheduleShape& shape, int stage);
 
+/// make_schedule for every stage, from one shared computation of the orders (what a
+/// planner scoring many shapes, and check_schedules, want).
+std::vector<std::vector<Instruction>> make_schedules(const ScheduleShape& shape);
+
 /// Durations for simulate(), in any unit (e.g. milliseconds), per stage.
 struct StageCosts {
   double forward = 1.0;

@@ -29,6 +29,10 @@ struct ClusterSpec {
   /// what offload costs.
   double host_bandwidth = 25e9;
   double host_adam_elements_per_second = 1e9;
+  /// Fixed cost of one layer's forward per micro-batch beyond its operations (kernel
+  /// launches, framework dispatch; the backward counts it twice): what makes many small
+  /// micro-batches slower than a few large ones.
+  double layer_overhead = 30e-6;
   /// Memory the runtime, the CUDA context and the allocator's fragmentation take from
   /// each device before any model state (a fraction of device_memory_bytes).
   double reserved_fraction = 0.1;
@@ -36,7 +40,8 @@ struct ClusterSpec {
   int devices() const { return nodes * devices_per_node; }
   double usable_memory_bytes() const { return device_memory_bytes * (1.0 - reserved_fraction); }
 
-  /// A preset ("dgx-a100-40gb", "dgx-a100-80gb", "dgx-h100", "hgx-h200") of `nodes`
+  /// A preset ("cpu": a node of this project's CPU test machines, four ranks; "dgx-2h":
+  /// sixteen V100s; "dgx-a100-40gb", "dgx-a100-80gb", "dgx-h100", "hgx-h200": eight GPUs) of `nodes`
   /// nodes; throws UsageError naming the known ones.
   static ClusterSpec preset(const std::string& name, int nodes);
   static std::string preset_names();

@@ -9,7 +9,7 @@
 #include <cstdint>
 
 #include "parallax/core/config.h"
-#include "parallax/core/metrics.h"
+#include "parallax/core/model_state_bytes.h"
 
 namespace parallax {
 

@@ -19,9 +19,12 @@
 //   buffers: two gradient buckets (zero.bucket_mb) when dp > 1, the pipeline's send and
 //     receive buffers, at ZeRO-3 two gathered layers (the live one and the prefetch).
 // Time per optimizer step:
-//   compute: operations / (peak × achievable_fraction), tensor-parallel all-reduces
-//     (two forward, two backward per block) over the node's links, the pipeline's
-//     makespan from simulate() with those per-stage costs and the activation transfer;
+//   compute: operations / (peak × achievable_fraction) plus the cluster's fixed cost
+//     per layer and micro-batch, tensor-parallel all-reduces (two forward, two backward
+//     per block) over the node's links; the pipeline's makespan is the busiest stage's
+//     chunk forward times simulate()'s makespan of the engine's schedules in units of
+//     it (forward 1, backward 2, 3 with recomputation), plus the first activation's and
+//     last gradient's trips across the stages;
 //   data parallelism: the gradient reduction (ring all-reduce or reduce-scatter of
 //     fp32 gradients) less the last micro-batch's backward it overlaps, ZeRO-1/2's
 //     parameter all-gather after the step, ZeRO-3's gathers per micro-batch beyond the
@@ -35,7 +38,7 @@
 #include <vector>
 
 #include "parallax/core/config.h"
-#include "parallax/core/metrics.h"
+#include "parallax/core/model_state_bytes.h"
 #include "parallax/planner/cluster_spec.h"
 #include "parallax/planner/transformer_shape.h"
 
@@ -83,6 +86,8 @@ struct MemoryEstimate {
   ModelStateBytes state;
   std::int64_t activations = 0;
   std::int64_t buffers = 0;
+  /// Model state of every stage (index = pipeline stage): what --explain measures per rank.
+  std::vector<ModelStateBytes> state_per_stage;
   std::int64_t device_total() const { return state.params + state.grads + state.optimizer + activations + buffers; }
 };
 
@@ -128,6 +133,9 @@ struct PlanResult {
 /// Predicts one layout: refused (why), fits or not (by how much), memory and time.
 Candidate evaluate(const PlanQuery& query, const Layout& layout);
 
+/// The layouts search() scores (see below), in a fixed order.
+std::vector<Layout> enumerate_layouts(const PlanQuery& query, const LayoutConstraints& constraints);
+
 /// Every layout `constraints` admits, on query.cluster.devices() ranks: tp a power of
 /// two up to a node's devices dividing the heads; pp dividing the blocks into equal
 /// parts; dp the rest (dividing the global batch); micro-batch sizes dividing the
@@ -146,6 +154,9 @@ std::size_t rank_among(const PlanResult& result, const Candidate& candidate, Pre
 std::string format_table(const PlanResult& result, std::size_t top);
 /// One candidate in words: its layout, memory parts and time parts, refusal or fit.
 std::string format_candidate(const Candidate& candidate);
+/// One candidate as JSON (the objects of format_json's "candidates"), with its `rank`
+/// among the plans that run and fit (0: it does not).
+std::string format_candidate_json(const Candidate& candidate, std::size_t rank);
 /// The result as JSON: {"scored", "seconds", "candidates": [{layout keys, "memory":
 /// {...}, "time": {...}}], "rejected": [...]}, the `top` best.
 std::string format_json(const PlanResult& result, std::size_t top);

@@ -63,8 +63,10 @@ std::vector<Refusal> strategy_refusals(const Config& c) {
 
   if (c.parallel.mode == ParallelMode::kAuto) {
     refusals.push_back({{key(c, "parallel.mode", quoted("auto"))},
-                        "the automatic planner is not available in this build yet",
-                        "parallel.mode = \"manual\" with parallel.tp, pp and dp set"});
+                        "the automatic planner is not available in this build yet: the run cannot choose its "
+                        "own layout",
+                        "parallel.mode = \"manual\" with the layout `parallax plan --config FILE --cluster cpu "
+                        "--emit-config OUT` chooses offline"});
   }
   const bool cuda = c.train.device == TrainDevice::kCuda;
   if (c.comm.backend == CommBackend::kNccl && !cuda) {

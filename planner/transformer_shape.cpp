@@ -26,14 +26,18 @@ TransformerShape shape_of(std::int64_t layers, std::int64_t hidden, std::int64_t
 }
 
 // Published GPT-family models:
-//   megatron-1.7b, megatron-1t: Narayanan et al., SC'21, Table 1, first and last rows
-//     (vocabulary 51,200 and sequence 2,048 for every model of the table, per the
-//     paper's section 5.1 and Megatron-LM's README);
-//   gpt3-175b: Brown et al., "Language Models are Few-Shot Learners" (2020), Table 2.1
-//     (vocabulary 50,257, GPT-2's tokenizer).
+//   megatron-1.7b, megatron-1t: Narayanan et al., SC'21, "Efficient Large-Scale Language
+//     Model Training on GPU Clusters", Table 1, first and last rows (vocabulary 51,200,
+//     sequence 2,048 for every model of the table, section 5.1);
+//   gpt3-175b: Brown et al., "Language Models are Few-Shot Learners" (2020), Table 2.1,
+//     with GPT-2's 50,257 tokens padded to 51,200 as Megatron-LM pads them (divisible
+//     by 128 x 8) and as Narayanan et al. ran it (Table 1, 175B row);
+//   megatron-8.3b: Shoeybi et al., "Megatron-LM" (2019), Table 2 (72 layers, hidden
+//     3,072, 32 heads, sequence 1,024, the vocabulary padded to 51,200, section 3).
 const NamedShape kPresets[] = {
     {"megatron-1.7b", shape_of(24, 2304, 24, 51200, 2048)},
-    {"gpt3-175b", shape_of(96, 12288, 96, 50257, 2048)},
+    {"megatron-8.3b", shape_of(72, 3072, 32, 51200, 1024)},
+    {"gpt3-175b", shape_of(96, 12288, 96, 51200, 2048)},
     {"megatron-1t", shape_of(128, 25600, 160, 51200, 2048)},
 };
 
