@@ -415,7 +415,12 @@ PlanResult search(const PlanQuery& query, const LayoutConstraints& constraints) 
     std::string text = "no layout of " + std::to_string(query.cluster.devices()) + " devices runs and fits";
     if (!constraints.describe().empty()) text += " with " + constraints.describe();
     text += " (" + std::to_string(result.scored) + " scored)";
-    if (nearest != nullptr) {
+    if (result.scored == 0) {
+      text += "; the layouts a world of " + std::to_string(query.cluster.devices()) +
+              " admits have tp a power of two up to a node's " + std::to_string(query.cluster.devices_per_node) +
+              " devices, pp dividing the rest, and dp dividing the global batch of " +
+              std::to_string(query.global_batch);
+    } else if (nearest != nullptr) {
       text += "; the nearest is " + nearest->layout.describe() + ", " + nearest->does_not_fit;
     } else if (!result.rejected.empty()) {
       text += "; " + result.rejected.front();

@@ -61,13 +61,6 @@ std::vector<Refusal> strategy_refusals(const Config& c) {
   std::vector<Refusal> refusals;
   const std::string tp = std::to_string(c.parallel.tp);
 
-  if (c.parallel.mode == ParallelMode::kAuto) {
-    refusals.push_back({{key(c, "parallel.mode", quoted("auto"))},
-                        "the automatic planner is not available in this build yet: the run cannot choose its "
-                        "own layout",
-                        "parallel.mode = \"manual\" with the layout `parallax plan --config FILE --cluster cpu "
-                        "--emit-config OUT` chooses offline"});
-  }
   const bool cuda = c.train.device == TrainDevice::kCuda;
   if (c.comm.backend == CommBackend::kNccl && !cuda) {
     refusals.push_back({{key(c, "comm.backend", quoted("nccl")), key(c, "train.device", quoted("cpu"))},

@@ -27,6 +27,7 @@
 #if PARALLAX_WITH_NCCL
 #include "parallax/core/nccl_communicator.h"
 #endif
+#include "parallax/runtime/auto_layout.h"
 #include "parallax/runtime/blas_info.h"
 #include "parallax/runtime/plan.h"
 #include "parallax/runtime/thread_budget.h"
@@ -253,6 +254,8 @@ Runtime::Runtime(Config config, const InitOptions& options) : state_(std::make_u
 
 void Runtime::start(const InitOptions& options) {
   State& s = *state_;
+  // parallel.mode = "auto": the planner sets the layout keys the config leaves open.
+  const std::string auto_layout = choose_auto_layout(s.config, *s.world);
   s.config.resolve(s.world->size());
   // The library's own randomness (and the application's default generator) starts from
   // train.seed on every rank.
@@ -323,6 +326,7 @@ void Runtime::start(const InitOptions& options) {
                   "), about 10x slower than OpenBLAS; install libopenblas0-pthread");
   }
   if (options.print_summary) {
+    if (!auto_layout.empty()) s.logger.summary(auto_layout);
     s.logger.summary("# resolved configuration\n", to_toml(s.config));
     s.logger.summary("# cluster\n", s.mesh->cluster().describe());
     s.logger.summary("# mesh\n", s.mesh->describe());

@@ -201,7 +201,7 @@ TEST_F(ConfigTest, MinLrAboveLrNamesBothKeys) {
   EXPECT_CONTAINS(error, "scheduler.min_lr = 0.01 at " + path + ":4:10: expected a number <= optimizer.lr (0.001");
 }
 
-// parallel.mode = "auto" loads; the strategy matrix refuses it (strategy_matrix_test).
+// parallel.mode = "auto" loads; parallax::init then plans the layout (auto_layout_test).
 TEST_F(ConfigTest, AutoModeLoads) {
   const std::string file = write("auto.toml", "[parallel]\nmode = \"auto\"\n");
   EXPECT_EQ(load({file}).parallel.mode, ParallelMode::kAuto);

@@ -1,0 +1,150 @@
+#include "parallax/runtime/auto_layout.h"
+
+#include <ATen/ATen.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <sstream>
+
+#include "parallax/core/error.h"
+#include "parallax/core/world.h"
+#include "parallax/planner/plan_search.h"
+
+namespace parallax {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// The best of three timings of `action`, in seconds.
+template <typename Action>
+double best_of_three(Action&& action) {
+  double best = 1e30;
+  for (int i = 0; i < 3; ++i) {
+    const auto start = Clock::now();
+    action();
+    best = std::min(best, seconds_since(start));
+  }
+  return best;
+}
+
+// This machine as the planner sees it: rank 0's measurements, shared with every rank.
+planner::ClusterSpec measure_this_cluster(const Config& config, World& world) {
+  Communicator& comm = world.communicator();
+  // Every rank computes at once, as in training, so the rate is what a rank gets when
+  // its neighbours compute too.
+  const std::int64_t n = 384;
+  const at::Tensor a = at::rand({n, n});
+  const at::Tensor b = at::rand({n, n});
+  comm.barrier()->wait();
+  const double matmul = best_of_three([&] { (void)at::mm(a, b).sum().item<float>(); });
+  double bandwidth = 0;
+  double latency = 0;
+  if (world.size() > 1) {
+    const int ranks = world.size();
+    at::Tensor big = at::ones({256 * 1024});  // 1 MiB
+    at::Tensor small = at::ones({2});
+    const double big_s = best_of_three([&] { comm.all_reduce(big)->wait(); });
+    const double small_s = best_of_three([&] { comm.all_reduce(small)->wait(); });
+    latency = small_s / (2.0 * (ranks - 1));
+    bandwidth = 2.0 * (ranks - 1) / ranks * static_cast<double>(big.nbytes()) / std::max(1e-9, big_s - small_s);
+  }
+  at::Tensor figures = at::tensor({2.0 * n * n * n / matmul, bandwidth, latency}, at::kDouble);
+  comm.broadcast(figures, 0)->wait();
+  const double* f = figures.data_ptr<double>();
+
+  planner::ClusterSpec cluster = planner::ClusterSpec::preset("cpu", 1);
+  cluster.name = "this machine";
+  cluster.nodes = config.topology.emulate_nodes > 0 ? static_cast<int>(config.topology.emulate_nodes)
+                                                    : std::max(1, world.size() / std::max(1, world.local_size()));
+  cluster.devices_per_node = std::max(1, world.size() / cluster.nodes);
+  const double host_memory = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  cluster.device_memory_bytes = host_memory / std::max(1, world.local_size());
+  cluster.peak_flops = f[0];
+  cluster.achievable_fraction = 1.0;  // measured, not a datasheet's
+  if (world.size() > 1) {
+    cluster.intra_bandwidth = cluster.inter_bandwidth = f[1];
+    cluster.intra_latency = cluster.inter_latency = f[2];
+  }
+  return cluster;
+}
+
+// The layout keys the config sets: constraints the planner keeps.
+planner::LayoutConstraints constraints_of(const Config& c) {
+  planner::LayoutConstraints fixed;
+  const auto set = [&c](const char* key) { return !c.position_of(key).empty(); };
+  if (set("parallel.tp")) fixed.tp = c.parallel.tp;
+  if (set("parallel.pp")) fixed.pp = c.parallel.pp;
+  if (set("parallel.dp") && c.parallel.dp > 0) fixed.dp = c.parallel.dp;
+  if (set("zero.stage")) fixed.zero_stage = c.zero.stage;
+  if (set("offload.optimizer")) fixed.offload_optimizer = c.offload.optimizer;
+  if (set("offload.param")) fixed.offload_param = c.offload.param;
+  if (set("pipeline.schedule")) fixed.schedule = c.pipeline.schedule;
+  if (set("pipeline.virtual_stages")) fixed.virtual_stages = c.pipeline.virtual_stages;
+  if (set("pipeline.recompute")) fixed.recompute = c.pipeline.recompute;
+  if (set("train.micro_batch_size") && c.train.micro_batch_size > 0) fixed.micro_batch_size = c.train.micro_batch_size;
+  if (set("train.grad_accum") && c.train.grad_accum > 0) fixed.grad_accum = c.train.grad_accum;
+  return fixed;
+}
+
+constexpr const char* kChosen = " (chosen by parallel.mode = \"auto\")";
+
+}  // namespace
+
+std::string choose_auto_layout(Config& config, World& world) {
+  if (config.parallel.mode != ParallelMode::kAuto) return "";
+  const std::string mode = "parallel.mode = \"auto\"" + config.position_of("parallel.mode");
+  PARALLAX_CHECK(config.app.count("model") != 0, ConfigError, mode,
+                 " plans from the model's shape: give a [model] table (n_layer, d_model, n_head, vocab_size, "
+                 "block_size; a transformer), or set parallel.mode = \"manual\" with tp, pp and dp");
+  PARALLAX_CHECK(config.train.global_batch_size > 0, ConfigError, mode,
+                 " plans for a global batch: set train.global_batch_size");
+  PARALLAX_CHECK(config.train.device == TrainDevice::kCpu, ConfigError, mode,
+                 " measures this machine's CPU ranks; on train.device = \"cuda\" plan offline with `parallax plan "
+                 "--cluster <preset> --emit-config FILE`");
+  const auto start = Clock::now();
+  planner::PlanQuery query;
+  query.model = planner::TransformerShape::from_table(config.app_table("model"));
+  query.cluster = measure_this_cluster(config, world);
+  query.global_batch = config.train.global_batch_size;
+  query.base = config;
+  query.base.parallel.mode = ParallelMode::kManual;
+  const planner::LayoutConstraints fixed = constraints_of(config);
+  planner::PlanResult result;
+  try {
+    result = planner::search(query, fixed);
+  } catch (const ConfigError& e) {
+    throw ConfigError(mode + ": " + e.detail());
+  }
+  const planner::Candidate& chosen = result.ranked.front();
+  Config planned = chosen.layout.apply_to(config, query.global_batch);
+  for (const char* key : {"parallel.tp", "parallel.pp", "parallel.dp", "zero.stage", "offload.optimizer",
+                          "offload.param", "pipeline.schedule", "pipeline.virtual_stages", "pipeline.recompute",
+                          "train.micro_batch_size", "train.grad_accum"}) {
+    if (config.position_of(key).empty()) planned.positions[key] = kChosen;
+  }
+  config = std::move(planned);
+
+  std::ostringstream text;
+  char figures[240];
+  std::snprintf(figures, sizeof(figures),
+                "%d node(s) x %d rank(s); each rank %.1f GFLOP/s (a %d^3 matmul), %.2f GB of memory; links %.2f GB/s, "
+                "%.1f us (all-reduces of 1 MiB and 16 bytes)",
+                query.cluster.nodes, query.cluster.devices_per_node, query.cluster.peak_flops / 1e9, 384,
+                query.cluster.device_memory_bytes / 1e9, query.cluster.intra_bandwidth / 1e9,
+                query.cluster.intra_latency * 1e6);
+  text << "# auto layout (" << mode << "): " << query.model.describe() << ", global batch " << query.global_batch
+       << "\n  measured: " << figures;
+  if (!fixed.describe().empty()) text << "\n  kept from the config: " << fixed.describe();
+  text << "\n  chosen: " << planner::format_candidate(chosen) << planner::format_table(result, 5);
+  std::snprintf(figures, sizeof(figures), "  (measuring and planning took %.2f s)\n", seconds_since(start));
+  text << figures;
+  return text.str();
+}
+
+}  // namespace parallax

@@ -1,0 +1,33 @@
+// parallel.mode = "auto": the run chooses its own layout with the planner
+// (planner/plan_search.h) before anything is split or built.
+//
+// The keys the config sets are constraints, never changed: parallel.tp, .pp, .dp,
+// zero.stage, offload.optimizer, offload.param, pipeline.schedule, .virtual_stages,
+// .recompute, train.micro_batch_size and train.grad_accum; the planner chooses every
+// other. It needs the model's shape (a [model] table in the GPT example's keys:
+// n_layer, d_model, n_head, vocab_size, block_size) and train.global_batch_size.
+//
+// The cluster is this one: nodes and ranks per node from the world (or [topology]'s
+// emulated nodes), each rank a device with its share of the host's memory, its compute
+// rate from a matrix multiply timed here, and its links from an all-reduce timed here.
+// Rank 0's measurements are broadcast, so every rank plans with the same figures and
+// chooses the same layout.
+#pragma once
+
+#include <string>
+
+#include "parallax/core/config.h"
+
+namespace parallax {
+
+class World;
+
+/// When `config` says parallel.mode = "auto": sets its layout keys to the planner's
+/// choice (mode manual; the chosen keys' positions say so) and returns the explanation
+/// rank 0 prints: the machine as measured, the choice with its predicted memory and time,
+/// the runners-up and the rejected families. Otherwise returns "" and changes nothing.
+/// Collective over `world`. Throws ConfigError when the model's shape or the batch is
+/// missing, or when no layout meets the constraints (naming them and the nearest).
+std::string choose_auto_layout(Config& config, World& world);
+
+}  // namespace parallax
