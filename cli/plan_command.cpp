@@ -1,5 +1,6 @@
 #include "plan_command.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -98,6 +99,11 @@ Options parse(const std::vector<std::string>& args) {
       continue;
     }
     PARALLAX_CHECK(flag.rfind("--", 0) == 0, UsageError, "unexpected argument '", flag, "' (parallax plan --help)");
+    static const std::vector<std::string> kValued{"--set",   "--nodes",           "--devices-per-node",
+                                                  "--top",   "--global-batch",    "--device-memory-gb",
+                                                  "--peak-tflops", "--max-memory-gb"};
+    PARALLAX_CHECK(texts.count(flag) || std::find(kValued.begin(), kValued.end(), flag) != kValued.end(), UsageError,
+                   "unknown option '", flag, "' (parallax plan --help)");
     PARALLAX_CHECK(i + 1 < args.size(), UsageError, flag, " needs a value (parallax plan --help)");
     const std::string& value = args[++i];
     if (texts.count(flag)) {

@@ -86,6 +86,13 @@ void resolve_batch(TrainOptions& train, int dp) {
 
 }  // namespace
 
+const std::vector<std::string>& Config::plannable_keys() {
+  static const std::vector<std::string> keys{
+      "train.micro_batch_size", "train.grad_accum", "parallel.tp", "parallel.pp", "parallel.dp", "zero.stage",
+      "offload.optimizer", "offload.param", "pipeline.schedule", "pipeline.virtual_stages", "pipeline.recompute"};
+  return keys;
+}
+
 std::string Config::position_of(const std::string& key) const {
   const auto found = positions.find(key);
   return found == positions.end() ? "" : found->second;

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -354,6 +355,18 @@ struct LoggingOptions {
 
 /// [checkpoint]: where and when the engine saves its training state, and what it resumes
 /// from (runtime/checkpointing.h).
+enum class AutoPreference { kThroughput, kMemory };
+
+/// [auto]: what the planner optimizes when it chooses layout keys (parallel.mode =
+/// "auto", or keys set to "auto"; runtime/auto_layout.h).
+struct AutoOptions {
+  /// Memory a rank's plan may use, in GB (model state, activations, buffers); 0 = the
+  /// rank's share of the host's memory. Default: 0.
+  double max_memory_gb = 0.0;
+  /// throughput (the fastest plan that fits) | memory (the smallest). Default: throughput.
+  AutoPreference prefer = AutoPreference::kThroughput;
+};
+
 struct CheckpointOptions {
   /// Root directory: one step-<N> directory per checkpoint; "" = none. Default: "".
   std::string dir;
@@ -443,6 +456,7 @@ struct Config {
   CommOptions comm;
   LoggingOptions logging;
   CheckpointOptions checkpoint;
+  AutoOptions automatic;  ///< [auto]
 
   /// Application tables by name, as declared to the loader.
   std::map<std::string, AppTable> app;
@@ -453,6 +467,13 @@ struct Config {
   /// Where each key that was set came from, for messages: "zero.stage" →
   /// " at train.toml:12:9". Keys left at their defaults are absent. Not hashed.
   std::map<std::string, std::string> positions;
+
+  /// Layout keys given as "auto" ("zero.stage", ...): the planner chooses them
+  /// (runtime/auto_layout.h). They keep their defaults here and their positions above.
+  /// Not hashed, not written by to_toml.
+  std::set<std::string> auto_keys;
+  /// The layout keys that may be "auto", in to_toml order.
+  static const std::vector<std::string>& plannable_keys();
 
   /// positions[key] (" at train.toml:12:9"), or "" when the key was left at its default.
   std::string position_of(const std::string& key) const;

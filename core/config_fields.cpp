@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <set>
 #include <sstream>
 
 #include "parallax/core/config_loader.h"
@@ -188,8 +189,8 @@ namespace {
 
 class TableReader final : public FieldVisitor {
  public:
-  TableReader(std::string section, const toml::table& table, KeyPositions& positions)
-      : section_(std::move(section)), table_(table), positions_(positions) {}
+  TableReader(std::string section, const toml::table& table, KeyPositions& positions, std::set<std::string>* auto_keys)
+      : section_(std::move(section)), table_(table), positions_(positions), auto_keys_(auto_keys) {}
 
   /// Rejects every key of the table that no field visited.
   void reject_unknown_keys() const {
@@ -374,10 +375,19 @@ class TableReader final : public FieldVisitor {
 
   std::string path(const char* key) const { return section_ + "." + key; }
 
+  // The key's node, or null when it is absent or "auto" on a layout key (the planner's:
+  // recorded in the config's auto_keys, the field left at its default).
   const toml::node* find(const char* key) {
     known_.emplace_back(key);
     const toml::node* node = table_.get(key);
-    if (node != nullptr) positions_[path(key)] = at(node->source());
+    if (node == nullptr) return nullptr;
+    positions_[path(key)] = at(node->source());
+    const auto& plannable = Config::plannable_keys();
+    if (auto_keys_ != nullptr && node->is_string() && node->as_string()->get() == "auto" &&
+        std::find(plannable.begin(), plannable.end(), path(key)) != plannable.end()) {
+      auto_keys_->insert(path(key));
+      return nullptr;
+    }
     return node;
   }
 
@@ -408,6 +418,7 @@ class TableReader final : public FieldVisitor {
   std::string section_;
   const toml::table& table_;
   KeyPositions& positions_;
+  std::set<std::string>* auto_keys_;  // null where "auto" is not a value (engine tables)
   std::vector<std::string> known_;
 };
 
@@ -415,10 +426,13 @@ class TableReader final : public FieldVisitor {
 
 class TomlWriter final : public FieldVisitor {
  public:
-  explicit TomlWriter(std::ostream& out) : out_(out) {}
+  /// `auto_keys` (null for engine tables): the section's keys given as "auto", written so.
+  TomlWriter(std::ostream& out, std::string section, const std::set<std::string>* auto_keys)
+      : out_(out), section_(std::move(section)), auto_keys_(auto_keys) {}
 
  protected:
   void on_integer(const char* key, std::int64_t& value, const Rule&, IntegerKind kind) override {
+    if (written_as_auto(key)) return;
     // An omitted batch value must stay omitted: writing 0 would not load back.
     if (kind == IntegerKind::kInferred && value == 0) {
       out_ << "# " << key << " = (inferred)\n";
@@ -440,6 +454,7 @@ class TomlWriter final : public FieldVisitor {
     out_ << key << " = [" << join(quoted, ", ") << "]\n";
   }
   void on_choice(const char* key, std::size_t& index, const std::vector<const char*>& names) override {
+    if (written_as_auto(key)) return;
     out_ << key << " = " << quote(names[index]) << "\n";
   }
   void on_choice_or_integers(const char* key,
@@ -470,7 +485,15 @@ class TomlWriter final : public FieldVisitor {
   }
 
  private:
+  bool written_as_auto(const char* key) {
+    if (auto_keys_ == nullptr || auto_keys_->count(section_ + "." + key) == 0) return false;
+    out_ << key << " = \"auto\"\n";
+    return true;
+  }
+
   std::ostream& out_;
+  std::string section_;
+  const std::set<std::string>* auto_keys_;
 };
 
 }  // namespace
@@ -481,13 +504,13 @@ void read_section(const SectionDef& section,
                   KeyPositions& positions,
                   const std::string& path) {
   if (path.empty() || path == section.name) {
-    TableReader reader(section.name, table, positions);
+    TableReader reader(section.name, table, positions, &config.auto_keys);
     section.fields(reader, config);
     reader.reject_unknown_keys();
     return;
   }
   KeyPositions read;
-  TableReader reader(path, table, read);
+  TableReader reader(path, table, read, nullptr);
   section.fields(reader, config);
   reader.reject_unknown_keys();
   for (auto& [key, position] : read) positions[section.name + key.substr(path.size())] = position;
@@ -497,7 +520,8 @@ void write_section(const SectionDef& section, const Config& config, std::ostream
   // FieldVisitor hands out mutable references (the reader needs them); the writer
   // works on a copy so to_toml can take a const Config.
   Config scratch = config;
-  TomlWriter writer(out);
+  const bool main_section = header.empty() || header == section.name;
+  TomlWriter writer(out, section.name, main_section ? &config.auto_keys : nullptr);
   out << "[" << (header.empty() ? section.name : header) << "]\n";
   section.fields(writer, scratch);
 }

@@ -141,7 +141,8 @@ void precision_fields(FieldVisitor& v, Config& c) {
 
 void parallel_fields(FieldVisitor& v, Config& c) {
   v.choice("mode", c.parallel.mode, kModeNames,
-           "manual: the degrees below; auto (the planner) is not available yet and is refused.");
+           "manual: the layout keys as given; auto: the planner chooses every layout key the config leaves out "
+           "or sets to \"auto\" (docs/planner.md).");
   v.integer("tp", c.parallel.tp, kCount, "Tensor-parallel degree: ranks that split each layer (kept inside a node).");
   v.integer("pp", c.parallel.pp, kCount, "Pipeline-parallel degree: stages the model's layers are cut into.");
   v.integer("dp", c.parallel.dp, kDataDegree, "Data-parallel degree; -1: the world size / (tp x pp).");
@@ -255,6 +256,17 @@ void logging_fields(FieldVisitor& v, Config& c) {
          "per op; \"\": off.");
   v.text("trace_file", c.logging.trace_file,
          "Chrome trace JSON of every rank's spans, written by rank 0 at shutdown; \"\": off.");
+}
+
+constexpr EnumName<AutoPreference> kPreferenceNames[] = {{AutoPreference::kThroughput, "throughput"},
+                                                         {AutoPreference::kMemory, "memory"}};
+
+void auto_fields(FieldVisitor& v, Config& c) {
+  v.number("max_memory_gb", c.automatic.max_memory_gb, kNonNegative,
+           "Memory a rank's plan may use, in GB (model state, activations, buffers); 0: the rank's share of the "
+           "host's memory.");
+  v.choice("prefer", c.automatic.prefer, kPreferenceNames,
+           "throughput: the fastest plan that fits; memory: the plan that needs least memory.");
 }
 
 void checkpoint_fields(FieldVisitor& v, Config& c) {
@@ -474,7 +486,9 @@ const std::vector<SectionDef>& sections() {
        precision_fields, precision_check},
       {"parallel",
        "How the ranks are divided: `tp x pp x dp` must equal the world size. Every product the strategy matrix "
-       "allows runs; the rest are refused naming the keys (`parallax-matrix` prints it).",
+       "allows runs; the rest are refused naming the keys (`parallax-matrix` prints it). Any layout key (tp, pp, "
+       "dp, zero.stage, offload.optimizer and .param, pipeline.schedule, .virtual_stages and .recompute, "
+       "train.micro_batch_size and .grad_accum) may be \"auto\": the planner chooses it for this world.",
        parallel_fields, nullptr},
       {"zero",
        "How model state is sharded over the data-parallel group (ZeRO). The stage 3 keys apply at stage 3 only.",
@@ -499,6 +513,10 @@ const std::vector<SectionDef>& sections() {
       {"logging", "What rank 0 prints and writes.", logging_fields, nullptr},
       {"checkpoint", "Saving and resuming. `every`, `load = \"latest\"` and `export_on_finish` need `dir`.",
        checkpoint_fields, checkpoint_check},
+      {"auto",
+       "What the planner optimizes when it chooses the layout keys (`parallel.mode = \"auto\"`, or keys set to "
+       "\"auto\"); ignored otherwise. See docs/planner.md.",
+       auto_fields, nullptr},
   };
   return kSections;
 }

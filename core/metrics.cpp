@@ -32,6 +32,10 @@ std::string to_json_line(const StepMetrics& m) {
   write_number(out, m.lr);
   out << ",\"step_ms\":";
   write_number(out, m.step_ms);
+  if (m.predicted_step_ms > 0) {
+    out << ",\"predicted_step_ms\":";
+    write_number(out, m.predicted_step_ms);
+  }
   out << ",\"tokens_per_s\":";
   write_number(out, m.tokens_per_s);
   out << ",\"samples_per_s\":";
@@ -73,6 +77,7 @@ std::vector<TensorBoardScalar> tensorboard_scalars(const StepMetrics& m) {
   std::vector<TensorBoardScalar> scalars = {{"train/loss", m.loss}, {"train/lr", m.lr}};
   if (m.grad_norm >= 0 || !std::isfinite(m.grad_norm)) scalars.push_back({"train/grad_norm", m.grad_norm});
   scalars.push_back({"perf/step_ms", m.step_ms});
+  if (m.predicted_step_ms > 0) scalars.push_back({"perf/predicted_step_ms", m.predicted_step_ms});
   scalars.push_back({"perf/samples_per_s", m.samples_per_s});
   if (m.tokens_per_sample > 0) scalars.push_back({"perf/tokens_per_s", m.tokens_per_s});
   for (std::size_t r = 0; r < m.model_state_bytes.size(); ++r) {

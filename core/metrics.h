@@ -29,6 +29,9 @@ struct StepMetrics {
   double loss = 0.0;  ///< mean over the global batch
   double lr = 0.0;
   double step_ms = 0.0;
+  /// parallel.mode = "auto": the planner's predicted step time for the chosen layout
+  /// (runtime/auto_layout.h); 0 otherwise (not in the JSON line).
+  double predicted_step_ms = 0.0;
   /// Global batch tokens per second: samples_per_s × tokens_per_sample, or samples_per_s
   /// when tokens_per_sample is 0.
   double tokens_per_s = 0.0;
@@ -52,7 +55,7 @@ std::string to_json_line(const StepMetrics& metrics);
 
 /// The TensorBoard scalars of one step, in this order (ranks r = 0, 1, …):
 ///   train/loss, train/lr, train/grad_norm (only when computed: >= 0 or not finite),
-///   perf/step_ms, perf/samples_per_s, perf/tokens_per_s (only when tokens_per_sample
+///   perf/step_ms, perf/predicted_step_ms (only in auto mode), perf/samples_per_s, perf/tokens_per_s (only when tokens_per_sample
 ///   is set), memory/rank<r>_bytes (the rank's model state: params + grads + optimizer
 ///   + host + nvme), comm/<op>_bytes for every op (the step's logical payload bytes
 ///   summed over all ranks, e.g. comm/all_reduce_bytes), and for pipelines

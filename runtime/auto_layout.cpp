@@ -74,10 +74,14 @@ planner::ClusterSpec measure_this_cluster(const Config& config, World& world) {
   return cluster;
 }
 
-// The layout keys the config sets: constraints the planner keeps.
+// The layout keys the planner keeps. In auto mode, those the config sets (not to
+// "auto"); in manual mode with some keys "auto", every other layout key, at its value.
 planner::LayoutConstraints constraints_of(const Config& c) {
   planner::LayoutConstraints fixed;
-  const auto set = [&c](const char* key) { return !c.position_of(key).empty(); };
+  const bool manual = c.parallel.mode == ParallelMode::kManual;
+  const auto set = [&c, manual](const char* key) {
+    return c.auto_keys.count(key) == 0 && (manual || !c.position_of(key).empty());
+  };
   if (set("parallel.tp")) fixed.tp = c.parallel.tp;
   if (set("parallel.pp")) fixed.pp = c.parallel.pp;
   if (set("parallel.dp") && c.parallel.dp > 0) fixed.dp = c.parallel.dp;
@@ -96,9 +100,15 @@ constexpr const char* kChosen = " (chosen by parallel.mode = \"auto\")";
 
 }  // namespace
 
-std::string choose_auto_layout(Config& config, World& world) {
-  if (config.parallel.mode != ParallelMode::kAuto) return "";
-  const std::string mode = "parallel.mode = \"auto\"" + config.position_of("parallel.mode");
+AutoLayout choose_auto_layout(Config& config, World& world) {
+  if (config.parallel.mode != ParallelMode::kAuto && config.auto_keys.empty()) return {};
+  std::string mode = "parallel.mode = \"auto\"" + config.position_of("parallel.mode");
+  if (config.parallel.mode != ParallelMode::kAuto) {
+    mode.clear();
+    for (const std::string& key : config.auto_keys) {
+      mode += (mode.empty() ? "" : ", ") + key + " = \"auto\"" + config.position_of(key);
+    }
+  }
   PARALLAX_CHECK(config.app.count("model") != 0, ConfigError, mode,
                  " plans from the model's shape: give a [model] table (n_layer, d_model, n_head, vocab_size, "
                  "block_size; a transformer), or set parallel.mode = \"manual\" with tp, pp and dp");
@@ -114,6 +124,9 @@ std::string choose_auto_layout(Config& config, World& world) {
   query.global_batch = config.train.global_batch_size;
   query.base = config;
   query.base.parallel.mode = ParallelMode::kManual;
+  query.max_memory_bytes = config.automatic.max_memory_gb * 1e9;
+  query.preference = config.automatic.prefer == AutoPreference::kMemory ? planner::Preference::kMemory
+                                                                        : planner::Preference::kThroughput;
   const planner::LayoutConstraints fixed = constraints_of(config);
   planner::PlanResult result;
   try {
@@ -123,11 +136,10 @@ std::string choose_auto_layout(Config& config, World& world) {
   }
   const planner::Candidate& chosen = result.ranked.front();
   Config planned = chosen.layout.apply_to(config, query.global_batch);
-  for (const char* key : {"parallel.tp", "parallel.pp", "parallel.dp", "zero.stage", "offload.optimizer",
-                          "offload.param", "pipeline.schedule", "pipeline.virtual_stages", "pipeline.recompute",
-                          "train.micro_batch_size", "train.grad_accum"}) {
-    if (config.position_of(key).empty()) planned.positions[key] = kChosen;
+  for (const std::string& key : Config::plannable_keys()) {
+    if (config.position_of(key).empty() || config.auto_keys.count(key)) planned.positions[key] = kChosen;
   }
+  planned.auto_keys.clear();
   config = std::move(planned);
 
   std::ostringstream text;
@@ -144,7 +156,7 @@ std::string choose_auto_layout(Config& config, World& world) {
   text << "\n  chosen: " << planner::format_candidate(chosen) << planner::format_table(result, 5);
   std::snprintf(figures, sizeof(figures), "  (measuring and planning took %.2f s)\n", seconds_since(start));
   text << figures;
-  return text.str();
+  return AutoLayout{text.str(), chosen.time.total * 1000.0};
 }
 
 }  // namespace parallax

@@ -4,7 +4,8 @@
 // The keys the config sets are constraints, never changed: parallel.tp, .pp, .dp,
 // zero.stage, offload.optimizer, offload.param, pipeline.schedule, .virtual_stages,
 // .recompute, train.micro_batch_size and train.grad_accum; the planner chooses every
-// other. It needs the model's shape (a [model] table in the GPT example's keys:
+// other. A key set to "auto" (Config::auto_keys) is the planner's in either mode; in
+// manual mode the planner chooses only those, every other layout key kept as it is. It needs the model's shape (a [model] table in the GPT example's keys:
 // n_layer, d_model, n_head, vocab_size, block_size) and train.global_batch_size.
 //
 // The cluster is this one: nodes and ranks per node from the world (or [topology]'s
@@ -22,12 +23,20 @@ namespace parallax {
 
 class World;
 
-/// When `config` says parallel.mode = "auto": sets its layout keys to the planner's
-/// choice (mode manual; the chosen keys' positions say so) and returns the explanation
-/// rank 0 prints: the machine as measured, the choice with its predicted memory and time,
-/// the runners-up and the rejected families. Otherwise returns "" and changes nothing.
-/// Collective over `world`. Throws ConfigError when the model's shape or the batch is
-/// missing, or when no layout meets the constraints (naming them and the nearest).
-std::string choose_auto_layout(Config& config, World& world);
+struct AutoLayout {
+  /// What rank 0 prints: the machine as measured, the choice with its predicted memory
+  /// and time, the runners-up and the rejected families. Empty when not in auto mode.
+  std::string explanation;
+  /// The chosen layout's predicted step time: every auto run's metrics carry it beside
+  /// the measured one, and its end compares them. 0 when not in auto mode.
+  double predicted_step_ms = 0.0;
+};
+
+/// When `config` says parallel.mode = "auto", or has "auto" keys: sets its layout keys to the planner's
+/// choice (mode manual; the chosen keys' positions say so). Otherwise changes nothing
+/// and returns an empty AutoLayout. Collective over `world`. Throws ConfigError when
+/// the model's shape or the batch is missing, or when no layout meets the constraints
+/// (naming them and the nearest).
+AutoLayout choose_auto_layout(Config& config, World& world);
 
 }  // namespace parallax

@@ -40,6 +40,7 @@ namespace parallax {
 struct Runtime::State {
   std::unique_ptr<World> world;
   Config config;
+  double predicted_step_ms = 0.0;  // parallel.mode = "auto"'s prediction
   std::vector<std::string> args;
   Logger logger;
   std::unique_ptr<Tracer> tracer;
@@ -255,7 +256,8 @@ Runtime::Runtime(Config config, const InitOptions& options) : state_(std::make_u
 void Runtime::start(const InitOptions& options) {
   State& s = *state_;
   // parallel.mode = "auto": the planner sets the layout keys the config leaves open.
-  const std::string auto_layout = choose_auto_layout(s.config, *s.world);
+  const AutoLayout auto_layout = choose_auto_layout(s.config, *s.world);
+  s.predicted_step_ms = auto_layout.predicted_step_ms;
   s.config.resolve(s.world->size());
   // The library's own randomness (and the application's default generator) starts from
   // train.seed on every rank.
@@ -326,7 +328,7 @@ void Runtime::start(const InitOptions& options) {
                   "), about 10x slower than OpenBLAS; install libopenblas0-pthread");
   }
   if (options.print_summary) {
-    if (!auto_layout.empty()) s.logger.summary(auto_layout);
+    if (!auto_layout.explanation.empty()) s.logger.summary(auto_layout.explanation);
     s.logger.summary("# resolved configuration\n", to_toml(s.config));
     s.logger.summary("# cluster\n", s.mesh->cluster().describe());
     s.logger.summary("# mesh\n", s.mesh->describe());
@@ -355,6 +357,9 @@ Mesh& Runtime::mesh() {
 }
 const Cluster& Runtime::cluster() const {
   return state_->mesh->cluster();
+}
+double Runtime::predicted_step_ms() const {
+  return state_->predicted_step_ms;
 }
 const Logger& Runtime::logger() const {
   return state_->logger;

@@ -156,6 +156,9 @@ class Runtime {
   MetricsWriter* metrics_writer();
   /// Command-line arguments that were not --config/--set (argv[0] first).
   const std::vector<std::string>& args() const;
+  /// parallel.mode = "auto": the planner's predicted step time of the chosen layout, in
+  /// milliseconds (runtime/auto_layout.h); 0 when the config gave the layout.
+  double predicted_step_ms() const;
   /// The resolved plan (proto/plan.proto): what the engines apply. They build
   /// themselves from it alone; the config it was made from is for the application.
   const proto::Plan& plan() const;

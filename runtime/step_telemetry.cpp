@@ -111,6 +111,7 @@ StepMetrics StepTelemetry::end_window(
   }
   const auto elapsed = std::chrono::steady_clock::now() - window_start_;
   metrics.step_ms = std::chrono::duration<double, std::milli>(elapsed).count();
+  metrics.predicted_step_ms = runtime_.predicted_step_ms();
   const double samples = static_cast<double>(plan_.batch().global_batch_size());
   metrics.samples_per_s = metrics.step_ms > 0 ? samples * 1000.0 / metrics.step_ms : 0.0;
   metrics.tokens_per_sample = tokens_per_sample_;
@@ -146,6 +147,18 @@ StepMetrics StepTelemetry::end_window(
       eta = " | ETA " + human_duration(static_cast<double>(total - step) * timed_ms_ / timed_windows_ / 1000.0);
     }
     runtime_.logger().summary(line, norm, eta);
+  }
+  // Every auto run checks the planner's model: the prediction against the mean of the
+  // steps after the first (which builds and warms up).
+  if (metrics.predicted_step_ms > 0 && step == total && timed_windows_ > 0) {
+    const double measured = timed_ms_ / static_cast<double>(timed_windows_);
+    char line[200];
+    std::snprintf(line, sizeof(line),
+                  "auto layout check: predicted %.2f ms/step, measured %.2f ms/step (mean of %lld steps after the "
+                  "first): the prediction is %+.0f%% off",
+                  metrics.predicted_step_ms, measured, static_cast<long long>(timed_windows_),
+                  100.0 * (metrics.predicted_step_ms - measured) / measured);
+    runtime_.logger().summary(line);
   }
   return metrics;
 }

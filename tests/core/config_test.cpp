@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -205,6 +206,26 @@ TEST_F(ConfigTest, MinLrAboveLrNamesBothKeys) {
 TEST_F(ConfigTest, AutoModeLoads) {
   const std::string file = write("auto.toml", "[parallel]\nmode = \"auto\"\n");
   EXPECT_EQ(load({file}).parallel.mode, ParallelMode::kAuto);
+}
+
+// Any layout key may be "auto": recorded for the planner, written back as "auto" (so the
+// hash that compares ranks' configs sees it), refused on other keys and in engine tables.
+TEST_F(ConfigTest, LayoutKeysMayBeAutoAndRoundTrip) {
+  const std::string file = write("a.toml", "[train]\ngrad_accum = 4\n[zero]\nstage = \"auto\"\n");
+  const Config config = load({file}, {"train.grad_accum=\"auto\"", "pipeline.schedule=\"auto\""});
+  EXPECT_EQ(config.auto_keys, (std::set<std::string>{"pipeline.schedule", "train.grad_accum", "zero.stage"}));
+  EXPECT_EQ(config.zero.stage, 0);
+  EXPECT_EQ(config.train.grad_accum, 0);
+  EXPECT_CONTAINS(config.position_of("zero.stage"), file + ":4:9");
+  const std::string text = to_toml(config);
+  EXPECT_CONTAINS(text, "[zero]\nstage = \"auto\"\n");
+  EXPECT_CONTAINS(text, "grad_accum = \"auto\"\n");
+  const std::string again = write("again.toml", text);
+  EXPECT_EQ(load({again}).auto_keys, config.auto_keys);
+  EXPECT_EQ(to_toml(load({again})), text);
+  EXPECT_NE(config_hash(load({file})), config_hash(load({file}, {"zero.stage=0"})));  // "auto" is not 0
+  EXPECT_CONTAINS(error_of([&] { load({file}, {"optimizer.lr=\"auto\""}); }),
+                  "optimizer.lr = \"auto\" at --set optimizer.lr=\"auto\": expected a number");
 }
 
 TEST_F(ConfigTest, UnknownTableListsKnownAndApplicationTables) {

@@ -3,7 +3,8 @@
 #  1. 4 ranks: rank 0 prints the measured machine, the chosen layout with its predicted
 #     memory and time, the runners-up; the run trains with it (the loss falls) and the
 #     resolved configuration is the chosen one;
-#  2. a key the config sets is kept (--set zero.stage=1, --set parallel.pp=2);
+#  2. a key the config sets is kept (--set zero.stage=1, --set parallel.pp=2); in manual
+#     mode a key set to "auto" is the only one the planner chooses;
 #  3. a constraint no layout meets fails on every rank, naming it, and never hangs;
 #  4. a checkpoint saved by an auto run on 4 ranks resumes in auto mode on 2 ranks (the
 #     planner picks a layout for the new world, the checkpoint reshards on load) and
@@ -57,6 +58,18 @@ else
   fail "fixed keys: not kept"; grep -E "kept|chosen|Error" "$work/fixed.log" | head -5
 fi
 
+# 2b. Manual mode with one key "auto": the planner chooses it alone, every other layout
+#     key kept as configs/dp.toml gives it (tp 1, pp 1, grad_accum 1, ...).
+if timeout 300 "${launch[@]}" -np 4 "$train" --config "$configs/dp.toml" --set 'zero.stage="auto"' \
+     --set train.steps=2 >"$work/one_key.log" 2>&1 &&
+   grep -qE '^# auto layout \(zero.stage = "auto" at --set' "$work/one_key.log" &&
+   grep -qE "kept from the config: tp=1,pp=1,.*ga=1" "$work/one_key.log" &&
+   grep -qE "^  chosen: tp=1,pp=1,dp=4,zero=[0-3],.*,mbs=8,ga=1$" "$work/one_key.log"; then
+  echo "ok   one key \"auto\" in manual mode: $(sed -n 's/^  chosen: //p' "$work/one_key.log")"
+else
+  fail "one key auto"; grep -E "auto layout|kept|chosen|Error" "$work/one_key.log" | head -5
+fi
+
 # 3. A constraint no layout meets: every rank says so, the run ends.
 run unmet 2 --set parallel.tp=3
 rc=$?
@@ -66,6 +79,17 @@ if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] &&
   echo "ok   an unmet constraint is refused on every rank"
 else
   fail "unmet constraint (exit $rc)"; tail -5 "$work/unmet.log"
+fi
+
+# 3b. [auto] max_memory_gb is a cap: below what any layout needs, the nearest is named.
+run capped 2 --set auto.max_memory_gb=0.0001
+rc=$?
+if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] &&
+   grep -q '^\[rank 0\] ConfigError: parallel.mode = "auto" .*no layout of 2 devices runs and fits (.* scored); the nearest is tp=.*, out of memory by' \
+     "$work/capped.log"; then
+  echo "ok   auto.max_memory_gb caps the plan"
+else
+  fail "auto.max_memory_gb (exit $rc)"; tail -3 "$work/capped.log"
 fi
 
 # 4. Saved on 4 ranks, resumed on 2, each planned in auto mode.
