@@ -2,7 +2,8 @@
 # bench/plan_accuracy.sh: how well parallel.mode = "auto" predicts, and what its choice
 # costs against the best layout found by running them all.
 #
-# 1. Prediction: the GPT example (configs/auto.toml, d_model 256, vocabulary 1024) trains
+# 1. Prediction: the GPT example (configs/auto.toml, d_model 256, vocabulary 1024,
+#    sequence 64) trains
 #    RUN_STEPS steps under each layout of a list (4 and 8 ranks, one node and two
 #    emulated ones), every layout key fixed, so the planner scores exactly that layout
 #    with this machine's measured figures. Predicted step time (the metrics'
@@ -33,7 +34,7 @@ if [[ ! -x "$TRAIN" ]]; then
   configure_and_build -- --target train_gpt >&2
 fi
 LOGS="$(mktemp -d "${TMPDIR:-/tmp}/bench_plan_accuracy.XXXXXX")"
-MODEL=(--set model.d_model=256 --set model.vocab_size=1024 --set model.block_size=64 --set model.n_head=8)
+MODEL=(--set model.d_model=256 --set model.vocab_size=1024 --set model.block_size=64)
 
 # run NAME RANKS ARGS...: one auto run; prints "predicted measured chosen-layout" or fails.
 run() {

@@ -157,6 +157,7 @@ planner::PlanQuery query_of(const Options& o) {
     query.base = load_config(sources, LoadOptions{{"model", "data"}, {}});
     query.model = planner::TransformerShape::from_table(query.base.app_table("model"));
     query.global_batch = query.base.train.global_batch_size;
+    query.tp_needs_plan = true;
   } else {
     query.model = planner::TransformerShape::preset(o.model);
     query.base.precision.dtype = Dtype::kBf16;

@@ -155,6 +155,9 @@ Candidate evaluate_with(const PlanQuery& query, const Layout& layout, PipelineCa
   // cannot even be cut into its parts.
   candidate.refused = model_refusal(model, l);
   if (static_cast<std::int64_t>(l.pp) * l.virtual_stages > model.layers + 2) return candidate;
+  if (candidate.refused.empty() && l.tp > 1 && query.tp_needs_plan && query.base.tensor_parallel.plan.empty()) {
+    candidate.refused = "parallel.tp > 1 splits the model by a [tensor_parallel.plan], and the config has none";
+  }
   if (candidate.refused.empty()) {
     try {
       check_sections(config);
@@ -229,13 +232,21 @@ Candidate evaluate_with(const PlanQuery& query, const Layout& layout, PipelineCa
   link(crosses_nodes(1, l.tp, per_node), bw, lat);
   const double activation_bytes = static_cast<double>(l.micro_batch_size * model.seq * model.hidden * e);
   const double tp_allreduce = ring_seconds(activation_bytes, l.tp, 2.0, bw, lat);
+  // A layer's "forward unit": a third of its forward and backward (the simulator's 1 : 2),
+  // measured when the query has its times, else its operations at the achievable rate.
+  const auto unit_of = [&](const LayerTimeTable& table, double estimate) {
+    const auto found = table.find({l.micro_batch_size, l.tp});
+    return found == table.end() ? estimate : (found->second.forward + found->second.backward) / 3.0;
+  };
+  const double block_unit = unit_of(
+      query.block_times, model.block_forward_flops(l.micro_batch_size, l.tp) / rate + cluster.layer_overhead);
+  const double head_unit = unit_of(query.head_times, model.head_forward_flops(l.micro_batch_size, l.tp) / rate);
   double busiest_forward = 0;
   double tp_share = 0;
   for (const StageContents& stage : stages) {
     const double blocks = static_cast<double>(stage.blocks) / l.virtual_stages;
-    double forward = blocks * (model.block_forward_flops(l.micro_batch_size, l.tp) / rate + 2 * tp_allreduce +
-                               cluster.layer_overhead);
-    if (stage.head) forward += model.head_forward_flops(l.micro_batch_size, l.tp) / rate / l.virtual_stages;
+    double forward = blocks * (block_unit + 2 * tp_allreduce);
+    if (stage.head) forward += head_unit / l.virtual_stages;
     if (forward > busiest_forward) {
       busiest_forward = forward;
       tp_share = blocks * 2 * tp_allreduce;

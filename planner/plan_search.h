@@ -33,6 +33,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -112,6 +113,14 @@ struct Candidate {
 
 enum class Preference { kThroughput, kMemory };
 
+/// Seconds of one layer's forward and backward for one micro-batch on one rank.
+struct LayerTimes {
+  double forward = 0;
+  double backward = 0;
+};
+/// Layer times by (micro-batch size, tp).
+using LayerTimeTable = std::map<std::pair<std::int64_t, int>, LayerTimes>;
+
 struct PlanQuery {
   TransformerShape model;
   ClusterSpec cluster;
@@ -121,6 +130,14 @@ struct PlanQuery {
   Config base;
   double max_memory_bytes = 0;  ///< per device; 0 = cluster.usable_memory_bytes()
   Preference preference = Preference::kThroughput;
+  /// Measured times of one block and of the head with its loss (e.g. profiled on this
+  /// machine, runtime/layer_profile.h): for the shapes they hold they replace the
+  /// operations-over-peak estimate and the cluster's layer_overhead.
+  LayerTimeTable block_times, head_times;
+  /// Whether tp > 1 needs base.tensor_parallel.plan: true for a run's own model (the
+  /// planner cannot see whether it is built from tensor_parallel/ layers), false for a
+  /// published model, taken as built for tensor parallelism.
+  bool tp_needs_plan = false;
 };
 
 struct PlanResult {

@@ -11,6 +11,7 @@
 #include "parallax/core/error.h"
 #include "parallax/core/world.h"
 #include "parallax/planner/plan_search.h"
+#include "parallax/runtime/layer_profile.h"
 
 namespace parallax {
 namespace {
@@ -43,6 +44,11 @@ planner::ClusterSpec measure_this_cluster(const Config& config, World& world) {
   const at::Tensor b = at::rand({n, n});
   comm.barrier()->wait();
   const double matmul = best_of_three([&] { (void)at::mm(a, b).sum().item<float>(); });
+  // Memory bandwidth (the optimizer step's bound): a += b over 32 MiB each, 12 bytes moved
+  // per element, every rank at once.
+  const at::Tensor big_a = at::ones({8 * 1024 * 1024});
+  const at::Tensor big_b = at::ones({8 * 1024 * 1024});
+  const double add = best_of_three([&] { big_a.add_(big_b); });
   double bandwidth = 0;
   double latency = 0;
   if (world.size() > 1) {
@@ -54,7 +60,8 @@ planner::ClusterSpec measure_this_cluster(const Config& config, World& world) {
     latency = small_s / (2.0 * (ranks - 1));
     bandwidth = 2.0 * (ranks - 1) / ranks * static_cast<double>(big.nbytes()) / std::max(1e-9, big_s - small_s);
   }
-  at::Tensor figures = at::tensor({2.0 * n * n * n / matmul, bandwidth, latency}, at::kDouble);
+  at::Tensor figures = at::tensor(
+      {2.0 * n * n * n / matmul, bandwidth, latency, 12.0 * static_cast<double>(big_a.numel()) / add}, at::kDouble);
   comm.broadcast(figures, 0)->wait();
   const double* f = figures.data_ptr<double>();
 
@@ -67,6 +74,9 @@ planner::ClusterSpec measure_this_cluster(const Config& config, World& world) {
   cluster.device_memory_bytes = host_memory / std::max(1, world.local_size());
   cluster.peak_flops = f[0];
   cluster.achievable_fraction = 1.0;  // measured, not a datasheet's
+  cluster.memory_bandwidth = f[3];
+  cluster.host_bandwidth = f[3];
+  cluster.host_adam_elements_per_second = f[3] / 32.0;  // parameter, gradient, two moments read and written
   if (world.size() > 1) {
     cluster.intra_bandwidth = cluster.inter_bandwidth = f[1];
     cluster.intra_latency = cluster.inter_latency = f[2];
@@ -124,10 +134,26 @@ AutoLayout choose_auto_layout(Config& config, World& world) {
   query.global_batch = config.train.global_batch_size;
   query.base = config;
   query.base.parallel.mode = ParallelMode::kManual;
+  query.tp_needs_plan = true;
   query.max_memory_bytes = config.automatic.max_memory_gb * 1e9;
   query.preference = config.automatic.prefer == AutoPreference::kMemory ? planner::Preference::kMemory
                                                                         : planner::Preference::kThroughput;
   const planner::LayoutConstraints fixed = constraints_of(config);
+  // The model's own layers timed here at every micro-batch and split a plan may take.
+  std::vector<std::int64_t> micro_batches;
+  for (std::int64_t mbs = 1; mbs <= std::min<std::int64_t>(64, query.global_batch); ++mbs) {
+    if (query.global_batch % mbs == 0 && (!fixed.micro_batch_size || *fixed.micro_batch_size == mbs)) {
+      micro_batches.push_back(mbs);
+    }
+  }
+  std::vector<int> tps;
+  for (int tp = 1; tp <= query.cluster.devices_per_node; tp *= 2) {
+    if (!fixed.tp || *fixed.tp == tp) tps.push_back(tp);
+  }
+  const LayerProfile profile =
+      profile_layers(query.model, config.precision.dtype, micro_batches, tps, world.communicator());
+  query.block_times = profile.block;
+  query.head_times = profile.head;
   planner::PlanResult result;
   try {
     result = planner::search(query, fixed);
@@ -152,6 +178,9 @@ AutoLayout choose_auto_layout(Config& config, World& world) {
                 query.cluster.intra_latency * 1e6);
   text << "# auto layout (" << mode << "): " << query.model.describe() << ", global batch " << query.global_batch
        << "\n  measured: " << figures;
+  std::snprintf(figures, sizeof(figures), "; memory %.1f GB/s; a block's forward + backward timed at %zu shape(s)",
+                query.cluster.memory_bandwidth / 1e9, profile.block.size());
+  text << figures;
   if (!fixed.describe().empty()) text << "\n  kept from the config: " << fixed.describe();
   text << "\n  chosen: " << planner::format_candidate(chosen) << planner::format_table(result, 5);
   std::snprintf(figures, sizeof(figures), "  (measuring and planning took %.2f s)\n", seconds_since(start));

@@ -10,7 +10,9 @@
 //
 // The cluster is this one: nodes and ranks per node from the world (or [topology]'s
 // emulated nodes), each rank a device with its share of the host's memory, its compute
-// rate from a matrix multiply timed here, and its links from an all-reduce timed here.
+// rate from a matrix multiply timed here, its memory bandwidth from a timed add, and its
+// links from all-reduces timed here; the model's own block and head are timed at every
+// micro-batch and tensor-parallel split a plan may use (layer_profile.h).
 // Rank 0's measurements are broadcast, so every rank plans with the same figures and
 // chooses the same layout.
 #pragma once
