@@ -7,8 +7,10 @@
 #    RUN_STEPS steps under each layout of a list (4 and 8 ranks, one node and two
 #    emulated ones), every layout key fixed, so the planner scores exactly that layout
 #    with this machine's measured figures. Predicted step time (the metrics'
-#    predicted_step_ms) against the measured median of the steps after the first two;
-#    the median absolute percentage error over all of them.
+#    predicted_step_ms) against the measured median of the steps after the first two,
+#    and predicted memory per rank (the largest stage's) against rank 0's peak resident
+#    memory less its resident memory when the layout was chosen; the median absolute
+#    percentage error of each over all of them.
 # 2. Regret: on three clusters (4 ranks on one node, 4 ranks on two emulated nodes, 8
 #    ranks on two emulated nodes) and two model sizes (2 and 6 layers), every layout of
 #    tp x pp x ZeRO (0, 1) at the micro-batch auto chooses is run, and auto's own choice;
@@ -36,7 +38,8 @@ fi
 LOGS="$(mktemp -d "${TMPDIR:-/tmp}/bench_plan_accuracy.XXXXXX")"
 MODEL=(--set model.d_model=256 --set model.vocab_size=1024 --set model.block_size=64)
 
-# run NAME RANKS ARGS...: one auto run; prints "predicted measured chosen-layout" or fails.
+# run NAME RANKS ARGS...: one auto run; prints "predicted-ms measured-ms chosen-layout
+# predicted-MB measured-MB" or fails.
 run() {
   local name="$1" ranks="$2"
   shift 2
@@ -49,9 +52,12 @@ run() {
 import json, re, statistics, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
 measured = statistics.median(r["step_ms"] for r in rows[2:])
+log = open(sys.argv[2]).read().splitlines()
 chosen = next(re.sub(r",schedule=1f1b,vp=1,recompute=none", "", l.split("chosen: ")[1].strip())
-              for l in open(sys.argv[2]) if l.startswith("  chosen: "))
-print(f"{rows[-1]['predicted_step_ms']:.2f} {measured:.2f} {chosen}")
+              for l in log if l.startswith("  chosen: "))
+memory = next(re.search(r"predicted ([0-9.]+) MB per rank, measured ([0-9.]+) MB", l).groups()
+              for l in log if "MB per rank" in l)
+print(f"{rows[-1]['predicted_step_ms']:.2f} {measured:.2f} {chosen} {memory[0]} {memory[1]}")
 PY
 }
 
@@ -71,8 +77,9 @@ fixed() {
 }
 
 if [[ "$PART" == both || "$PART" == prediction ]]; then
-  printf '%-44s %12s %12s %8s\n' "layout (4 layers)" "predicted ms" "measured ms" "error"
-  errors=()
+  printf '%-44s %12s %12s %7s %12s %12s %7s\n' "layout (4 layers)" "predicted ms" "measured ms" "error" \
+    "predicted MB" "measured MB" "error"
+  errors=() memory_errors=()
   for case in \
     "4:tp=1,pp=1,dp=4,zero=0,mbs=8" "4:tp=1,pp=1,dp=4,zero=0,mbs=2" "4:tp=1,pp=1,dp=4,zero=1,mbs=8" \
     "4:tp=1,pp=1,dp=4,zero=2,mbs=4" "4:tp=1,pp=1,dp=4,zero=3,mbs=8" "4:tp=2,pp=1,dp=2,zero=0,mbs=16" \
@@ -83,14 +90,21 @@ if [[ "$PART" == both || "$PART" == prediction ]]; then
     "8:tp=2,pp=1,dp=4,zero=0,mbs=8" "8:tp=2,pp=2,dp=2,zero=1,mbs=4" "8:tp=1,pp=2,dp=4,zero=0,mbs=4,nodes=2" \
     "8:tp=2,pp=1,dp=4,zero=1,mbs=4,nodes=2" "8:tp=4,pp=2,dp=1,zero=0,mbs=8,nodes=2"; do
     ranks="${case%%:*}" layout="${case#*:}"
-    read -r predicted measured _ < <(run "p-$ranks-${layout//[,=]/_}" "$ranks" --set model.n_layer=4 $(fixed "$layout"))
+    read -r predicted measured _ predicted_mb measured_mb < <(run "p-$ranks-${layout//[,=]/_}" "$ranks" \
+      --set model.n_layer=4 $(fixed "$layout"))
     error=$(awk -v p="$predicted" -v m="$measured" 'BEGIN{printf "%+.0f%%", 100 * (p - m) / m}')
-    errors+=("$error")
-    printf '%-44s %12s %12s %8s\n' "np$ranks $layout" "$predicted" "$measured" "$error"
+    memory_error=$(awk -v p="$predicted_mb" -v m="$measured_mb" 'BEGIN{printf "%+.0f%%", 100 * (p - m) / m}')
+    errors+=("$error") memory_errors+=("$memory_error")
+    printf '%-44s %12s %12s %7s %12s %12s %7s\n' "np$ranks $layout" "$predicted" "$measured" "$error" \
+      "$predicted_mb" "$measured_mb" "$memory_error"
   done
-  printf '%s\n' "${errors[@]}" | awk '{gsub(/[%+-]/, ""); print}' | sort -n |
-    awk '{a[NR] = $1} END {m = NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2
-         printf "median absolute percentage error over %d layouts: %.0f%%\n", NR, m}'
+  median() {
+    awk '{gsub(/[%+-]/, ""); print}' | sort -n |
+      awk -v what="$1" '{a[NR] = $1} END {m = NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2
+           printf "median absolute percentage error of %s over %d layouts: %.0f%%\n", what, NR, m}'
+  }
+  printf '%s\n' "${errors[@]}" | median "the step time"
+  printf '%s\n' "${memory_errors[@]}" | median "the memory per rank (rank 0: peak resident growth from the plan)"
 fi
 
 if [[ "$PART" == both || "$PART" == regret ]]; then

@@ -274,6 +274,7 @@ int min_nodes(const Options& o, planner::PlanQuery query, const planner::LayoutC
 }
 
 int largest_model(planner::PlanQuery query, const planner::LayoutConstraints& fixed) {
+  query.memory_only = true;  // a question of fit: no step times needed until the answer
   const auto fits = [&](std::int64_t layers) {
     query.model.layers = layers;
     try {
@@ -298,6 +299,7 @@ int largest_model(planner::PlanQuery query, const planner::LayoutConstraints& fi
     return 1;
   }
   query.model.layers = low;
+  query.memory_only = false;
   const planner::PlanResult result = planner::search(query, fixed);
   std::printf("the largest that fits %s with a global batch of %lld: %s\nits best plan:\n%s",
               query.cluster.describe().c_str(), static_cast<long long>(query.global_batch),

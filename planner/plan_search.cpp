@@ -79,9 +79,8 @@ bool crosses_nodes(int stride, int size, int per_node) {
 // recomputation; zb-h1's halves 1 and 1, or 2 and 1), from the engine's own schedules
 // run together by the simulator; cached, since many candidates share a shape.
 struct UnitPipeline {
-  double makespan = 0;          // in units of one chunk's forward
-  double busy = 0;              // the busiest stage's compute, same units
-  std::vector<int> in_flight;   // activation_bound per stage
+  double makespan = 0;  // in units of one chunk's forward
+  double busy = 0;      // the busiest stage's compute, same units
 };
 
 class PipelineCache {
@@ -107,13 +106,11 @@ class PipelineCache {
     if (pp == 1) {
       unit.makespan = m * vp * (costs.forward + costs.backward);
       unit.busy = unit.makespan;
-      unit.in_flight = {1};
     } else {
       const pipeline::Simulation simulation = pipeline::simulate(
           shape, pipeline::make_schedules(shape), std::vector<pipeline::StageCosts>(static_cast<std::size_t>(pp), costs));
       unit.makespan = simulation.makespan;
       unit.busy = *std::max_element(simulation.busy.begin(), simulation.busy.end());
-      for (int stage = 0; stage < pp; ++stage) unit.in_flight.push_back(pipeline::activation_bound(shape, stage));
     }
     return cache_.emplace(key, std::move(unit)).first->second;
   }
@@ -176,8 +173,8 @@ Candidate evaluate_with(const PlanQuery& query, const Layout& layout, PipelineCa
   const bool recompute = l.recompute == Recompute::kFull;
   const bool sp = query.base.tensor_parallel.sequence_parallel && l.tp > 1;
   const std::vector<StageContents>& stages = cache.stages(model, l.tp, l.pp, l.virtual_stages);
-  const UnitPipeline& unit = cache.get(l.pp > 1 ? l.schedule : PipelineSchedule::k1F1B, l.pp,
-                                        static_cast<int>(l.grad_accum), l.virtual_stages, recompute);
+  const PipelineSchedule schedule = l.pp > 1 ? l.schedule : PipelineSchedule::k1F1B;
+  const pipeline::ScheduleShape shape{schedule, l.pp, static_cast<int>(l.grad_accum), l.virtual_stages};
   OffloadOptions offload = query.base.offload;
   offload.optimizer = l.offload_optimizer;
   offload.param = l.offload_param;
@@ -190,7 +187,7 @@ Candidate evaluate_with(const PlanQuery& query, const Layout& layout, PipelineCa
                                                  offload);
     // Activations: in-flight (micro-batch, chunk) pairs of this stage, each one chunk's.
     const double chunk_blocks = static_cast<double>(stage.blocks) / l.virtual_stages;
-    const int in_flight = unit.in_flight[static_cast<std::size_t>(s)];
+    const int in_flight = l.pp > 1 ? pipeline::activation_bound(shape, s) : 1;
     const double kept = recompute ? model.block_checkpoint_bytes(l.micro_batch_size, e, l.tp, sp)
                                   : model.block_activation_bytes(l.micro_batch_size, e, l.tp, sp);
     double activations = in_flight * chunk_blocks * kept;
@@ -215,6 +212,7 @@ Candidate evaluate_with(const PlanQuery& query, const Layout& layout, PipelineCa
                   (static_cast<double>(candidate.memory.device_total()) - limit) / kGiB, candidate.memory.stage, l.pp);
     candidate.does_not_fit = text;
   }
+  if (query.memory_only) return candidate;
 
   // Time per optimizer step.
   const double rate = cluster.peak_flops * cluster.achievable_fraction;
@@ -252,6 +250,7 @@ Candidate evaluate_with(const PlanQuery& query, const Layout& layout, PipelineCa
       tp_share = blocks * 2 * tp_allreduce;
     }
   }
+  const UnitPipeline& unit = cache.get(schedule, l.pp, static_cast<int>(l.grad_accum), l.virtual_stages, recompute);
   TimeEstimate& time = candidate.time;
   time.pipeline = unit.makespan * busiest_forward;
   time.tensor_parallel = tp_share * unit.busy;
@@ -311,7 +310,7 @@ std::vector<int> divisors(std::int64_t n, std::int64_t limit) {
 }
 
 bool better(const Candidate& a, const Candidate& b, Preference preference) {
-  if (preference == Preference::kMemory) {
+  if (preference == Preference::kMemory || (a.time.total == 0 && b.time.total == 0)) {
     if (a.memory.device_total() != b.memory.device_total()) return a.memory.device_total() < b.memory.device_total();
     return a.time.total < b.time.total;
   }

@@ -138,6 +138,9 @@ struct PlanQuery {
   /// planner cannot see whether it is built from tensor_parallel/ layers), false for a
   /// published model, taken as built for tensor parallelism.
   bool tp_needs_plan = false;
+  /// Predict memory only (no pipeline simulation, times 0; ranked by memory): what a
+  /// question of fit asks (parallax plan --largest-model), much faster.
+  bool memory_only = false;
 };
 
 struct PlanResult {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <sstream>
 
 #include "parallax/core/error.h"
@@ -108,7 +109,31 @@ planner::LayoutConstraints constraints_of(const Config& c) {
 
 constexpr const char* kChosen = " (chosen by parallel.mode = \"auto\")";
 
+std::int64_t status_kilobytes(const char* field) {
+  std::FILE* status = std::fopen("/proc/self/status", "r");
+  if (status == nullptr) return 0;
+  char line[256];
+  long long kilobytes = 0;
+  const std::size_t length = std::strlen(field);
+  while (std::fgets(line, sizeof(line), status) != nullptr) {
+    if (std::strncmp(line, field, length) == 0 && line[length] == ':') {
+      std::sscanf(line + length + 1, "%lld", &kilobytes);
+      break;
+    }
+  }
+  std::fclose(status);
+  return kilobytes * 1024;
+}
+
 }  // namespace
+
+std::int64_t resident_bytes() {
+  return status_kilobytes("VmRSS");
+}
+
+std::int64_t peak_resident_bytes() {
+  return status_kilobytes("VmHWM");
+}
 
 AutoLayout choose_auto_layout(Config& config, World& world) {
   if (config.parallel.mode != ParallelMode::kAuto && config.auto_keys.empty()) return {};
@@ -185,7 +210,7 @@ AutoLayout choose_auto_layout(Config& config, World& world) {
   text << "\n  chosen: " << planner::format_candidate(chosen) << planner::format_table(result, 5);
   std::snprintf(figures, sizeof(figures), "  (measuring and planning took %.2f s)\n", seconds_since(start));
   text << figures;
-  return AutoLayout{text.str(), chosen.time.total * 1000.0};
+  return AutoLayout{text.str(), chosen.time.total * 1000.0, chosen.memory.device_total(), resident_bytes()};
 }
 
 }  // namespace parallax

@@ -32,7 +32,18 @@ struct AutoLayout {
   /// The chosen layout's predicted step time: every auto run's metrics carry it beside
   /// the measured one, and its end compares them. 0 when not in auto mode.
   double predicted_step_ms = 0.0;
+  /// The chosen layout's predicted memory per rank (its largest stage: model state,
+  /// activations, buffers), and this rank's resident bytes once planned: the run's end
+  /// compares the growth of its peak resident memory with the prediction. 0 when not in
+  /// auto mode.
+  std::int64_t predicted_bytes = 0;
+  std::int64_t resident_bytes = 0;
 };
+
+/// This process's resident memory now, and its peak so far (VmRSS, VmHWM of
+/// /proc/self/status), in bytes; 0 where unknown.
+std::int64_t resident_bytes();
+std::int64_t peak_resident_bytes();
 
 /// When `config` says parallel.mode = "auto", or has "auto" keys: sets its layout keys to the planner's
 /// choice (mode manual; the chosen keys' positions say so). Otherwise changes nothing

@@ -40,7 +40,9 @@ namespace parallax {
 struct Runtime::State {
   std::unique_ptr<World> world;
   Config config;
-  double predicted_step_ms = 0.0;  // parallel.mode = "auto"'s prediction
+  double predicted_step_ms = 0.0;  // parallel.mode = "auto"'s predictions
+  std::int64_t predicted_memory_bytes = 0;
+  std::int64_t resident_bytes_at_plan = 0;
   std::vector<std::string> args;
   Logger logger;
   std::unique_ptr<Tracer> tracer;
@@ -258,6 +260,8 @@ void Runtime::start(const InitOptions& options) {
   // parallel.mode = "auto": the planner sets the layout keys the config leaves open.
   const AutoLayout auto_layout = choose_auto_layout(s.config, *s.world);
   s.predicted_step_ms = auto_layout.predicted_step_ms;
+  s.predicted_memory_bytes = auto_layout.predicted_bytes;
+  s.resident_bytes_at_plan = auto_layout.resident_bytes;
   s.config.resolve(s.world->size());
   // The library's own randomness (and the application's default generator) starts from
   // train.seed on every rank.
@@ -360,6 +364,12 @@ const Cluster& Runtime::cluster() const {
 }
 double Runtime::predicted_step_ms() const {
   return state_->predicted_step_ms;
+}
+std::int64_t Runtime::predicted_memory_bytes() const {
+  return state_->predicted_memory_bytes;
+}
+std::int64_t Runtime::resident_bytes_at_plan() const {
+  return state_->resident_bytes_at_plan;
 }
 const Logger& Runtime::logger() const {
   return state_->logger;

@@ -159,6 +159,10 @@ class Runtime {
   /// parallel.mode = "auto": the planner's predicted step time of the chosen layout, in
   /// milliseconds (runtime/auto_layout.h); 0 when the config gave the layout.
   double predicted_step_ms() const;
+  /// parallel.mode = "auto": the planner's predicted memory per rank, and this rank's
+  /// resident bytes when the layout was chosen (auto_layout.h); 0 otherwise.
+  std::int64_t predicted_memory_bytes() const;
+  std::int64_t resident_bytes_at_plan() const;
   /// The resolved plan (proto/plan.proto): what the engines apply. They build
   /// themselves from it alone; the config it was made from is for the application.
   const proto::Plan& plan() const;

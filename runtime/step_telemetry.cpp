@@ -9,6 +9,7 @@
 #include "parallax/core/error.h"
 #include "parallax/core/mesh.h"
 #include "parallax/core/world.h"
+#include "parallax/runtime/auto_layout.h"
 #include "proto/plan.pb.h"
 
 namespace parallax {
@@ -158,6 +159,13 @@ StepMetrics StepTelemetry::end_window(
                   "first): the prediction is %+.0f%% off",
                   metrics.predicted_step_ms, measured, static_cast<long long>(timed_windows_),
                   100.0 * (metrics.predicted_step_ms - measured) / measured);
+    runtime_.logger().summary(line);
+    const double peak_mb = static_cast<double>(peak_resident_bytes() - runtime_.resident_bytes_at_plan()) / 1e6;
+    const double predicted_mb = static_cast<double>(runtime_.predicted_memory_bytes()) / 1e6;
+    std::snprintf(line, sizeof(line),
+                  "auto layout check: predicted %.1f MB per rank, measured %.1f MB (rank 0's peak resident memory "
+                  "less its resident memory when the layout was chosen): %+.0f%%",
+                  predicted_mb, peak_mb, peak_mb > 0 ? 100.0 * (predicted_mb - peak_mb) / peak_mb : 0.0);
     runtime_.logger().summary(line);
   }
   return metrics;
