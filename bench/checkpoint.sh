@@ -21,11 +21,7 @@ ensure_dependencies
 
 RANKS="${RANKS:-4}"
 RUN_TIMEOUT_S="${RUN_TIMEOUT_S:-600}"
-TRAIN="$BUILD_DIR/examples/train_gpt"
-if [[ ! -x "$TRAIN" ]]; then
-  [[ -d "$BUILD_DIR" ]] && { echo "error: $TRAIN not found; build it with: cmake --build $BUILD_DIR --target train_gpt" >&2; exit 1; }
-  configure_and_build -- --target train_gpt >&2
-fi
+TRAIN="$(train_gpt_binary)"
 LOGS="$(mktemp -d "${TMPDIR:-/tmp}/bench_checkpoint.XXXXXX")"
 ARGS=(--config configs/gpt_base.toml --set model.d_model=384 --set model.n_layer=6 --set model.vocab_size=4096
   --set zero.stage=1 --set train.steps=12 --set logging.every=0 --set checkpoint.every=4 --set checkpoint.keep=0 "$@")

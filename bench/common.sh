@@ -18,6 +18,18 @@ bench_binary() {
   echo "$binary"
 }
 
+# train_gpt_binary: the GPT example under $BUILD_DIR, configuring and building it first
+# when $BUILD_DIR does not exist; exits with the build command when the directory exists
+# without it.
+train_gpt_binary() {
+  local train="$BUILD_DIR/examples/train_gpt"
+  if [[ ! -x "$train" ]]; then
+    [[ -d "$BUILD_DIR" ]] && { echo "error: $train not found; build it with: cmake --build $BUILD_DIR --target train_gpt" >&2; exit 1; }
+    configure_and_build -- --target train_gpt >&2
+  fi
+  echo "$train"
+}
+
 # bench_run NAME COMMAND...: one `mpirun -np $RANKS` of COMMAND, limited to
 # $RUN_TIMEOUT_S seconds, its output in $LOGS/NAME.log; appends "NAME <its JSON line>"
 # to $RESULTS, or a row saying why there is none (the build refuses the

@@ -33,8 +33,7 @@ BENCH="$(bench_binary bench_pipeline)"
 timeout "$RUN_TIMEOUT_S" mpirun -np 2 --oversubscribe --bind-to none "$BENCH" "${1:-6}"
 
 WRITER="$(bench_binary bench_zero_step)"
-TRAIN="$BUILD_DIR/examples/train_gpt"
-[[ -x "$TRAIN" ]] || { echo "error: $TRAIN not found; build it with: cmake --build $BUILD_DIR --target train_gpt" >&2; exit 1; }
+TRAIN="$(train_gpt_binary)"
 LOGS="$(mktemp -d "${TMPDIR:-/tmp}/bench_pipeline.XXXXXX")"
 RESULTS="$LOGS/results"
 MEMORY="$LOGS/memory"

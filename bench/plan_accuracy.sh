@@ -30,11 +30,7 @@ ensure_dependencies
 RUN_STEPS="${RUN_STEPS:-8}"
 RUN_TIMEOUT_S="${RUN_TIMEOUT_S:-300}"
 PART="${PART:-both}"
-TRAIN="$BUILD_DIR/examples/train_gpt"
-if [[ ! -x "$TRAIN" ]]; then
-  [[ -d "$BUILD_DIR" ]] && { echo "error: $TRAIN not found; build it with: cmake --build $BUILD_DIR --target train_gpt" >&2; exit 1; }
-  configure_and_build -- --target train_gpt >&2
-fi
+TRAIN="$(train_gpt_binary)"
 LOGS="$(mktemp -d "${TMPDIR:-/tmp}/bench_plan_accuracy.XXXXXX")"
 MODEL=(--set model.d_model=256 --set model.vocab_size=1024 --set model.block_size=64)
 

@@ -57,16 +57,7 @@ struct Options {
 };
 
 std::int64_t whole(const std::string& flag, const std::string& value, std::int64_t low) {
-  std::size_t used = 0;
-  long long number = 0;
-  try {
-    number = std::stoll(value, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  PARALLAX_CHECK(!value.empty() && used == value.size() && number >= low && number <= (1LL << 40), UsageError, flag,
-                 " ", value, ": expected a whole number of at least ", low);
-  return number;
+  return planner::parse_whole_number(value, low, flag + " " + value);
 }
 
 double positive_real(const std::string& flag, const std::string& value) {

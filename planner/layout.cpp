@@ -25,21 +25,23 @@ Enum enum_named(const std::string& item, const std::string& value, std::initiali
 }
 
 std::int64_t positive_number(const std::string& item, const std::string& value) {
-  std::size_t used = 0;
-  long long number = 0;
-  try {
-    number = std::stoll(value, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  PARALLAX_CHECK(used == value.size() && !value.empty() && number >= 0 && number <= (1LL << 40), UsageError,
-                 "layout item '", item, "': expected a whole number");
-  PARALLAX_CHECK(number >= 1 || item.rfind("zero=", 0) == 0, UsageError, "layout item '", item,
-                 "': expected 1 or more");
-  return number;
+  return parse_whole_number(value, item.rfind("zero=", 0) == 0 ? 0 : 1, "layout item '" + item + "'");
 }
 
 }  // namespace
+
+std::int64_t parse_whole_number(const std::string& text, std::int64_t low, const std::string& what) {
+  std::size_t used = 0;
+  long long number = 0;
+  try {
+    number = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  PARALLAX_CHECK(!text.empty() && used == text.size() && number >= low && number <= (1LL << 40), UsageError, what,
+                 ": expected a whole number of at least ", low);
+  return number;
+}
 
 std::string Layout::describe() const {
   std::ostringstream out;

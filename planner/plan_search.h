@@ -65,6 +65,10 @@ struct Layout {
   Config apply_to(const Config& base, std::int64_t global_batch) const;
 };
 
+/// `text` as a whole number in [low, 2^40]; otherwise UsageError "<what>: expected a whole
+/// number of at least <low>" (the layout items and parallax plan's flags).
+std::int64_t parse_whole_number(const std::string& text, std::int64_t low, const std::string& what);
+
 /// Layout keys a user fixed; the planner chooses the rest.
 struct LayoutConstraints {
   std::optional<int> tp, pp, dp, zero_stage, virtual_stages;
