@@ -223,6 +223,16 @@ struct SectionDef {
   void (*check)(const Config& config, const KeyPositions& positions);
 };
 
+/// The sections' cross-key checks (config_checks.cpp), each SectionDef::check of its
+/// section. Throw ConfigError naming the keys, their positions and what is allowed.
+void optimizer_check(const Config& config, const KeyPositions& positions);
+void scheduler_check(const Config& config, const KeyPositions& positions);
+void precision_check(const Config& config, const KeyPositions& positions);
+void offload_check(const Config& config, const KeyPositions& positions);
+void tensor_parallel_check(const Config& config, const KeyPositions& positions);
+void pipeline_check(const Config& config, const KeyPositions& positions);
+void checkpoint_check(const Config& config, const KeyPositions& positions);
+
 /// The Parallax sections, in to_toml order.
 const std::vector<SectionDef>& sections();
 /// The section called `name`, or null.

@@ -74,7 +74,7 @@ build() {
       ;;
     config)
       link config "tests/fuzz/config_fuzzer.cpp core/config.cpp core/config_loader.cpp
-        core/config_fields.cpp core/config_sections.cpp core/config_engines.cpp core/config_reference.cpp
+        core/config_fields.cpp core/config_sections.cpp core/config_checks.cpp core/config_engines.cpp core/config_reference.cpp
         core/app_table.cpp core/error.cpp core/logging.cpp" -lpthread
       ;;
     topology | topology_xml)
