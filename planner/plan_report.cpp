@@ -1,5 +1,6 @@
 // The planner's answers as text: a table for people, JSON for programs.
 #include <cstdio>
+#include <optional>
 #include <sstream>
 
 #include "parallax/core/config_loader.h"
@@ -37,7 +38,8 @@ std::string json_string(const std::string& text) {
   return out + "\"";
 }
 
-std::string candidate_json(const Candidate& c) {
+// `rank`, when given: the candidate's place among the plans that run and fit.
+std::string candidate_json(const Candidate& c, std::optional<std::size_t> rank) {
   const Layout& l = c.layout;
   const MemoryEstimate& m = c.memory;
   const TimeEstimate& t = c.time;
@@ -60,7 +62,9 @@ std::string candidate_json(const Candidate& c) {
       << ", \"tensor_parallel_s\": " << t.tensor_parallel << ", \"bubble\": " << t.bubble
       << ", \"data_parallel_s\": " << t.data_parallel << ", \"optimizer_s\": " << t.optimizer
       << ", \"total_s\": " << t.total << ", \"mfu\": " << t.mfu << "}, \"refused\": " << json_string(c.refused)
-      << ", \"does_not_fit\": " << json_string(c.does_not_fit) << "}";
+      << ", \"does_not_fit\": " << json_string(c.does_not_fit);
+  if (rank) out << ", \"rank\": " << *rank;
+  out << "}";
   return out.str();
 }
 
@@ -111,7 +115,7 @@ std::string format_json(const PlanResult& result, std::size_t top) {
   out << "{\"scored\": " << result.scored << ", \"fit\": " << result.ranked.size() << ", \"seconds\": " << result.seconds
       << ", \"candidates\": [";
   for (std::size_t i = 0; i < result.ranked.size() && i < top; ++i) {
-    out << (i ? ", " : "") << candidate_json(result.ranked[i]);
+    out << (i ? ", " : "") << candidate_json(result.ranked[i], std::nullopt);
   }
   out << "], \"rejected\": [";
   for (std::size_t i = 0; i < result.rejected.size(); ++i) out << (i ? ", " : "") << json_string(result.rejected[i]);
@@ -120,9 +124,7 @@ std::string format_json(const PlanResult& result, std::size_t top) {
 }
 
 std::string format_candidate_json(const Candidate& candidate, std::size_t rank) {
-  std::string text = candidate_json(candidate);
-  text.pop_back();
-  return text + ", \"rank\": " + std::to_string(rank) + "}";
+  return candidate_json(candidate, rank);
 }
 
 }  // namespace parallax::planner
