@@ -9,6 +9,7 @@
 
 #include "parallax/core/config_loader.h"
 #include "parallax/core/error.h"
+#include "parallax/planner/layer_profile_file.h"
 #include "parallax/planner/plan_search.h"
 
 namespace parallax::cli {
@@ -25,8 +26,13 @@ constexpr const char* kUsage =
     "                          other sections (precision, optimizer, device, ...) are kept, and its\n"
     "                          train.global_batch_size is the batch unless --global-batch is given\n"
     "  --set KEY=VALUE         change a key of --config (as train programs take it)\n"
+    "  --profile FILE          layer times an auto run measured (a file of its auto.profile_cache):\n"
+    "                          plan from them, not from the peak rate; the model's sizes and dtype\n"
+    "                          come from the file unless --model or --config gives them (they must\n"
+    "                          match); the cluster is the measured machine's ranks unless --cluster\n"
+    "                          is given\n"
     "Cluster:\n"
-    "  --cluster NAME          %s (default dgx-h100)\n"
+    "  --cluster NAME          %s (default dgx-h100; cpu with --profile)\n"
     "  --nodes N               nodes of the preset (default 1)\n"
     "  --devices-per-node N, --device-memory-gb X, --peak-tflops X   override the preset's figures\n"
     "Batch and constraints:\n"
@@ -48,7 +54,7 @@ constexpr const char* kUsage =
     "  --emit-config FILE      write the best (or the evaluated) plan as a TOML for --config\n";
 
 struct Options {
-  std::string model, config_file, cluster = "dgx-h100", fix, evaluate, emit_config, prefer = "throughput";
+  std::string model, config_file, profile, cluster, fix, evaluate, emit_config, prefer = "throughput";
   std::vector<std::string> overrides;  // --set key=value, over --config
   int nodes = 1, devices_per_node = 0, top = 10;
   double device_memory_gb = 0, peak_tflops = 0, max_memory_gb = 0;
@@ -75,7 +81,7 @@ double positive_real(const std::string& flag, const std::string& value) {
 
 Options parse(const std::vector<std::string>& args) {
   Options o;
-  const std::map<std::string, std::string*> texts{{"--model", &o.model},         {"--config", &o.config_file},
+  const std::map<std::string, std::string*> texts{{"--model", &o.model},         {"--config", &o.config_file}, {"--profile", &o.profile},
                                                   {"--cluster", &o.cluster},     {"--fix", &o.fix},
                                                   {"--evaluate", &o.evaluate},   {"--emit-config", &o.emit_config},
                                                   {"--prefer", &o.prefer}};
@@ -120,8 +126,10 @@ Options parse(const std::vector<std::string>& args) {
     }
   }
   PARALLAX_CHECK(o.overrides.empty() || !o.config_file.empty(), UsageError, "--set changes a --config file's keys");
-  PARALLAX_CHECK(o.model.empty() != o.config_file.empty(), UsageError,
-                 "give the model by --model NAME or by --config FILE (one of them)");
+  PARALLAX_CHECK(o.model.empty() || o.config_file.empty(), UsageError,
+                 "give the model by --model NAME or by --config FILE, not both");
+  PARALLAX_CHECK(!o.model.empty() || !o.config_file.empty() || !o.profile.empty(), UsageError,
+                 "give the model by --model NAME, --config FILE or --profile FILE");
   PARALLAX_CHECK(o.prefer == "throughput" || o.prefer == "memory", UsageError, "--prefer ", o.prefer,
                  ": expected throughput or memory");
   PARALLAX_CHECK((o.min_nodes ? 1 : 0) + (o.largest_model ? 1 : 0) + (o.compare_zero ? 1 : 0) +
@@ -132,11 +140,40 @@ Options parse(const std::vector<std::string>& args) {
 }
 
 planner::ClusterSpec cluster_of(const Options& o, int nodes) {
-  planner::ClusterSpec cluster = planner::ClusterSpec::preset(o.cluster, nodes);
+  planner::ClusterSpec cluster =
+      planner::ClusterSpec::preset(o.cluster.empty() ? (o.profile.empty() ? "dgx-h100" : "cpu") : o.cluster, nodes);
   if (o.devices_per_node > 0) cluster.devices_per_node = o.devices_per_node;
   if (o.device_memory_gb > 0) cluster.device_memory_bytes = o.device_memory_gb * 1e9;
   if (o.peak_tflops > 0) cluster.peak_flops = o.peak_tflops * 1e12;
   return cluster;
+}
+
+// --profile: the file's times for the shapes it has; its model, dtype and machine
+// where the command line leaves them open, and a clear error where it contradicts them.
+void use_profile(const Options& o, planner::PlanQuery& query) {
+  const planner::MeasuredProfile profile = planner::read_profile(o.profile);
+  if (o.model.empty() && o.config_file.empty()) {
+    query.model = profile.model;
+    for (Dtype dtype : {Dtype::kFp32, Dtype::kBf16, Dtype::kFp16}) {
+      if (profile.dtype == to_string(dtype)) query.base.precision.dtype = dtype;
+    }
+    query.tp_needs_plan = true;
+  } else {
+    PARALLAX_CHECK(query.model.describe() == profile.model.describe() &&
+                       query.model.ffn_width() == profile.model.ffn_width() &&
+                       query.model.tied_embeddings == profile.model.tied_embeddings,
+                   UsageError, "--profile ", o.profile, " was measured for ", profile.model.describe(), ", not for ",
+                   query.model.describe());
+    PARALLAX_CHECK(profile.dtype == to_string(query.base.precision.dtype), UsageError, "--profile ", o.profile,
+                   " was measured in ", profile.dtype, ", the plan is for ", to_string(query.base.precision.dtype));
+  }
+  if (o.cluster.empty()) {
+    query.cluster.name = "the machine of " + o.profile;
+    query.cluster.devices_per_node = o.devices_per_node > 0 ? o.devices_per_node : profile.local_size;
+    query.cluster.nodes = o.nodes > 1 ? o.nodes : std::max(1, profile.world_size / std::max(1, profile.local_size));
+  }
+  query.block_times = profile.block;
+  query.head_times = profile.head;
 }
 
 planner::PlanQuery query_of(const Options& o) {
@@ -149,12 +186,13 @@ planner::PlanQuery query_of(const Options& o) {
     query.model = planner::TransformerShape::from_table(query.base.app_table("model"));
     query.global_batch = query.base.train.global_batch_size;
     query.tp_needs_plan = true;
-  } else {
+  } else if (!o.model.empty()) {
     query.model = planner::TransformerShape::preset(o.model);
     query.base.precision.dtype = Dtype::kBf16;
   }
   query.cluster = cluster_of(o, o.nodes);
   if (query.cluster.name != "cpu") query.base.train.device = TrainDevice::kCuda;
+  if (!o.profile.empty()) use_profile(o, query);
   if (o.global_batch > 0) query.global_batch = o.global_batch;
   PARALLAX_CHECK(query.global_batch >= 1, UsageError,
                  "the global batch is not known: give --global-batch N (or train.global_batch_size in --config)");

@@ -365,6 +365,9 @@ struct AutoOptions {
   double max_memory_gb = 0.0;
   /// throughput (the fastest plan that fits) | memory (the smallest). Default: throughput.
   AutoPreference prefer = AutoPreference::kThroughput;
+  /// Directory of the measured layer-time files (planner/layer_profile_file.h); "" =
+  /// $XDG_CACHE_HOME/parallax or ~/.cache/parallax; "none" = keep none. Default: "".
+  std::string profile_cache;
 };
 
 struct CheckpointOptions {

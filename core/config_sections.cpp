@@ -9,6 +9,7 @@
 #include "parallax/core/config_loader.h"
 #include "parallax/core/config_toml.h"
 #include "parallax/core/error.h"
+#include "parallax/core/fnv1a.h"
 
 namespace parallax {
 namespace detail {
@@ -266,6 +267,10 @@ void auto_fields(FieldVisitor& v, Config& c) {
            "host's memory.");
   v.choice("prefer", c.automatic.prefer, kPreferenceNames,
            "throughput: the fastest plan that fits; memory: the plan that needs least memory.");
+  v.text("profile_cache", c.automatic.profile_cache,
+         "Directory where rank 0 keeps the layer times it measures, one file per model, dtype, machine, rank count "
+         "and build, so the next run with the same ones skips the timing; \"\": $XDG_CACHE_HOME/parallax (or "
+         "~/.cache/parallax); \"none\": measure every run, keep nothing.");
 }
 
 void checkpoint_fields(FieldVisitor& v, Config& c) {
@@ -419,12 +424,7 @@ std::string to_toml(const Config& config) {
 }
 
 std::uint64_t config_hash(const Config& config) {
-  std::uint64_t hash = 14695981039346656037ull;  // FNV-1a 64-bit offset basis
-  for (unsigned char byte : to_toml(config)) {
-    hash ^= byte;
-    hash *= 1099511628211ull;  // FNV-1a 64-bit prime
-  }
-  return hash;
+  return fnv1a_64(to_toml(config));
 }
 
 }  // namespace parallax

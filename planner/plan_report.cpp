@@ -1,4 +1,5 @@
 // The planner's answers as text: a table for people, JSON for programs.
+#include <algorithm>
 #include <cstdio>
 #include <optional>
 #include <sstream>
@@ -92,12 +93,18 @@ std::string format_table(const PlanResult& result, std::size_t top) {
   std::ostringstream out;
   out << result.ranked.size() << " of " << result.scored << " layouts run and fit (searched in "
       << fixed(result.seconds, 3) << " s); the best " << std::min(top, result.ranked.size()) << ":\n";
-  out << "  #  layout                                                                   memory GiB"
-         "  (state + activations)  step s  bubble   MFU\n";
-  for (std::size_t i = 0; i < result.ranked.size() && i < top; ++i) {
+  const std::size_t shown = std::min(top, result.ranked.size());
+  int width = 6;  // "layout"
+  for (std::size_t i = 0; i < shown; ++i) {
+    width = std::max(width, static_cast<int>(result.ranked[i].layout.describe().size()));
+  }
+  char line[480];
+  std::snprintf(line, sizeof(line), "  #  %-*s  memory GiB  (state + activations)  step s  bubble   MFU\n", width,
+                "layout");
+  out << line;
+  for (std::size_t i = 0; i < shown; ++i) {
     const Candidate& c = result.ranked[i];
-    char line[320];
-    std::snprintf(line, sizeof(line), "%3zu  %-72s %10s  (%6s + %6s)      %7.3f  %5.1f%%  %4.1f%%\n", i + 1,
+    std::snprintf(line, sizeof(line), "%3zu  %-*s %11s  (%6s + %6s)      %7.3f  %5.1f%%  %4.1f%%\n", i + 1, width,
                   c.layout.describe().c_str(), gib(c.memory.device_total()).c_str(),
                   gib(c.memory.state.params + c.memory.state.grads + c.memory.state.optimizer).c_str(),
                   gib(c.memory.activations).c_str(), c.time.total, 100 * c.time.bubble, 100 * c.time.mfu);

@@ -1,6 +1,5 @@
 #include "parallax/runtime/auto_layout.h"
 
-#include <ATen/ATen.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,64 +22,35 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// The best of three timings of `action`, in seconds.
-template <typename Action>
-double best_of_three(Action&& action) {
-  double best = 1e30;
-  for (int i = 0; i < 3; ++i) {
-    const auto start = Clock::now();
-    action();
-    best = std::min(best, seconds_since(start));
-  }
-  return best;
+// Nodes of this run: emulated ones, or the hosts the world spans.
+int node_count(const Config& config, const World& world) {
+  return config.topology.emulate_nodes > 0 ? static_cast<int>(config.topology.emulate_nodes)
+                                           : std::max(1, world.size() / std::max(1, world.local_size()));
 }
 
-// This machine as the planner sees it: rank 0's measurements, shared with every rank.
-planner::ClusterSpec measure_this_cluster(const Config& config, World& world) {
-  Communicator& comm = world.communicator();
-  // Every rank computes at once, as in training, so the rate is what a rank gets when
-  // its neighbours compute too.
-  const std::int64_t n = 384;
-  const at::Tensor a = at::rand({n, n});
-  const at::Tensor b = at::rand({n, n});
-  comm.barrier()->wait();
-  const double matmul = best_of_three([&] { (void)at::mm(a, b).sum().item<float>(); });
-  // Memory bandwidth (the optimizer step's bound): a += b over 32 MiB each, 12 bytes moved
-  // per element, every rank at once.
-  const at::Tensor big_a = at::ones({8 * 1024 * 1024});
-  const at::Tensor big_b = at::ones({8 * 1024 * 1024});
-  const double add = best_of_three([&] { big_a.add_(big_b); });
-  double bandwidth = 0;
-  double latency = 0;
-  if (world.size() > 1) {
-    const int ranks = world.size();
-    at::Tensor big = at::ones({256 * 1024});  // 1 MiB
-    at::Tensor small = at::ones({2});
-    const double big_s = best_of_three([&] { comm.all_reduce(big)->wait(); });
-    const double small_s = best_of_three([&] { comm.all_reduce(small)->wait(); });
-    latency = small_s / (2.0 * (ranks - 1));
-    bandwidth = 2.0 * (ranks - 1) / ranks * static_cast<double>(big.nbytes()) / std::max(1e-9, big_s - small_s);
-  }
-  at::Tensor figures = at::tensor(
-      {2.0 * n * n * n / matmul, bandwidth, latency, 12.0 * static_cast<double>(big_a.numel()) / add}, at::kDouble);
-  comm.broadcast(figures, 0)->wait();
-  const double* f = figures.data_ptr<double>();
-
+// This machine as the planner sees it: the profile's figures (rank 0's, shared), its
+// peak the best rate a profiled block reached.
+planner::ClusterSpec this_cluster(const Config& config, const World& world, const LayerProfile& profile,
+                                  const planner::TransformerShape& model) {
+  const planner::MeasuredProfile& m = profile.measured;
   planner::ClusterSpec cluster = planner::ClusterSpec::preset("cpu", 1);
   cluster.name = "this machine";
-  cluster.nodes = config.topology.emulate_nodes > 0 ? static_cast<int>(config.topology.emulate_nodes)
-                                                    : std::max(1, world.size() / std::max(1, world.local_size()));
+  cluster.nodes = node_count(config, world);
   cluster.devices_per_node = std::max(1, world.size() / cluster.nodes);
   const double host_memory = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
   cluster.device_memory_bytes = host_memory / std::max(1, world.local_size());
-  cluster.peak_flops = f[0];
+  double peak = 0;
+  for (const auto& [shape, times] : m.block) {
+    peak = std::max(peak, 3.0 * model.block_forward_flops(shape.first, shape.second) / (times.forward + times.backward));
+  }
+  if (peak > 0) cluster.peak_flops = peak;
   cluster.achievable_fraction = 1.0;  // measured, not a datasheet's
-  cluster.memory_bandwidth = f[3];
-  cluster.host_bandwidth = f[3];
-  cluster.host_adam_elements_per_second = f[3] / 32.0;  // parameter, gradient, two moments read and written
+  cluster.memory_bandwidth = m.memory_bandwidth;
+  cluster.host_bandwidth = m.memory_bandwidth;
+  cluster.host_adam_elements_per_second = m.memory_bandwidth / 32.0;  // parameter, gradient, two moments read and written
   if (world.size() > 1) {
-    cluster.intra_bandwidth = cluster.inter_bandwidth = f[1];
-    cluster.intra_latency = cluster.inter_latency = f[2];
+    cluster.intra_bandwidth = cluster.inter_bandwidth = m.link_bandwidth;
+    cluster.intra_latency = cluster.inter_latency = m.link_latency;
   }
   return cluster;
 }
@@ -155,7 +125,6 @@ AutoLayout choose_auto_layout(Config& config, World& world) {
   const auto start = Clock::now();
   planner::PlanQuery query;
   query.model = planner::TransformerShape::from_table(config.app_table("model"));
-  query.cluster = measure_this_cluster(config, world);
   query.global_batch = config.train.global_batch_size;
   query.base = config;
   query.base.parallel.mode = ParallelMode::kManual;
@@ -172,13 +141,14 @@ AutoLayout choose_auto_layout(Config& config, World& world) {
     }
   }
   std::vector<int> tps;
-  for (int tp = 1; tp <= query.cluster.devices_per_node; tp *= 2) {
+  for (int tp = 1; tp <= std::max(1, world.size() / node_count(config, world)); tp *= 2) {
     if (!fixed.tp || *fixed.tp == tp) tps.push_back(tp);
   }
-  const LayerProfile profile =
-      profile_layers(query.model, config.precision.dtype, micro_batches, tps, world.communicator());
-  query.block_times = profile.block;
-  query.head_times = profile.head;
+  const LayerProfile profile = profile_layers(query.model, config.precision.dtype, micro_batches, tps,
+                                              config.automatic.profile_cache, world);
+  query.cluster = this_cluster(config, world, profile, query.model);
+  query.block_times = profile.measured.block;
+  query.head_times = profile.measured.head;
   planner::PlanResult result;
   try {
     result = planner::search(query, fixed);
@@ -194,18 +164,21 @@ AutoLayout choose_auto_layout(Config& config, World& world) {
   config = std::move(planned);
 
   std::ostringstream text;
-  char figures[240];
+  char figures[320];
   std::snprintf(figures, sizeof(figures),
-                "%d node(s) x %d rank(s); each rank %.1f GFLOP/s (a %d^3 matmul), %.2f GB of memory; links %.2f GB/s, "
-                "%.1f us (all-reduces of 1 MiB and 16 bytes)",
-                query.cluster.nodes, query.cluster.devices_per_node, query.cluster.peak_flops / 1e9, 384,
-                query.cluster.device_memory_bytes / 1e9, query.cluster.intra_bandwidth / 1e9,
-                query.cluster.intra_latency * 1e6);
+                "%d node(s) x %d rank(s); each rank %.1f GFLOP/s (the best block), %.2f GB of memory, memory "
+                "%.1f GB/s; links %.2f GB/s, %.1f us (all-reduces of 1 MiB and 16 bytes)",
+                query.cluster.nodes, query.cluster.devices_per_node, query.cluster.peak_flops / 1e9,
+                query.cluster.device_memory_bytes / 1e9, query.cluster.memory_bandwidth / 1e9,
+                query.cluster.intra_bandwidth / 1e9, query.cluster.intra_latency * 1e6);
   text << "# auto layout (" << mode << "): " << query.model.describe() << ", global batch " << query.global_batch
        << "\n  measured: " << figures;
-  std::snprintf(figures, sizeof(figures), "; memory %.1f GB/s; a block's forward + backward timed at %zu shape(s)",
-                query.cluster.memory_bandwidth / 1e9, profile.block.size());
-  text << figures;
+  std::snprintf(figures, sizeof(figures),
+                "; a block's and the head's forward + backward at %zu shape(s): %zu timed, %zu read from ",
+                profile.timed + profile.from_file, profile.timed, profile.from_file);
+  text << figures << (profile.file.empty() ? std::string("no file (auto.profile_cache = \"none\")") : profile.file);
+  if (profile.machine_from_file) text << " (with the memory and link figures)";
+  if (!profile.cache_problem.empty()) text << "\n  layer-time file not used: " << profile.cache_problem;
   if (!fixed.describe().empty()) text << "\n  kept from the config: " << fixed.describe();
   text << "\n  chosen: " << planner::format_candidate(chosen) << planner::format_table(result, 5);
   std::snprintf(figures, sizeof(figures), "  (measuring and planning took %.2f s)\n", seconds_since(start));

@@ -2,11 +2,21 @@
 
 #include <ATen/ATen.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <thread>
 
 #include "parallax/core/communicator.h"
+#include "parallax/core/config_loader.h"
+#include "parallax/core/error.h"
+#include "parallax/core/world.h"
+#include "parallax/runtime/program_flags.h"
 
 namespace parallax {
 namespace {
@@ -95,13 +105,80 @@ planner::LayerTimes time_head(const planner::TransformerShape& m, std::int64_t m
   });
 }
 
+// host name, CPU model, logical CPUs and this rank's threads: what the times depend on
+// besides the model, the dtype and the rank count.
+std::string this_machine() {
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  std::string cpu = "unknown CPU";
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  for (std::string line; std::getline(cpuinfo, line);) {
+    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) {
+      cpu = line.substr(line.find(':') + 2);
+      break;
+    }
+  }
+  return std::string(host) + ", " + cpu + ", " + std::to_string(std::thread::hardware_concurrency()) +
+         " logical CPUs, " + std::to_string(at::get_num_threads()) + " threads per rank";
+}
+
+// The best of three timings of `action`, in seconds.
+template <typename Action>
+double best_of_three(Action&& action) {
+  double best = 1e30;
+  for (int i = 0; i < 3; ++i) {
+    const auto start = Clock::now();
+    action();
+    best = std::min(best, seconds_since(start));
+  }
+  return best;
+}
+
+// Memory bandwidth (the optimizer step's bound: a += b over 32 MiB each, 12 bytes moved
+// per element) and the world's all-reduce (α–β from 1 MiB and 16 bytes), every rank at
+// once as in training; rank 0's figures for everyone.
+void measure_machine(planner::MeasuredProfile& measured, Communicator& comm) {
+  const at::Tensor a = at::ones({8 * 1024 * 1024});
+  const at::Tensor b = at::ones({8 * 1024 * 1024});
+  comm.barrier()->wait();
+  const double add = best_of_three([&] { a.add_(b); });
+  double bandwidth = 0;
+  double latency = 0;
+  if (comm.size() > 1) {
+    const int ranks = comm.size();
+    at::Tensor big = at::ones({256 * 1024});
+    at::Tensor small = at::ones({4});
+    const double big_s = best_of_three([&] { comm.all_reduce(big)->wait(); });
+    const double small_s = best_of_three([&] { comm.all_reduce(small)->wait(); });
+    latency = small_s / (2.0 * (ranks - 1));
+    bandwidth = 2.0 * (ranks - 1) / ranks * static_cast<double>(big.nbytes()) / std::max(1e-9, big_s - small_s);
+  }
+  at::Tensor figures = at::tensor({12.0 * static_cast<double>(a.numel()) / add, bandwidth, latency}, at::kDouble);
+  comm.broadcast(figures, 0)->wait();
+  const double* f = figures.data_ptr<double>();
+  measured.memory_bandwidth = f[0];
+  measured.link_bandwidth = f[1];
+  measured.link_latency = f[2];
+}
+
+std::string cache_directory_of(const std::string& configured) {
+  if (configured == "none") return "";
+  if (!configured.empty()) return configured;
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  if (xdg != nullptr && *xdg != '\0') return std::string(xdg) + "/parallax";
+  const char* home = std::getenv("HOME");
+  return home != nullptr && *home != '\0' ? std::string(home) + "/.cache/parallax" : "";
+}
+
 }  // namespace
 
 LayerProfile profile_layers(const planner::TransformerShape& model,
                             Dtype dtype,
                             const std::vector<std::int64_t>& micro_batches,
                             const std::vector<int>& tps,
-                            Communicator& comm) {
+                            const std::string& cache_directory,
+                            World& world) {
+  Communicator& comm = world.communicator();
   const at::ScalarType type = scalar_type_of(dtype);
   std::vector<std::pair<std::int64_t, int>> shapes;
   for (int tp : tps) {
@@ -109,30 +186,101 @@ LayerProfile profile_layers(const planner::TransformerShape& model,
     if (model.heads % tp != 0 || kv_heads % tp != 0 || model.ffn_width() % tp != 0 || model.vocab % tp != 0) continue;
     for (std::int64_t micro_batch : micro_batches) shapes.emplace_back(micro_batch, tp);
   }
-  // Every rank times the same shapes at once; rank 0's figures are everyone's.
-  at::Tensor times = at::zeros({static_cast<std::int64_t>(shapes.size()), 4}, at::kDouble);
+  const auto n = static_cast<std::int64_t>(shapes.size());
+  LayerProfile result;
+  planner::MeasuredProfile& measured = result.measured;
+  measured.model = model;
+  measured.dtype = to_string(dtype);
+  measured.machine = this_machine();
+  measured.world_size = comm.size();
+  measured.local_size = world.local_size();
+  measured.build = library_versions();
+
+  // Rank 0 reads what the file has for these conditions: column 0 says found, 1..4 the
+  // block's and the head's forward and backward seconds; the machine's figures apart.
+  const std::string directory = cache_directory_of(cache_directory);
+  if (!directory.empty()) result.file = directory + "/" + measured.file_name();
+  planner::MeasuredProfile cached = measured;
+  at::Tensor known = at::zeros({n, 5}, at::kDouble);
+  at::Tensor machine = at::zeros({3}, at::kDouble);
+  if (comm.rank() == 0 && !result.file.empty() && std::filesystem::exists(result.file)) {
+    try {
+      planner::MeasuredProfile file = planner::read_profile(result.file);
+      if (file.same_conditions(measured)) {
+        cached = std::move(file);
+      } else {
+        result.cache_problem = result.file + " was measured under other conditions (" + file.machine + ", " +
+                               std::to_string(file.world_size) + " ranks, " + file.build + ")";
+      }
+    } catch (const ConfigError& e) {
+      result.cache_problem = e.detail();
+    }
+    if (cached.memory_bandwidth > 0) {
+      machine = at::tensor({cached.memory_bandwidth, cached.link_bandwidth, cached.link_latency}, at::kDouble);
+    }
+    for (std::int64_t i = 0; i < n; ++i) {
+      const auto block = cached.block.find(shapes[i]);
+      const auto head = cached.head.find(shapes[i]);
+      if (block == cached.block.end() || head == cached.head.end()) continue;
+      double* row = known[i].data_ptr<double>();
+      row[0] = 1;
+      row[1] = block->second.forward;
+      row[2] = block->second.backward;
+      row[3] = head->second.forward;
+      row[4] = head->second.backward;
+    }
+  }
+  comm.broadcast(known, 0)->wait();
+  comm.broadcast(machine, 0)->wait();
+  result.machine_from_file = machine[0].item<double>() > 0;
+  if (result.machine_from_file) {
+    measured.memory_bandwidth = machine[0].item<double>();
+    measured.link_bandwidth = machine[1].item<double>();
+    measured.link_latency = machine[2].item<double>();
+  } else {
+    measure_machine(measured, comm);
+  }
+
+  // Every rank times the shapes the file lacks, all at once.
+  at::Tensor times = at::zeros({n, 4}, at::kDouble);
   comm.barrier()->wait();
-  for (std::size_t i = 0; i < shapes.size(); ++i) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (known[i][0].item<double>() != 0) continue;
     const planner::LayerTimes block = time_block(model, shapes[i].first, shapes[i].second, type);
     const planner::LayerTimes head = time_head(model, shapes[i].first, shapes[i].second, type);
-    double* row = times[static_cast<std::int64_t>(i)].data_ptr<double>();
+    double* row = times[i].data_ptr<double>();
     row[0] = block.forward;
     row[1] = block.backward;
     row[2] = head.forward;
     row[3] = head.backward;
+    ++result.timed;
   }
   // The mean over ranks (each saw its own neighbours), then rank 0's copy of it for
   // everyone, so every rank plans from bit-identical figures.
   comm.all_reduce(times)->wait();
   times.div_(comm.size());
   comm.broadcast(times, 0)->wait();
-  LayerProfile profile;
-  for (std::size_t i = 0; i < shapes.size(); ++i) {
-    const double* row = times[static_cast<std::int64_t>(i)].data_ptr<double>();
-    profile.block[shapes[i]] = {row[0], row[1]};
-    profile.head[shapes[i]] = {row[2], row[3]};
+  for (std::int64_t i = 0; i < n; ++i) {
+    const bool from_file = known[i][0].item<double>() != 0;
+    const double* row = from_file ? known[i].data_ptr<double>() + 1 : times[i].data_ptr<double>();
+    measured.block[shapes[i]] = {row[0], row[1]};
+    measured.head[shapes[i]] = {row[2], row[3]};
+    if (from_file) ++result.from_file;
   }
-  return profile;
+  // Rank 0 keeps the file's other shapes too, and writes when it timed something new.
+  if (comm.rank() == 0 && !result.file.empty() && (result.timed > 0 || !result.machine_from_file)) {
+    cached.memory_bandwidth = measured.memory_bandwidth;
+    cached.link_bandwidth = measured.link_bandwidth;
+    cached.link_latency = measured.link_latency;
+    for (const auto& [shape, times_of_shape] : measured.block) cached.block[shape] = times_of_shape;
+    for (const auto& [shape, times_of_shape] : measured.head) cached.head[shape] = times_of_shape;
+    try {
+      planner::write_profile(result.file, cached);
+    } catch (const ConfigError& e) {
+      result.cache_problem = e.detail();
+    }
+  }
+  return result;
 }
 
 }  // namespace parallax

@@ -208,10 +208,13 @@ void check_flags(const CommandLine& command_line, const ProgramHelp& help) {
   }
 }
 
+std::string library_versions() {
+  return std::string("Parallax ") + PARALLAX_VERSION + ", LibTorch " + TORCH_VERSION;
+}
+
 std::string program_identity() {
   const std::string id = main_program_build_id();
-  return (id.empty() ? std::string("no build id") : "build id " + id) + ", Parallax " + PARALLAX_VERSION +
-         ", LibTorch " + TORCH_VERSION;
+  return (id.empty() ? std::string("no build id") : "build id " + id) + ", " + library_versions();
 }
 
 std::string executable_path() {

@@ -60,6 +60,8 @@ void check_flags(const CommandLine& command_line, const ProgramHelp& help);
 /// "build id 3d14afcd..., Parallax 0.1.0, LibTorch 2.11.0". Without a build id (a linker
 /// told --build-id=none) it says so, and only the versions are compared. Never throws.
 std::string program_identity();
+/// "Parallax 0.1.0, LibTorch 2.11.0": the libraries this program was built with.
+std::string library_versions();
 
 /// This process's executable (/proc/self/exe), e.g. "/opt/train/train_gpt"; "" if unknown.
 std::string executable_path();

@@ -34,6 +34,11 @@ expect "plan: bad layout item" 2 "layout item 'zero=5': the ZeRO stage is 0, 1, 
 expect "plan: a refused layout is scored and exits 1" 1 "refused by this build: pipeline stages on GPUs" \
   "$parallax" plan --model gpt3-175b --cluster dgx-a100-80gb --nodes 192 --global-batch 1536 \
   --evaluate "tp=8,pp=16,dp=12,recompute=full"
+echo "not a profile" >"$work/bad.pb"
+expect "plan: a file that is no layer profile is named" 1 "ConfigError: $work/bad.pb: not a layer profile" \
+  "$parallax" plan --profile "$work/bad.pb" --global-batch 8
+expect "plan: a missing layer profile is named" 1 "ConfigError: $work/none.pb: cannot read the layer profile" \
+  "$parallax" plan --profile "$work/none.pb" --global-batch 8
 expect "checkpoint runs parallax_checkpoint" 0 "export" "$parallax" checkpoint --help
 
 if "$parallax" matrix >"$work/matrix" && "$matrix" >"$work/matrix-tool" && cmp -s "$work/matrix" "$work/matrix-tool"; then

@@ -8,13 +8,18 @@
 #  3. a constraint no layout meets fails on every rank, naming it, and never hangs;
 #  4. a checkpoint saved by an auto run on 4 ranks resumes in auto mode on 2 ranks (the
 #     planner picks a layout for the new world, the checkpoint reshards on load) and
-#     steps 6-10 match the saving run's within reshard_test's bound (1.5e-6 relative).
+#     steps 6-10 match the saving run's within reshard_test's bound (1.5e-6 relative);
+#  5. the layer times are kept in auto.profile_cache: a second run with the model of (1)
+#     times nothing, reads every shape from the file and chooses the same layout; a
+#     corrupt file is named, costs only the timing and is written anew;
+#  6. `parallax plan --profile FILE` plans from that file (its model and machine).
 # Mutants caught: a fixed key overwritten by the planner (2), ranks planning apart
 # (rank 0's figures not shared: layouts differ and the run refuses mismatched configs
-# or hangs), an unmet constraint planned anyway (3).
-# Usage: auto_layout_test.sh <mpiexec> <train_gpt> <configs-dir>
+# or hangs), an unmet constraint planned anyway (3), a cache written but never read (5: shapes
+# timed again), a cache read under other conditions (5: another dtype reads nothing).
+# Usage: auto_layout_test.sh <mpiexec> <train_gpt> <configs-dir> <parallax>
 set -u
-mpiexec=$1 train=$2 configs=$3
+mpiexec=$1 train=$2 configs=$3 parallax=$4
 launch=("$mpiexec" --oversubscribe --bind-to none)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -24,8 +29,11 @@ fail() { echo "FAIL $1"; failures=$((failures + 1)); }
 # run NAME RANKS ARGS...: train_gpt on configs/auto.toml, output in $work/NAME.log.
 run() {
   local name=$1 ranks=$2; shift 2
-  timeout 300 "${launch[@]}" -np "$ranks" "$train" --config "$configs/auto.toml" "$@" >"$work/$name.log" 2>&1
+  timeout 300 "${launch[@]}" -np "$ranks" "$train" --config "$configs/auto.toml" \
+    --set "auto.profile_cache=\"$work/profiles\"" "$@" >"$work/$name.log" 2>&1
 }
+# shapes LOG: "TIMED READ" from the "measured:" line.
+shapes() { sed -n 's/.* shape(s): \([0-9]*\) timed, \([0-9]*\) read from .*/\1 \2/p' "$1"; }
 
 # 1. Plans, explains, trains.
 if run auto 4 --set train.steps=20; then
@@ -61,7 +69,7 @@ fi
 # 2b. Manual mode with one key "auto": the planner chooses it alone, every other layout
 #     key kept as configs/dp.toml gives it (tp 1, pp 1, grad_accum 1, ...).
 if timeout 300 "${launch[@]}" -np 4 "$train" --config "$configs/dp.toml" --set 'zero.stage="auto"' \
-     --set train.steps=2 >"$work/one_key.log" 2>&1 &&
+     --set train.steps=2 --set "auto.profile_cache=\"$work/profiles\"" >"$work/one_key.log" 2>&1 &&
    grep -qE '^# auto layout \(zero.stage = "auto" at --set' "$work/one_key.log" &&
    grep -qE "kept from the config: tp=1,pp=1,.*ga=1" "$work/one_key.log" &&
    grep -qE "^  chosen: tp=1,pp=1,dp=4,zero=[0-3],.*,mbs=8,ga=1$" "$work/one_key.log"; then
@@ -110,6 +118,50 @@ if run save4 4 --set train.steps=10 --set logging.every=0 --set "logging.metrics
   fi
 else
   fail "auto resume: a run failed"; tail -20 "$work/save4.log" "$work/resume2.log"
+fi
+
+# 5. The layer-time cache.
+first_choice=$(sed -n 's/^  chosen: //p' "$work/auto.log")
+read -r timed read_back < <(shapes "$work/auto.log")
+profile=$(sed -n 's/^  measured: .* read from \([^ ]*\.pb\)$/\1/p' "$work/auto.log")
+[ -f "$profile" ] || profile=
+if [ "${timed:-0}" -gt 0 ] && [ "${read_back:-1}" -eq 0 ] && [ -n "$profile" ] && run again 4 --set train.steps=2; then
+  read -r timed2 read2 < <(shapes "$work/again.log")
+  again_choice=$(sed -n 's/^  chosen: //p' "$work/again.log")
+  if [ "${timed2:-1}" -eq 0 ] && [ "${read2:-0}" -eq "$timed" ] && [ "$again_choice" = "$first_choice" ]; then
+    echo "ok   second run: $read2 shapes read from $(basename "$profile"), none timed, same choice"
+  else
+    fail "profile cache: second run timed ${timed2:-?}, read ${read2:-?} of $timed; chose '$again_choice', first '$first_choice'"
+  fi
+else
+  fail "profile cache: the first run timed ${timed:-?}, read ${read_back:-?}, file '${profile}'"
+fi
+if run bf16 4 --set train.steps=1 --set 'precision.dtype="bf16"' &&
+   [ "$(shapes "$work/bf16.log" | cut -d' ' -f2)" = 0 ]; then
+  echo "ok   another dtype reads nothing from the fp32 file"
+else
+  fail "profile cache: a bf16 run read the fp32 times"; shapes "$work/bf16.log"
+fi
+if [ -n "$profile" ]; then
+  echo "not a profile" >"$profile"
+  if run corrupt 4 --set train.steps=1 &&
+     grep -qF "layer-time file not used: $profile: not a layer profile" "$work/corrupt.log" &&
+     [ "$(shapes "$work/corrupt.log" | cut -d' ' -f2)" = 0 ] && run mended 4 --set train.steps=1 &&
+     [ "$(shapes "$work/mended.log" | cut -d' ' -f1)" = 0 ]; then
+    echo "ok   a corrupt file is named, re-timed and written anew"
+  else
+    fail "profile cache: corrupt file"; grep -E "measured|not used|Error" "$work/corrupt.log" "$work/mended.log" | head -5; ls -la "$work/profiles"
+  fi
+  # 6. parallax plan from the file: its model, dtype and machine (4 ranks of 1 node).
+  if "$parallax" plan --profile "$profile" --global-batch 32 --top 3 >"$work/plan.txt" 2>&1 &&
+     grep -qF "4 layers, hidden 64, 4 heads, vocabulary 64, sequence 32" "$work/plan.txt" &&
+     grep -qF "on 1 x the machine of $profile (4 devices" "$work/plan.txt" &&
+     ! "$parallax" plan --profile "$profile" --model gpt3-175b --global-batch 32 >"$work/plan_bad.txt" 2>&1 &&
+     grep -qF "was measured for 4 layers" "$work/plan_bad.txt"; then
+    echo "ok   parallax plan --profile plans from the measured times"
+  else
+    fail "parallax plan --profile"; cat "$work/plan.txt" "$work/plan_bad.txt" | head -5
+  fi
 fi
 
 if [ "$failures" -ne 0 ]; then echo "$failures auto-layout case(s) failed"; exit 1; fi
