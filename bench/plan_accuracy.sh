@@ -10,7 +10,9 @@
 #    predicted_step_ms) against the measured median of the steps after the first two,
 #    and predicted memory per rank (the largest stage's) against rank 0's peak resident
 #    memory less its resident memory when the layout was chosen; the median absolute
-#    percentage error of each over all of them.
+#    percentage error of each over all of them. The ranks run on tcmalloc (LD_PRELOAD):
+#    glibc's malloc keeps freed large buffers resident once its mmap threshold rises, so
+#    its peak resident memory measures the allocator, not the tensors (docs/planner.md).
 # 2. Regret: on three clusters (4 ranks on one node, 4 ranks on two emulated nodes, 8
 #    ranks on two emulated nodes) and two model sizes (2 and 6 layers), every layout of
 #    tp x pp x ZeRO (0, 1) at the micro-batch auto chooses is run, and auto's own choice;
@@ -32,6 +34,8 @@ RUN_TIMEOUT_S="${RUN_TIMEOUT_S:-300}"
 PART="${PART:-both}"
 TRAIN="$(train_gpt_binary)"
 LOGS="$(mktemp -d "${TMPDIR:-/tmp}/bench_plan_accuracy.XXXXXX")"
+TCMALLOC=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
+[ -f "$TCMALLOC" ] || { echo "error: $TCMALLOC is missing (scripts/common.sh installs libtcmalloc-minimal4)" >&2; exit 1; }
 MODEL=(--set model.d_model=256 --set model.vocab_size=1024 --set model.block_size=64)
 
 # run NAME RANKS ARGS...: one auto run; prints "predicted-ms measured-ms chosen-layout
@@ -40,7 +44,8 @@ run() {
   local name="$1" ranks="$2"
   shift 2
   echo "running $name ..." >&2
-  timeout "$RUN_TIMEOUT_S" mpirun -np "$ranks" --oversubscribe --bind-to none "$TRAIN" --config configs/auto.toml \
+  timeout "$RUN_TIMEOUT_S" mpirun -np "$ranks" --oversubscribe --bind-to none -x LD_PRELOAD="$TCMALLOC" \
+    "$TRAIN" --config configs/auto.toml \
     "${MODEL[@]}" --set train.steps="$RUN_STEPS" --set logging.every=0 \
     --set "logging.metrics_file=\"$LOGS/$name.jsonl\"" "$@" >"$LOGS/$name.log" 2>&1 ||
     { echo "error: $name failed (log: $LOGS/$name.log)" >&2; return 1; }

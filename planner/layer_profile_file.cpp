@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
@@ -75,6 +76,21 @@ std::string conditions_bytes(const MeasuredProfile& p) {
 
 }  // namespace
 
+double MeasuredProfile::step_time_correction() const {
+  if (step_time_ratios.empty()) return 1.0;
+  std::vector<double> sorted = step_time_ratios;
+  std::sort(sorted.begin(), sorted.end());
+  const std::size_t n = sorted.size();
+  return n % 2 == 1 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+}
+
+void MeasuredProfile::add_step_time_ratio(double ratio) {
+  step_time_ratios.push_back(ratio);
+  if (step_time_ratios.size() > kRatiosKept) {
+    step_time_ratios.erase(step_time_ratios.begin(), step_time_ratios.end() - kRatiosKept);
+  }
+}
+
 bool MeasuredProfile::same_conditions(const MeasuredProfile& other) const {
   return conditions_bytes(*this) == conditions_bytes(other);
 }
@@ -104,6 +120,10 @@ MeasuredProfile read_profile(const std::string& path) {
   profile.link_latency = message.link_latency();
   PARALLAX_CHECK(profile.memory_bandwidth >= 0 && profile.link_bandwidth >= 0 && profile.link_latency >= 0,
                  ConfigError, path, ": a machine figure is negative");
+  for (double ratio : message.step_time_ratios()) {
+    PARALLAX_CHECK(ratio > 0 && ratio < 1e6, ConfigError, path, ": a step-time ratio (", ratio, ") is out of range");
+    profile.add_step_time_ratio(ratio);
+  }
   for (const proto::ProfiledShape& shape : message.shapes()) {
     PARALLAX_CHECK(shape.micro_batch() > 0 && shape.tp() > 0 && shape.block_forward_s() > 0 &&
                        shape.block_backward_s() > 0 && shape.head_forward_s() > 0 && shape.head_backward_s() > 0,
@@ -121,6 +141,7 @@ void write_profile(const std::string& path, const MeasuredProfile& profile) {
   message.set_memory_bandwidth(profile.memory_bandwidth);
   message.set_link_bandwidth(profile.link_bandwidth);
   message.set_link_latency(profile.link_latency);
+  for (double ratio : profile.step_time_ratios) message.add_step_time_ratios(ratio);
   for (const auto& [key, block] : profile.block) {
     const auto head = profile.head.find(key);
     if (head == profile.head.end()) continue;

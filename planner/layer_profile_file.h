@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "parallax/planner/plan_search.h"
 #include "parallax/planner/transformer_shape.h"
@@ -22,6 +23,15 @@ struct MeasuredProfile {
   double memory_bandwidth = 0;  ///< bytes/s per rank (a += b), every rank at once; 0: not measured
   double link_bandwidth = 0;    ///< bytes/s of a ring all-reduce over the world; 0: one rank
   double link_latency = 0;      ///< seconds per ring hop
+  /// Measured / predicted step time of the last runs (at most kRatiosKept, oldest first).
+  std::vector<double> step_time_ratios;
+  static constexpr std::size_t kRatiosKept = 8;
+
+  /// The median of step_time_ratios (1 when there are none): what the planner's step
+  /// times are multiplied by, so the model's steady error on this machine is corrected.
+  double step_time_correction() const;
+  /// Appends a run's ratio, dropping the oldest beyond kRatiosKept.
+  void add_step_time_ratio(double ratio);
 
   /// Whether `other` was measured under the same conditions (everything but the tables).
   bool same_conditions(const MeasuredProfile& other) const;

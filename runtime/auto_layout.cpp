@@ -1,5 +1,6 @@
 #include "parallax/runtime/auto_layout.h"
 
+#include <dlfcn.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -105,6 +106,12 @@ std::int64_t peak_resident_bytes() {
   return status_kilobytes("VmHWM");
 }
 
+const char* malloc_name() {
+  if (dlsym(RTLD_DEFAULT, "tc_malloc") != nullptr) return "tcmalloc";
+  if (dlsym(RTLD_DEFAULT, "mallctl") != nullptr) return "jemalloc";
+  return "glibc malloc";
+}
+
 AutoLayout choose_auto_layout(Config& config, World& world) {
   if (config.parallel.mode != ParallelMode::kAuto && config.auto_keys.empty()) return {};
   std::string mode = "parallel.mode = \"auto\"" + config.position_of("parallel.mode");
@@ -181,9 +188,25 @@ AutoLayout choose_auto_layout(Config& config, World& world) {
   if (!profile.cache_problem.empty()) text << "\n  layer-time file not used: " << profile.cache_problem;
   if (!fixed.describe().empty()) text << "\n  kept from the config: " << fixed.describe();
   text << "\n  chosen: " << planner::format_candidate(chosen) << planner::format_table(result, 5);
+  AutoLayout chosen_layout;
+  chosen_layout.model_step_ms = chosen.time.total * 1000.0;
+  chosen_layout.step_time_correction = profile.step_time_correction;
+  chosen_layout.predicted_step_ms = chosen_layout.model_step_ms * profile.step_time_correction;
+  chosen_layout.predicted_bytes = chosen.memory.device_total();
+  chosen_layout.profile_file = profile.file;
+  if (profile.correction_runs > 0) {
+    std::snprintf(figures, sizeof(figures),
+                  "  predicted step time: %.2f ms = the model's %.2f ms x %.3f, the median measured / predicted of "
+                  "the last %zu run(s) in the layer-time file\n",
+                  chosen_layout.predicted_step_ms, chosen_layout.model_step_ms, profile.step_time_correction,
+                  profile.correction_runs);
+    text << figures;
+  }
   std::snprintf(figures, sizeof(figures), "  (measuring and planning took %.2f s)\n", seconds_since(start));
   text << figures;
-  return AutoLayout{text.str(), chosen.time.total * 1000.0, chosen.memory.device_total(), resident_bytes()};
+  chosen_layout.explanation = text.str();
+  chosen_layout.resident_bytes = resident_bytes();
+  return chosen_layout;
 }
 
 }  // namespace parallax

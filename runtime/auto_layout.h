@@ -38,12 +38,22 @@ struct AutoLayout {
   /// auto mode.
   std::int64_t predicted_bytes = 0;
   std::int64_t resident_bytes = 0;
+  /// The planner's step time before the correction (predicted_step_ms = model_step_ms ×
+  /// step_time_correction), and the layer-time file the run's end records its measured /
+  /// model ratio in ("" when none is kept).
+  double model_step_ms = 0.0;
+  double step_time_correction = 1.0;
+  std::string profile_file;
 };
 
 /// This process's resident memory now, and its peak so far (VmRSS, VmHWM of
 /// /proc/self/status), in bytes; 0 where unknown.
 std::int64_t resident_bytes();
 std::int64_t peak_resident_bytes();
+/// The malloc this process runs on: "tcmalloc", "jemalloc" or "glibc malloc" (glibc's
+/// keeps freed large buffers resident once its mmap threshold has risen, so its peak
+/// resident memory exceeds the live tensors; see docs/planner.md).
+const char* malloc_name();
 
 /// When `config` says parallel.mode = "auto", or has "auto" keys: sets its layout keys to the planner's
 /// choice (mode manual; the chosen keys' positions say so). Otherwise changes nothing

@@ -202,7 +202,7 @@ LayerProfile profile_layers(const planner::TransformerShape& model,
   if (!directory.empty()) result.file = directory + "/" + measured.file_name();
   planner::MeasuredProfile cached = measured;
   at::Tensor known = at::zeros({n, 5}, at::kDouble);
-  at::Tensor machine = at::zeros({3}, at::kDouble);
+  at::Tensor machine = at::zeros({5}, at::kDouble);  // the three figures, the correction, its runs
   if (comm.rank() == 0 && !result.file.empty() && std::filesystem::exists(result.file)) {
     try {
       planner::MeasuredProfile file = planner::read_profile(result.file);
@@ -216,7 +216,9 @@ LayerProfile profile_layers(const planner::TransformerShape& model,
       result.cache_problem = e.detail();
     }
     if (cached.memory_bandwidth > 0) {
-      machine = at::tensor({cached.memory_bandwidth, cached.link_bandwidth, cached.link_latency}, at::kDouble);
+      machine = at::tensor({cached.memory_bandwidth, cached.link_bandwidth, cached.link_latency,
+                            cached.step_time_correction(), static_cast<double>(cached.step_time_ratios.size())},
+                           at::kDouble);
     }
     for (std::int64_t i = 0; i < n; ++i) {
       const auto block = cached.block.find(shapes[i]);
@@ -233,6 +235,8 @@ LayerProfile profile_layers(const planner::TransformerShape& model,
   comm.broadcast(known, 0)->wait();
   comm.broadcast(machine, 0)->wait();
   result.machine_from_file = machine[0].item<double>() > 0;
+  result.correction_runs = static_cast<std::size_t>(machine[4].item<double>());
+  if (result.correction_runs > 0) result.step_time_correction = machine[3].item<double>();
   if (result.machine_from_file) {
     measured.memory_bandwidth = machine[0].item<double>();
     measured.link_bandwidth = machine[1].item<double>();
@@ -281,6 +285,18 @@ LayerProfile profile_layers(const planner::TransformerShape& model,
     }
   }
   return result;
+}
+
+std::string record_step_time_ratio(const std::string& file, double ratio) {
+  if (file.empty()) return "";
+  try {
+    planner::MeasuredProfile profile = planner::read_profile(file);
+    profile.add_step_time_ratio(ratio);
+    planner::write_profile(file, profile);
+    return "";
+  } catch (const ConfigError& e) {
+    return e.detail();
+  }
 }
 
 }  // namespace parallax

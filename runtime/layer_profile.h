@@ -26,6 +26,10 @@ struct LayerProfile {
   std::size_t timed = 0;              ///< shapes timed by this run
   std::size_t from_file = 0;          ///< shapes read from `file`
   bool machine_from_file = false;     ///< memory and link figures read from `file`
+  /// The file's correction of predicted step times (MeasuredProfile::step_time_correction)
+  /// and the runs it comes from; 1 and 0 without a file.
+  double step_time_correction = 1.0;
+  std::size_t correction_runs = 0;
   std::string file;                   ///< the cache file ("" when keeping none)
   std::string cache_problem;          ///< why the file could not be read or written ("" if it could)
 };
@@ -43,5 +47,10 @@ LayerProfile profile_layers(const planner::TransformerShape& model,
                             const std::vector<int>& tps,
                             const std::string& cache_directory,
                             World& world);
+
+/// At an auto run's end, on rank 0: appends `ratio` (measured / predicted step time,
+/// the prediction uncorrected) to `file`'s ratios, so the next run's correction counts
+/// it. Returns "" when written, else why not (never throws).
+std::string record_step_time_ratio(const std::string& file, double ratio);
 
 }  // namespace parallax

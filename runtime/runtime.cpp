@@ -40,9 +40,7 @@ namespace parallax {
 struct Runtime::State {
   std::unique_ptr<World> world;
   Config config;
-  double predicted_step_ms = 0.0;  // parallel.mode = "auto"'s predictions
-  std::int64_t predicted_memory_bytes = 0;
-  std::int64_t resident_bytes_at_plan = 0;
+  AutoLayout auto_layout;  // parallel.mode = "auto"'s choice and predictions
   std::vector<std::string> args;
   Logger logger;
   std::unique_ptr<Tracer> tracer;
@@ -258,10 +256,7 @@ Runtime::Runtime(Config config, const InitOptions& options) : state_(std::make_u
 void Runtime::start(const InitOptions& options) {
   State& s = *state_;
   // parallel.mode = "auto": the planner sets the layout keys the config leaves open.
-  const AutoLayout auto_layout = choose_auto_layout(s.config, *s.world);
-  s.predicted_step_ms = auto_layout.predicted_step_ms;
-  s.predicted_memory_bytes = auto_layout.predicted_bytes;
-  s.resident_bytes_at_plan = auto_layout.resident_bytes;
+  s.auto_layout = choose_auto_layout(s.config, *s.world);
   s.config.resolve(s.world->size());
   // The library's own randomness (and the application's default generator) starts from
   // train.seed on every rank.
@@ -332,7 +327,7 @@ void Runtime::start(const InitOptions& options) {
                   "), about 10x slower than OpenBLAS; install libopenblas0-pthread");
   }
   if (options.print_summary) {
-    if (!auto_layout.explanation.empty()) s.logger.summary(auto_layout.explanation);
+    if (!s.auto_layout.explanation.empty()) s.logger.summary(s.auto_layout.explanation);
     s.logger.summary("# resolved configuration\n", to_toml(s.config));
     s.logger.summary("# cluster\n", s.mesh->cluster().describe());
     s.logger.summary("# mesh\n", s.mesh->describe());
@@ -362,14 +357,8 @@ Mesh& Runtime::mesh() {
 const Cluster& Runtime::cluster() const {
   return state_->mesh->cluster();
 }
-double Runtime::predicted_step_ms() const {
-  return state_->predicted_step_ms;
-}
-std::int64_t Runtime::predicted_memory_bytes() const {
-  return state_->predicted_memory_bytes;
-}
-std::int64_t Runtime::resident_bytes_at_plan() const {
-  return state_->resident_bytes_at_plan;
+const AutoLayout& Runtime::auto_layout() const {
+  return state_->auto_layout;
 }
 const Logger& Runtime::logger() const {
   return state_->logger;

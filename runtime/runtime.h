@@ -37,6 +37,7 @@
 #include "parallax/core/config.h"
 #include "parallax/core/logging.h"
 #include "parallax/core/trace.h"
+#include "parallax/runtime/auto_layout.h"
 #include "parallax/runtime/program_flags.h"
 
 namespace parallax {
@@ -156,13 +157,10 @@ class Runtime {
   MetricsWriter* metrics_writer();
   /// Command-line arguments that were not --config/--set (argv[0] first).
   const std::vector<std::string>& args() const;
-  /// parallel.mode = "auto": the planner's predicted step time of the chosen layout, in
-  /// milliseconds (runtime/auto_layout.h); 0 when the config gave the layout.
-  double predicted_step_ms() const;
-  /// parallel.mode = "auto": the planner's predicted memory per rank, and this rank's
-  /// resident bytes when the layout was chosen (auto_layout.h); 0 otherwise.
-  std::int64_t predicted_memory_bytes() const;
-  std::int64_t resident_bytes_at_plan() const;
+  /// parallel.mode = "auto": the planner's choice, its predicted step time and memory
+  /// (runtime/auto_layout.h); empty, with zero predictions, when the config gave the
+  /// layout.
+  const AutoLayout& auto_layout() const;
   /// The resolved plan (proto/plan.proto): what the engines apply. They build
   /// themselves from it alone; the config it was made from is for the application.
   const proto::Plan& plan() const;

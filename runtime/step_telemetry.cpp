@@ -5,11 +5,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <string>
 
 #include "parallax/core/error.h"
 #include "parallax/core/mesh.h"
 #include "parallax/core/world.h"
 #include "parallax/runtime/auto_layout.h"
+#include "parallax/runtime/layer_profile.h"
 #include "proto/plan.pb.h"
 
 namespace parallax {
@@ -112,7 +114,7 @@ StepMetrics StepTelemetry::end_window(
   }
   const auto elapsed = std::chrono::steady_clock::now() - window_start_;
   metrics.step_ms = std::chrono::duration<double, std::milli>(elapsed).count();
-  metrics.predicted_step_ms = runtime_.predicted_step_ms();
+  metrics.predicted_step_ms = runtime_.auto_layout().predicted_step_ms;
   const double samples = static_cast<double>(plan_.batch().global_batch_size());
   metrics.samples_per_s = metrics.step_ms > 0 ? samples * 1000.0 / metrics.step_ms : 0.0;
   metrics.tokens_per_sample = tokens_per_sample_;
@@ -153,19 +155,27 @@ StepMetrics StepTelemetry::end_window(
   // steps after the first (which builds and warms up).
   if (metrics.predicted_step_ms > 0 && step == total && timed_windows_ > 0) {
     const double measured = timed_ms_ / static_cast<double>(timed_windows_);
-    char line[200];
+    char line[360];
     std::snprintf(line, sizeof(line),
                   "auto layout check: predicted %.2f ms/step, measured %.2f ms/step (mean of %lld steps after the "
                   "first): the prediction is %+.0f%% off",
                   metrics.predicted_step_ms, measured, static_cast<long long>(timed_windows_),
                   100.0 * (metrics.predicted_step_ms - measured) / measured);
     runtime_.logger().summary(line);
-    const double peak_mb = static_cast<double>(peak_resident_bytes() - runtime_.resident_bytes_at_plan()) / 1e6;
-    const double predicted_mb = static_cast<double>(runtime_.predicted_memory_bytes()) / 1e6;
+    const AutoLayout& chosen = runtime_.auto_layout();
+    if (runtime_.mesh().world().rank() == 0 && !chosen.profile_file.empty()) {
+      // The next run's correction counts this one (the model's own error, uncorrected).
+      const std::string problem = record_step_time_ratio(chosen.profile_file, measured / chosen.model_step_ms);
+      if (!problem.empty()) runtime_.logger().summary("auto layout check: the ratio was not recorded: ", problem);
+    }
+    const double peak_mb = static_cast<double>(peak_resident_bytes() - chosen.resident_bytes) / 1e6;
+    const double predicted_mb = static_cast<double>(chosen.predicted_bytes) / 1e6;
+    const bool glibc = std::string(malloc_name()) == "glibc malloc";
     std::snprintf(line, sizeof(line),
                   "auto layout check: predicted %.1f MB per rank, measured %.1f MB (rank 0's peak resident memory "
-                  "less its resident memory when the layout was chosen): %+.0f%%",
-                  predicted_mb, peak_mb, peak_mb > 0 ? 100.0 * (predicted_mb - peak_mb) / peak_mb : 0.0);
+                  "less its resident memory when the layout was chosen): %+.0f%%; %s%s",
+                  predicted_mb, peak_mb, peak_mb > 0 ? 100.0 * (predicted_mb - peak_mb) / peak_mb : 0.0, malloc_name(),
+                  glibc ? ", which keeps freed buffers resident (docs/planner.md)" : "");
     runtime_.logger().summary(line);
   }
   return metrics;

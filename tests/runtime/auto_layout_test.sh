@@ -11,12 +11,15 @@
 #     steps 6-10 match the saving run's within reshard_test's bound (1.5e-6 relative);
 #  5. the layer times are kept in auto.profile_cache: a second run with the model of (1)
 #     times nothing, reads every shape from the file and chooses the same layout; a
-#     corrupt file is named, costs only the timing and is written anew;
+#     corrupt file is named, costs only the timing and is written anew; the runs' ends
+#     record measured / predicted step time there, and the next run's prediction is
+#     the model's times their median;
 #  6. `parallax plan --profile FILE` plans from that file (its model and machine).
 # Mutants caught: a fixed key overwritten by the planner (2), ranks planning apart
 # (rank 0's figures not shared: layouts differ and the run refuses mismatched configs
 # or hangs), an unmet constraint planned anyway (3), a cache written but never read (5: shapes
-# timed again), a cache read under other conditions (5: another dtype reads nothing).
+# timed again), a cache read under other conditions (5: another dtype reads nothing),
+# ratios not recorded or not applied (5).
 # Usage: auto_layout_test.sh <mpiexec> <train_gpt> <configs-dir> <parallax>
 set -u
 mpiexec=$1 train=$2 configs=$3 parallax=$4
@@ -135,6 +138,15 @@ if [ "${timed:-0}" -gt 0 ] && [ "${read_back:-1}" -eq 0 ] && [ -n "$profile" ] &
   fi
 else
   fail "profile cache: the first run timed ${timed:-?}, read ${read_back:-?}, file '${profile}'"
+fi
+# Earlier runs on 4 ranks recorded measured / predicted: the second run's prediction
+# is the model's times their median.
+if awk '/^  predicted step time: .* ms = the model.s .* ms x .*, the median measured \/ predicted of the last [1-8] run\(s\)/ {
+          p = $4; m = $9; c = $12; sub(/,$/, "", c); found = 1; ok = (p - m * c < 0.01 * p && m * c - p < 0.01 * p) }
+        END { exit !(found && ok) }' "$work/again.log"; then
+  echo "ok   $(grep -o 'the model.s .* run(s)' "$work/again.log")"
+else
+  fail "step-time correction: the second run does not scale by the recorded ratios"; grep "predicted step time" "$work/again.log"
 fi
 if run bf16 4 --set train.steps=1 --set 'precision.dtype="bf16"' &&
    [ "$(shapes "$work/bf16.log" | cut -d' ' -f2)" = 0 ]; then
