@@ -9,8 +9,12 @@
 #    with this machine's measured figures. Predicted step time (the metrics'
 #    predicted_step_ms) against the measured median of the steps after the first two,
 #    and predicted memory per rank (the largest stage's) against rank 0's peak resident
-#    memory less its resident memory when the layout was chosen; the median absolute
-#    percentage error of each over all of them. The ranks run on tcmalloc (LD_PRELOAD):
+#    memory since planning less its resident memory before; the median absolute
+#    percentage error of each over all of them. The step time twice: the model's own
+#    prediction, and the one a run reports, which is the model's times the median
+#    measured / predicted ratio of the earlier runs with the same layer-time file (the
+#    same machine and rank count; the bench starts from an empty auto.profile_cache, so
+#    the first run of each rank count has no correction). The ranks run on tcmalloc (LD_PRELOAD):
 #    glibc's malloc keeps freed large buffers resident once its mmap threshold rises, so
 #    its peak resident memory measures the allocator, not the tensors (docs/planner.md).
 # 2. Regret: on three clusters (4 ranks on one node, 4 ranks on two emulated nodes, 8
@@ -18,8 +22,11 @@
 #    tp x pp x ZeRO (0, 1) at the micro-batch auto chooses is run, and auto's own choice;
 #    regret = auto's measured step time / the best measured - 1.
 #
-#   bench/plan_accuracy.sh            # both parts (about 15 minutes on 2 cores)
-#   PART=prediction bench/plan_accuracy.sh
+# 3. Allocator: predicted memory against the measured peak for ZeRO 0 and 1 on glibc's
+#    malloc and on tcmalloc, with the step time of each.
+#
+#   bench/plan_accuracy.sh            # all three parts (about 16 minutes on 2 cores)
+#   PART=prediction bench/plan_accuracy.sh   # or regret, or allocator
 #
 # Environment: TORCH (debian), BUILD_DIR (TORCH's), RUN_STEPS (8), RUN_TIMEOUT_S (300).
 set -euo pipefail
@@ -31,7 +38,7 @@ ensure_dependencies
 
 RUN_STEPS="${RUN_STEPS:-8}"
 RUN_TIMEOUT_S="${RUN_TIMEOUT_S:-300}"
-PART="${PART:-both}"
+PART="${PART:-all}"
 TRAIN="$(train_gpt_binary)"
 LOGS="$(mktemp -d "${TMPDIR:-/tmp}/bench_plan_accuracy.XXXXXX")"
 TCMALLOC=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
@@ -39,14 +46,14 @@ TCMALLOC=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
 MODEL=(--set model.d_model=256 --set model.vocab_size=1024 --set model.block_size=64)
 
 # run NAME RANKS ARGS...: one auto run; prints "predicted-ms measured-ms chosen-layout
-# predicted-MB measured-MB" or fails.
+# predicted-MB measured-MB model-ms" or fails. PRELOAD: the malloc (default tcmalloc).
 run() {
   local name="$1" ranks="$2"
   shift 2
   echo "running $name ..." >&2
-  timeout "$RUN_TIMEOUT_S" mpirun -np "$ranks" --oversubscribe --bind-to none -x LD_PRELOAD="$TCMALLOC" \
+  timeout "$RUN_TIMEOUT_S" mpirun -np "$ranks" --oversubscribe --bind-to none -x LD_PRELOAD="${PRELOAD-$TCMALLOC}" \
     "$TRAIN" --config configs/auto.toml \
-    "${MODEL[@]}" --set train.steps="$RUN_STEPS" --set logging.every=0 \
+    "${MODEL[@]}" --set train.steps="$RUN_STEPS" --set logging.every=0 --set "auto.profile_cache=\"$LOGS/profiles\"" \
     --set "logging.metrics_file=\"$LOGS/$name.jsonl\"" "$@" >"$LOGS/$name.log" 2>&1 ||
     { echo "error: $name failed (log: $LOGS/$name.log)" >&2; return 1; }
   python3 - "$LOGS/$name.jsonl" "$LOGS/$name.log" <<'PY'
@@ -58,7 +65,8 @@ chosen = next(re.sub(r",schedule=1f1b,vp=1,recompute=none", "", l.split("chosen:
               for l in log if l.startswith("  chosen: "))
 memory = next(re.search(r"predicted ([0-9.]+) MB per rank, measured ([0-9.]+) MB", l).groups()
               for l in log if "MB per rank" in l)
-print(f"{rows[-1]['predicted_step_ms']:.2f} {measured:.2f} {chosen} {memory[0]} {memory[1]}")
+model_ms = 1000 * float(next(re.search(r"step time: ([0-9.]+) s", l).group(1) for l in log if "  step time: " in l))
+print(f"{rows[-1]['predicted_step_ms']:.2f} {measured:.2f} {chosen} {memory[0]} {memory[1]} {model_ms:.0f}")
 PY
 }
 
@@ -77,10 +85,10 @@ fixed() {
   done
 }
 
-if [[ "$PART" == both || "$PART" == prediction ]]; then
-  printf '%-44s %12s %12s %7s %12s %12s %7s\n' "layout (4 layers)" "predicted ms" "measured ms" "error" \
-    "predicted MB" "measured MB" "error"
-  errors=() memory_errors=()
+if [[ "$PART" == all || "$PART" == prediction ]]; then
+  printf '%-44s %8s %7s %12s %12s %7s %12s %12s %7s\n' "layout (4 layers)" "model ms" "error" "predicted ms" \
+    "measured ms" "error" "predicted MB" "measured MB" "error"
+  errors=() model_errors=() memory_errors=()
   for case in \
     "4:tp=1,pp=1,dp=4,zero=0,mbs=8" "4:tp=1,pp=1,dp=4,zero=0,mbs=2" "4:tp=1,pp=1,dp=4,zero=1,mbs=8" \
     "4:tp=1,pp=1,dp=4,zero=2,mbs=4" "4:tp=1,pp=1,dp=4,zero=3,mbs=8" "4:tp=2,pp=1,dp=2,zero=0,mbs=16" \
@@ -91,24 +99,26 @@ if [[ "$PART" == both || "$PART" == prediction ]]; then
     "8:tp=2,pp=1,dp=4,zero=0,mbs=8" "8:tp=2,pp=2,dp=2,zero=1,mbs=4" "8:tp=1,pp=2,dp=4,zero=0,mbs=4,nodes=2" \
     "8:tp=2,pp=1,dp=4,zero=1,mbs=4,nodes=2" "8:tp=4,pp=2,dp=1,zero=0,mbs=8,nodes=2"; do
     ranks="${case%%:*}" layout="${case#*:}"
-    read -r predicted measured _ predicted_mb measured_mb < <(run "p-$ranks-${layout//[,=]/_}" "$ranks" \
+    read -r predicted measured _ predicted_mb measured_mb model_ms < <(run "p-$ranks-${layout//[,=]/_}" "$ranks" \
       --set model.n_layer=4 $(fixed "$layout"))
     error=$(awk -v p="$predicted" -v m="$measured" 'BEGIN{printf "%+.0f%%", 100 * (p - m) / m}')
+    model_error=$(awk -v p="$model_ms" -v m="$measured" 'BEGIN{printf "%+.0f%%", 100 * (p - m) / m}')
     memory_error=$(awk -v p="$predicted_mb" -v m="$measured_mb" 'BEGIN{printf "%+.0f%%", 100 * (p - m) / m}')
-    errors+=("$error") memory_errors+=("$memory_error")
-    printf '%-44s %12s %12s %7s %12s %12s %7s\n' "np$ranks $layout" "$predicted" "$measured" "$error" \
-      "$predicted_mb" "$measured_mb" "$memory_error"
+    errors+=("$error") model_errors+=("$model_error") memory_errors+=("$memory_error")
+    printf '%-44s %8s %7s %12s %12s %7s %12s %12s %7s\n' "np$ranks $layout" "$model_ms" "$model_error" "$predicted" \
+      "$measured" "$error" "$predicted_mb" "$measured_mb" "$memory_error"
   done
   median() {
     awk '{gsub(/[%+-]/, ""); print}' | sort -n |
       awk -v what="$1" '{a[NR] = $1} END {m = NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2
            printf "median absolute percentage error of %s over %d layouts: %.0f%%\n", what, NR, m}'
   }
-  printf '%s\n' "${errors[@]}" | median "the step time"
+  printf '%s\n' "${model_errors[@]}" | median "the step time, the model's own"
+  printf '%s\n' "${errors[@]}" | median "the step time, corrected by the earlier runs' ratios"
   printf '%s\n' "${memory_errors[@]}" | median "the memory per rank (rank 0: peak resident growth from the plan)"
 fi
 
-if [[ "$PART" == both || "$PART" == regret ]]; then
+if [[ "$PART" == all || "$PART" == regret ]]; then
   printf '\n%-26s %-30s %12s %-30s %12s %8s\n' "cluster, model" "auto's choice" "measured ms" "best run" \
     "measured ms" "regret"
   for cluster in "4:1" "4:2" "8:2"; do
@@ -136,6 +146,21 @@ if [[ "$PART" == both || "$PART" == regret ]]; then
       regret=$(awk -v a="$auto_ms" -v b="$best_ms" 'BEGIN{r = a / b - 1; if (r < 0) r = 0; printf "%.0f%%", 100 * r}')
       printf '%-26s %-30s %12s %-30s %12s %8s\n' "np$ranks, $nodes node(s), $layers layers" \
         "$(cut -d, -f1-4 <<<"$auto_layout"),mbs=$mbs" "$auto_ms" "$best" "$best_ms" "$regret"
+    done
+  done
+fi
+
+if [[ "$PART" == all || "$PART" == allocator ]]; then
+  printf '\n%-36s %12s %12s %7s %12s\n' "malloc, layout (4 layers, 4 ranks)" "predicted MB" "measured MB" "error" \
+    "measured ms"
+  for malloc in glibc tcmalloc; do
+    for layout in "tp=1,pp=1,dp=4,zero=0,mbs=8" "tp=1,pp=1,dp=4,zero=1,mbs=8"; do
+      preload=""
+      [[ "$malloc" == tcmalloc ]] && preload="$TCMALLOC"
+      read -r _ measured _ predicted_mb measured_mb _ < <(PRELOAD="$preload" run "a-$malloc-${layout//[,=]/_}" 4 \
+        --set model.n_layer=4 $(fixed "$layout"))
+      printf '%-36s %12s %12s %7s %12s\n' "$malloc $layout" "$predicted_mb" "$measured_mb" \
+        "$(awk -v p="$predicted_mb" -v m="$measured_mb" 'BEGIN{printf "%+.0f%%", 100 * (p - m) / m}')" "$measured"
     done
   done
 fi

@@ -106,6 +106,13 @@ std::int64_t peak_resident_bytes() {
   return status_kilobytes("VmHWM");
 }
 
+void forget_peak_resident() {
+  std::FILE* refs = std::fopen("/proc/self/clear_refs", "w");
+  if (refs == nullptr) return;
+  std::fputs("5", refs);  // resets VmHWM to the current VmRSS (Linux 4.0 and later)
+  std::fclose(refs);
+}
+
 const char* malloc_name() {
   if (dlsym(RTLD_DEFAULT, "tc_malloc") != nullptr) return "tcmalloc";
   if (dlsym(RTLD_DEFAULT, "mallctl") != nullptr) return "jemalloc";
@@ -130,6 +137,9 @@ AutoLayout choose_auto_layout(Config& config, World& world) {
                  " measures this machine's CPU ranks; on train.device = \"cuda\" plan offline with `parallax plan "
                  "--cluster <preset> --emit-config FILE`");
   const auto start = Clock::now();
+  // The memory check's baseline: before the profiling, whose buffers a caching malloc
+  // keeps resident for training to reuse; the profiling's own peak is forgotten below.
+  const std::int64_t resident_before = resident_bytes();
   planner::PlanQuery query;
   query.model = planner::TransformerShape::from_table(config.app_table("model"));
   query.global_batch = config.train.global_batch_size;
@@ -153,6 +163,7 @@ AutoLayout choose_auto_layout(Config& config, World& world) {
   }
   const LayerProfile profile = profile_layers(query.model, config.precision.dtype, micro_batches, tps,
                                               config.automatic.profile_cache, world);
+  forget_peak_resident();
   query.cluster = this_cluster(config, world, profile, query.model);
   query.block_times = profile.measured.block;
   query.head_times = profile.measured.head;
@@ -205,7 +216,7 @@ AutoLayout choose_auto_layout(Config& config, World& world) {
   std::snprintf(figures, sizeof(figures), "  (measuring and planning took %.2f s)\n", seconds_since(start));
   text << figures;
   chosen_layout.explanation = text.str();
-  chosen_layout.resident_bytes = resident_bytes();
+  chosen_layout.resident_bytes = resident_before;
   return chosen_layout;
 }
 

@@ -33,7 +33,7 @@ struct AutoLayout {
   /// the measured one, and its end compares them. 0 when not in auto mode.
   double predicted_step_ms = 0.0;
   /// The chosen layout's predicted memory per rank (its largest stage: model state,
-  /// activations, buffers), and this rank's resident bytes once planned: the run's end
+  /// activations, buffers), and this rank's resident bytes before planning: the run's end
   /// compares the growth of its peak resident memory with the prediction. 0 when not in
   /// auto mode.
   std::int64_t predicted_bytes = 0;
@@ -50,6 +50,9 @@ struct AutoLayout {
 /// /proc/self/status), in bytes; 0 where unknown.
 std::int64_t resident_bytes();
 std::int64_t peak_resident_bytes();
+/// Makes the peak resident memory (VmHWM) the current one, so the next peak_resident_bytes
+/// counts what comes after; does nothing where the kernel does not allow it.
+void forget_peak_resident();
 /// The malloc this process runs on: "tcmalloc", "jemalloc" or "glibc malloc" (glibc's
 /// keeps freed large buffers resident once its mmap threshold has risen, so its peak
 /// resident memory exceeds the live tensors; see docs/planner.md).

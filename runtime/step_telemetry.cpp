@@ -173,7 +173,7 @@ StepMetrics StepTelemetry::end_window(
     const bool glibc = std::string(malloc_name()) == "glibc malloc";
     std::snprintf(line, sizeof(line),
                   "auto layout check: predicted %.1f MB per rank, measured %.1f MB (rank 0's peak resident memory "
-                  "less its resident memory when the layout was chosen): %+.0f%%; %s%s",
+                  "since planning less its resident memory before): %+.0f%%; %s%s",
                   predicted_mb, peak_mb, peak_mb > 0 ? 100.0 * (predicted_mb - peak_mb) / peak_mb : 0.0, malloc_name(),
                   glibc ? ", which keeps freed buffers resident (docs/planner.md)" : "");
     runtime_.logger().summary(line);

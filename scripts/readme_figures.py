@@ -86,7 +86,7 @@ FIGURES = {
     "bench_pipeline": Figure(["bench/pipeline.sh"], env={"TORCH": "wheel"}, keep=r"^(schedule|1f1b|gpipe|interleaved|zb-h1)"),
     "bench_threads": Figure(["bench/threads.sh"], env={"REPEAT": "3"}, keep=r"^(setting|OMP_|\(no thread)"),
     "bench_engine_step": Figure([str(BUILD_DIR / "bench/bench_engine_step")]),
-    "bench_plan_accuracy": Figure(["bench/plan_accuracy.sh"], keep=r"^(layout|np\d|median|cluster)"),
+    "bench_plan_accuracy": Figure(["bench/plan_accuracy.sh"], keep=r"^(layout|np\d|median|cluster|malloc|glibc|tcmalloc)"),
     "bench_allreduce": Figure(MPIRUN + ["-np", "4", str(BUILD_DIR / "bench/bench_allreduce"), "--nonblocking"]),
 }
 
