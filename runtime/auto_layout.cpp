@@ -1,6 +1,7 @@
 #include "parallax/runtime/auto_layout.h"
 
 #include <dlfcn.h>
+#include <malloc.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -113,6 +114,18 @@ void forget_peak_resident() {
   std::fclose(refs);
 }
 
+void release_free_memory() {
+  using Release = void (*)();
+  using Mallctl = int (*)(const char*, void*, std::size_t*, void*, std::size_t);
+  if (auto release = reinterpret_cast<Release>(dlsym(RTLD_DEFAULT, "MallocExtension_ReleaseFreeMemory"))) {
+    release();  // tcmalloc
+  } else if (auto mallctl = reinterpret_cast<Mallctl>(dlsym(RTLD_DEFAULT, "mallctl"))) {
+    mallctl("arena.4096.purge", nullptr, nullptr, nullptr, 0);  // jemalloc: every arena
+  } else {
+    malloc_trim(0);  // glibc
+  }
+}
+
 const char* malloc_name() {
   if (dlsym(RTLD_DEFAULT, "tc_malloc") != nullptr) return "tcmalloc";
   if (dlsym(RTLD_DEFAULT, "mallctl") != nullptr) return "jemalloc";
@@ -137,9 +150,6 @@ AutoLayout choose_auto_layout(Config& config, World& world) {
                  " measures this machine's CPU ranks; on train.device = \"cuda\" plan offline with `parallax plan "
                  "--cluster <preset> --emit-config FILE`");
   const auto start = Clock::now();
-  // The memory check's baseline: before the profiling, whose buffers a caching malloc
-  // keeps resident for training to reuse; the profiling's own peak is forgotten below.
-  const std::int64_t resident_before = resident_bytes();
   planner::PlanQuery query;
   query.model = planner::TransformerShape::from_table(config.app_table("model"));
   query.global_batch = config.train.global_batch_size;
@@ -163,6 +173,11 @@ AutoLayout choose_auto_layout(Config& config, World& world) {
   }
   const LayerProfile profile = profile_layers(query.model, config.precision.dtype, micro_batches, tps,
                                               config.automatic.profile_cache, world);
+  // The memory check's baseline: after the profiling, its freed buffers given back to
+  // the system (a caching malloc would keep them for training to reuse, or not) and its
+  // peak forgotten, so a run that profiles and one that reads the file measure alike.
+  release_free_memory();
+  const std::int64_t resident_before = resident_bytes();
   forget_peak_resident();
   query.cluster = this_cluster(config, world, profile, query.model);
   query.block_times = profile.measured.block;

@@ -53,6 +53,8 @@ std::int64_t peak_resident_bytes();
 /// Makes the peak resident memory (VmHWM) the current one, so the next peak_resident_bytes
 /// counts what comes after; does nothing where the kernel does not allow it.
 void forget_peak_resident();
+/// Gives the malloc's free memory back to the system (tcmalloc, jemalloc or glibc's).
+void release_free_memory();
 /// The malloc this process runs on: "tcmalloc", "jemalloc" or "glibc malloc" (glibc's
 /// keeps freed large buffers resident once its mmap threshold has risen, so its peak
 /// resident memory exceeds the live tensors; see docs/planner.md).
