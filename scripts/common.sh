@@ -15,6 +15,7 @@ PARALLAX_DEB_PACKAGES=(
   cmake make g++ pkg-config ccache
   libtorch-dev libopenblas0-pthread   # without the pthread OpenBLAS, LibTorch uses reference BLAS
   libtcmalloc-minimal4   # bench/plan_accuracy.sh's malloc: glibc's keeps freed buffers resident
+  iproute2               # tests/cluster/two_nodes.sh: the veth link between the two hosts
   libopenmpi-dev openmpi-bin
   libtomlplusplus-dev libprotobuf-dev protobuf-compiler libhwloc-dev zlib1g-dev nlohmann-json3-dev
   libboost-dev        # header-only Boost.CRC: the CRC-32C of TensorBoard's records (core/tensorboard_writer.cpp)
