@@ -81,10 +81,10 @@ double positive_real(const std::string& flag, const std::string& value) {
 
 Options parse(const std::vector<std::string>& args) {
   Options o;
-  const std::map<std::string, std::string*> texts{{"--model", &o.model},         {"--config", &o.config_file}, {"--profile", &o.profile},
-                                                  {"--cluster", &o.cluster},     {"--fix", &o.fix},
-                                                  {"--evaluate", &o.evaluate},   {"--emit-config", &o.emit_config},
-                                                  {"--prefer", &o.prefer}};
+  const std::map<std::string, std::string*> texts{{"--model", &o.model},         {"--config", &o.config_file},
+                                                  {"--profile", &o.profile},     {"--cluster", &o.cluster},
+                                                  {"--fix", &o.fix},             {"--evaluate", &o.evaluate},
+                                                  {"--emit-config", &o.emit_config}, {"--prefer", &o.prefer}};
   const std::map<std::string, bool*> switches{{"--json", &o.json},
                                               {"--min-nodes", &o.min_nodes},
                                               {"--largest-model", &o.largest_model},
@@ -159,10 +159,7 @@ void use_profile(const Options& o, planner::PlanQuery& query) {
     }
     query.tp_needs_plan = true;
   } else {
-    PARALLAX_CHECK(query.model.describe() == profile.model.describe() &&
-                       query.model.ffn_width() == profile.model.ffn_width() &&
-                       query.model.tied_embeddings == profile.model.tied_embeddings,
-                   UsageError, "--profile ", o.profile, " was measured for ", profile.model.describe(), ", not for ",
+    PARALLAX_CHECK(query.model.same_sizes(profile.model), UsageError, "--profile ", o.profile, " was measured for ", profile.model.describe(), ", not for ",
                    query.model.describe());
     PARALLAX_CHECK(profile.dtype == to_string(query.base.precision.dtype), UsageError, "--profile ", o.profile,
                    " was measured in ", profile.dtype, ", the plan is for ", to_string(query.base.precision.dtype));

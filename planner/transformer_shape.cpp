@@ -1,6 +1,7 @@
 #include "parallax/planner/transformer_shape.h"
 
 #include <cstdio>
+#include <tuple>
 
 #include "parallax/core/config.h"
 #include "parallax/core/error.h"
@@ -153,6 +154,11 @@ std::int64_t TransformerShape::block_checkpoint_bytes(std::int64_t micro_batch,
 
 std::int64_t TransformerShape::head_activation_bytes(std::int64_t micro_batch, int tp) const {
   return 2 * 4 * micro_batch * seq * vocab / tp;
+}
+
+bool TransformerShape::same_sizes(const TransformerShape& o) const {
+  return std::tie(layers, hidden, heads, kv_heads, ffn_hidden, vocab, seq, tied_embeddings, dropout) ==
+         std::tie(o.layers, o.hidden, o.heads, o.kv_heads, o.ffn_hidden, o.vocab, o.seq, o.tied_embeddings, o.dropout);
 }
 
 std::string TransformerShape::describe() const {

@@ -76,6 +76,9 @@ struct TransformerShape {
   /// The head's logits and their gradient in fp32 (the loss is computed in fp32).
   std::int64_t head_activation_bytes(std::int64_t micro_batch, int tp) const;
 
+  /// Whether every size (and tying, dropout) equals `other`'s.
+  bool same_sizes(const TransformerShape& other) const;
+
   /// "24 layers, hidden 2304, 24 heads, vocab 51200, sequence 2048: 1.69e9 parameters"
   std::string describe() const;
 };

@@ -114,22 +114,36 @@ void forget_peak_resident() {
   std::fclose(refs);
 }
 
-void release_free_memory() {
-  using Release = void (*)();
-  using Mallctl = int (*)(const char*, void*, std::size_t*, void*, std::size_t);
-  if (auto release = reinterpret_cast<Release>(dlsym(RTLD_DEFAULT, "MallocExtension_ReleaseFreeMemory"))) {
-    release();  // tcmalloc
-  } else if (auto mallctl = reinterpret_cast<Mallctl>(dlsym(RTLD_DEFAULT, "mallctl"))) {
-    mallctl("arena.4096.purge", nullptr, nullptr, nullptr, 0);  // jemalloc: every arena
-  } else {
-    malloc_trim(0);  // glibc
-  }
+Malloc this_malloc() {
+  if (dlsym(RTLD_DEFAULT, "tc_malloc") != nullptr) return Malloc::kTcmalloc;
+  if (dlsym(RTLD_DEFAULT, "mallctl") != nullptr) return Malloc::kJemalloc;
+  return Malloc::kGlibc;
 }
 
-const char* malloc_name() {
-  if (dlsym(RTLD_DEFAULT, "tc_malloc") != nullptr) return "tcmalloc";
-  if (dlsym(RTLD_DEFAULT, "mallctl") != nullptr) return "jemalloc";
+const char* to_string(Malloc malloc) {
+  switch (malloc) {
+    case Malloc::kTcmalloc: return "tcmalloc";
+    case Malloc::kJemalloc: return "jemalloc";
+    case Malloc::kGlibc: break;
+  }
   return "glibc malloc";
+}
+
+void release_free_memory() {
+  switch (this_malloc()) {
+    case Malloc::kTcmalloc:
+      if (auto release = reinterpret_cast<void (*)()>(dlsym(RTLD_DEFAULT, "MallocExtension_ReleaseFreeMemory"))) {
+        release();
+      }
+      return;
+    case Malloc::kJemalloc:  // "arena.4096" is every arena (MALLCTL_ARENAS_ALL)
+      reinterpret_cast<int (*)(const char*, void*, std::size_t*, void*, std::size_t)>(dlsym(
+          RTLD_DEFAULT, "mallctl"))("arena.4096.purge", nullptr, nullptr, nullptr, 0);
+      return;
+    case Malloc::kGlibc:
+      malloc_trim(0);
+      return;
+  }
 }
 
 AutoLayout choose_auto_layout(Config& config, World& world) {
@@ -217,14 +231,13 @@ AutoLayout choose_auto_layout(Config& config, World& world) {
   AutoLayout chosen_layout;
   chosen_layout.model_step_ms = chosen.time.total * 1000.0;
   chosen_layout.step_time_correction = profile.step_time_correction;
-  chosen_layout.predicted_step_ms = chosen_layout.model_step_ms * profile.step_time_correction;
   chosen_layout.predicted_bytes = chosen.memory.device_total();
   chosen_layout.profile_file = profile.file;
   if (profile.correction_runs > 0) {
     std::snprintf(figures, sizeof(figures),
                   "  predicted step time: %.2f ms = the model's %.2f ms x %.3f, the median measured / predicted of "
                   "the last %zu run(s) in the layer-time file\n",
-                  chosen_layout.predicted_step_ms, chosen_layout.model_step_ms, profile.step_time_correction,
+                  chosen_layout.predicted_step_ms(), chosen_layout.model_step_ms, profile.step_time_correction,
                   profile.correction_runs);
     text << figures;
   }

@@ -29,21 +29,22 @@ struct AutoLayout {
   /// What rank 0 prints: the machine as measured, the choice with its predicted memory
   /// and time, the runners-up and the rejected families. Empty when not in auto mode.
   std::string explanation;
-  /// The chosen layout's predicted step time: every auto run's metrics carry it beside
-  /// the measured one, and its end compares them. 0 when not in auto mode.
-  double predicted_step_ms = 0.0;
   /// The chosen layout's predicted memory per rank (its largest stage: model state,
   /// activations, buffers), and this rank's resident bytes before planning: the run's end
   /// compares the growth of its peak resident memory with the prediction. 0 when not in
   /// auto mode.
   std::int64_t predicted_bytes = 0;
   std::int64_t resident_bytes = 0;
-  /// The planner's step time before the correction (predicted_step_ms = model_step_ms ×
-  /// step_time_correction), and the layer-time file the run's end records its measured /
-  /// model ratio in ("" when none is kept).
+  /// The planner's step time before the correction, the correction (the layer-time
+  /// file's measured / model ratios), and the file the run's end records its own ratio
+  /// in ("" when none is kept).
   double model_step_ms = 0.0;
   double step_time_correction = 1.0;
   std::string profile_file;
+
+  /// The chosen layout's predicted step time: every auto run's metrics carry it beside
+  /// the measured one, and its end compares them. 0 when not in auto mode.
+  double predicted_step_ms() const { return model_step_ms * step_time_correction; }
 };
 
 /// This process's resident memory now, and its peak so far (VmRSS, VmHWM of
@@ -53,12 +54,15 @@ std::int64_t peak_resident_bytes();
 /// Makes the peak resident memory (VmHWM) the current one, so the next peak_resident_bytes
 /// counts what comes after; does nothing where the kernel does not allow it.
 void forget_peak_resident();
-/// Gives the malloc's free memory back to the system (tcmalloc, jemalloc or glibc's).
+/// The malloc this process runs on. glibc's keeps freed large buffers resident once its
+/// mmap threshold has risen, so its peak resident memory exceeds the live tensors (see
+/// docs/planner.md).
+enum class Malloc { kGlibc, kTcmalloc, kJemalloc };
+Malloc this_malloc();
+/// "glibc malloc", "tcmalloc", "jemalloc".
+const char* to_string(Malloc malloc);
+/// Gives this_malloc()'s free memory back to the system.
 void release_free_memory();
-/// The malloc this process runs on: "tcmalloc", "jemalloc" or "glibc malloc" (glibc's
-/// keeps freed large buffers resident once its mmap threshold has risen, so its peak
-/// resident memory exceeds the live tensors; see docs/planner.md).
-const char* malloc_name();
 
 /// When `config` says parallel.mode = "auto", or has "auto" keys: sets its layout keys to the planner's
 /// choice (mode manual; the chosen keys' positions say so). Otherwise changes nothing

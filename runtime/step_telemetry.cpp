@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <string>
 
 #include "parallax/core/error.h"
 #include "parallax/core/mesh.h"
@@ -114,7 +113,7 @@ StepMetrics StepTelemetry::end_window(
   }
   const auto elapsed = std::chrono::steady_clock::now() - window_start_;
   metrics.step_ms = std::chrono::duration<double, std::milli>(elapsed).count();
-  metrics.predicted_step_ms = runtime_.auto_layout().predicted_step_ms;
+  metrics.predicted_step_ms = runtime_.auto_layout().predicted_step_ms();
   const double samples = static_cast<double>(plan_.batch().global_batch_size());
   metrics.samples_per_s = metrics.step_ms > 0 ? samples * 1000.0 / metrics.step_ms : 0.0;
   metrics.tokens_per_sample = tokens_per_sample_;
@@ -170,12 +169,12 @@ StepMetrics StepTelemetry::end_window(
     }
     const double peak_mb = static_cast<double>(peak_resident_bytes() - chosen.resident_bytes) / 1e6;
     const double predicted_mb = static_cast<double>(chosen.predicted_bytes) / 1e6;
-    const bool glibc = std::string(malloc_name()) == "glibc malloc";
+    const Malloc malloc = this_malloc();
     std::snprintf(line, sizeof(line),
                   "auto layout check: predicted %.1f MB per rank, measured %.1f MB (rank 0's peak resident memory "
                   "since planning less its resident memory before): %+.0f%%; %s%s",
-                  predicted_mb, peak_mb, peak_mb > 0 ? 100.0 * (predicted_mb - peak_mb) / peak_mb : 0.0, malloc_name(),
-                  glibc ? ", which keeps freed buffers resident (docs/planner.md)" : "");
+                  predicted_mb, peak_mb, peak_mb > 0 ? 100.0 * (predicted_mb - peak_mb) / peak_mb : 0.0,
+                  to_string(malloc), malloc == Malloc::kGlibc ? ", which keeps freed buffers resident (docs/planner.md)" : "");
     runtime_.logger().summary(line);
   }
   return metrics;
