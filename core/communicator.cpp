@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <cstring>
 #include <exception>
 
 #include "parallax/core/error.h"
@@ -120,6 +122,27 @@ std::vector<int> ranks_differing_from_root(Communicator& comm, std::uint64_t val
     if (values[r] != values[0]) differing.push_back(r);
   }
   return differing;
+}
+
+std::vector<std::string> all_gather_strings(Communicator& comm, const std::string& value) {
+  const int size = comm.size();
+  at::Tensor length = at::full({1}, static_cast<std::int64_t>(value.size()), at::kLong);
+  at::Tensor lengths = at::empty({size}, at::kLong);
+  comm.all_gather(lengths, length)->wait();
+  // At least one byte per rank: a zero-sized all_gather helps nobody.
+  const std::int64_t width = std::max<std::int64_t>(1, lengths.max().item<std::int64_t>());
+  at::Tensor mine = at::zeros({width}, at::kByte);
+  std::memcpy(mine.data_ptr<std::uint8_t>(), value.data(), value.size());
+  at::Tensor all = at::empty({size * width}, at::kByte);
+  comm.all_gather(all, mine)->wait();
+  const auto* data = all.data_ptr<std::uint8_t>();
+  const auto* lens = lengths.data_ptr<std::int64_t>();
+  std::vector<std::string> values;
+  values.reserve(static_cast<std::size_t>(size));
+  for (int rank = 0; rank < size; ++rank) {
+    values.emplace_back(reinterpret_cast<const char*>(data + rank * width), static_cast<std::size_t>(lens[rank]));
+  }
+  return values;
 }
 
 void run_everywhere(Communicator& comm, const char* what, const std::function<void()>& action) {

@@ -178,6 +178,10 @@ std::int64_t payload_bytes(const at::Tensor& tensor);
 /// Blocks; throws CommError on a failed or timed-out exchange.
 std::vector<int> ranks_differing_from_root(Communicator& comm, std::uint64_t value);
 
+/// Collective over `comm`: every rank's `value`, by rank, on every rank (two all-gathers:
+/// the lengths, then the bytes padded to the longest). Blocks; throws CommError on failure.
+std::vector<std::string> all_gather_strings(Communicator& comm, const std::string& value);
+
 /// Collective over `comm`: runs `action` on every rank, then agrees on the outcome. A
 /// rank whose action threw a parallax::Error rethrows it; the others throw UsageError
 /// ("<what> failed on N other rank(s); see their messages"). So a failure on some ranks

@@ -108,4 +108,31 @@ std::string calling_thread_binding() {
   return detail::cpuset_string(set.get());
 }
 
+std::string process_binding() {
+  detail::HwlocTopology topology("this machine");
+  topology.load();
+  hwloc_topology_t topo = topology.get();
+  Bitmap bound = new_bitmap();
+  if (hwloc_get_cpubind(topo, bound.get(), HWLOC_CPUBIND_PROCESS) != 0 || hwloc_bitmap_iszero(bound.get()) ||
+      hwloc_bitmap_isincluded(hwloc_topology_get_allowed_cpuset(topo), bound.get())) {
+    return "";
+  }
+  return detail::cpuset_string(bound.get());
+}
+
+bool bound_apart(const std::vector<std::string>& bindings) {
+  if (bindings.size() < 2) return false;
+  std::vector<Bitmap> sets;
+  for (const std::string& list : bindings) {
+    if (list.empty()) return false;
+    Bitmap set = new_bitmap();
+    if (hwloc_bitmap_list_sscanf(set.get(), list.c_str()) != 0 || hwloc_bitmap_iszero(set.get())) return false;
+    for (const Bitmap& other : sets) {
+      if (hwloc_bitmap_intersects(set.get(), other.get())) return false;
+    }
+    sets.push_back(std::move(set));
+  }
+  return true;
+}
+
 }  // namespace parallax

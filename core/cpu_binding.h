@@ -2,7 +2,8 @@
 //
 // On a node with several ranks, each rank takes an equal, contiguous share of the
 // cores the process may run on (the launcher's binding if it set one, else the whole
-// machine), optionally only those near its device; one PU per core, so two threads
+// machine), optionally only those near its device; when the launcher gave every rank
+// cores of its own (bound_apart), a rank takes all of its own; one PU per core, so two threads
 // never share a core's hyperthreads. The offloaded optimizer binds LibTorch's intra-op
 // threads to that share, so the memory-bound CPU Adam streams from the rank's own
 // cores instead of migrating between them.
@@ -39,6 +40,17 @@ struct RankCpus {
   bool process_bound = false;  ///< a launcher (mpirun --bind-to core, taskset) bound it to fewer PUs than the machine's
 };
 RankCpus rank_cpus(int local_rank, int local_size, const std::string& near = "");
+
+/// The PUs the launcher bound this process to, hwloc list format ("4-7"), or "" when it
+/// may run on every PU the machine allows it. Throws TopologyError if hwloc fails.
+std::string process_binding();
+
+/// True when the launcher gave each of a node's ranks PUs of its own: every one of
+/// `bindings` (process_binding() of each rank on the node) is set and no two overlap.
+/// srun's --cpu-bind (with --cpus-per-task) and mpirun's --map-by slot:PE=n --bind-to
+/// core do so; a rank then uses its whole binding (rank_cpus(0, 1)) instead of a share
+/// of it. False for a single rank, an unbound one, or an unreadable list. Pure.
+bool bound_apart(const std::vector<std::string>& bindings);
 
 /// Binds the calling thread to PU `os_index`. Throws TopologyError naming it.
 void bind_calling_thread(int os_index);

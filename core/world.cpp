@@ -5,6 +5,8 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <thread>
 
 #include "parallax/core/error.h"
@@ -30,6 +32,44 @@ const char* thread_level_name(int level) {
 
 }  // namespace
 
+std::string launcher_size_mismatch(int mpi_size, const std::function<const char*(const char*)>& env) {
+  // The launcher that started this process, and the world size it promised. mpirun's
+  // ranks carry OMPI_COMM_WORLD_SIZE, Hydra's PMI_SIZE; a task that srun started itself
+  // carries SLURM_STEP_ID (the batch script's own step has none), and its step's size.
+  const char* variable = nullptr;
+  const char* value = nullptr;
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}) {
+    if ((value = env(name)) != nullptr) {
+      variable = name;
+      break;
+    }
+  }
+  const bool srun_task = env("SLURM_STEP_ID") != nullptr;
+  if (variable == nullptr && srun_task) {
+    for (const char* name : {"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"}) {
+      if ((value = env(name)) != nullptr) {
+        variable = name;
+        break;
+      }
+    }
+  }
+  if (variable == nullptr) return "";
+  char* end = nullptr;
+  const long promised = std::strtol(value, &end, 10);
+  if (end == value || *end != '\0' || promised == mpi_size) return "";
+  std::string message = std::string("the launcher started ") + value + " process(es) (" + variable + "=" + value +
+                        ") but MPI joined " + std::to_string(mpi_size) + " of them into this world";
+  if (srun_task && std::string(variable).rfind("SLURM_", 0) == 0) {
+    message +=
+        ": srun and the MPI library did not agree on a process-management interface, so each task started as "
+        "a world of its own. Launch with the interface this MPI supports (Debian's Open MPI: srun --mpi=pmix; "
+        "`srun --mpi=list` shows Slurm's), or under mpirun";
+  } else {
+    message += ": every process of a job must join one world; check the launcher's command line";
+  }
+  return message;
+}
+
 World::World(int& argc, char**& argv) {
   int initialized = 0;
   MPI_Initialized(&initialized);
@@ -43,6 +83,11 @@ World::World(int& argc, char**& argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &size_);
   set_process_rank(rank_);
+  const std::string mismatch = launcher_size_mismatch(size_, [](const char* name) { return std::getenv(name); });
+  if (!mismatch.empty()) {
+    if (owns_mpi_) MPI_Finalize();
+    throw UsageError(mismatch);
+  }
   PARALLAX_CHECK(provided >= MPI_THREAD_MULTIPLE, CommError, "the MPI library provides ", thread_level_name(provided),
                  " but Parallax needs MPI_THREAD_MULTIPLE (each communicator progresses its "
                  "operations on its own thread); use an MPI built with thread support");

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -20,11 +21,20 @@
 
 namespace parallax {
 
+/// Why a world of `mpi_size` ranks is not the job its launcher started, or "" when it
+/// is (or no launcher said). The launcher's promise: OMPI_COMM_WORLD_SIZE (mpirun),
+/// PMI_SIZE (Hydra), or, for a task srun started itself (SLURM_STEP_ID set),
+/// SLURM_STEP_NUM_TASKS / SLURM_NTASKS. A mismatch is typically srun and the MPI library
+/// not sharing a PMI, which starts every task as a world of one: training would run N
+/// unrelated copies. `env` reads a variable (std::getenv; tests pass their own). Pure.
+std::string launcher_size_mismatch(int mpi_size, const std::function<const char*(const char*)>& env);
+
 class World {
  public:
   /// Initializes MPI (unless already initialized) and duplicates MPI_COMM_WORLD into the
   /// world communicator. Throws CommError if the MPI library cannot provide
-  /// MPI_THREAD_MULTIPLE. Sets the process rank used in messages.
+  /// MPI_THREAD_MULTIPLE, UsageError (after finalizing MPI) if the world is not the one
+  /// the launcher started (launcher_size_mismatch). Sets the process rank used in messages.
   World(int& argc, char**& argv);
   World(const World&) = delete;
   World& operator=(const World&) = delete;

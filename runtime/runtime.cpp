@@ -314,8 +314,17 @@ void Runtime::start(const InitOptions& options) {
 
   // One owner of this rank's threads: its share of the node's cores, the pools sized
   // so that together they fit it (thread_budget.h).
+  // When the launcher gave each rank of the node cores of its own (srun --cpus-per-task
+  // with --cpu-bind, mpirun's PE=n), a rank's share is its whole binding.
+  const std::vector<std::string> bindings = all_gather_strings(s.world->communicator(), process_binding());
+  std::vector<std::string> node_bindings;
+  for (int rank : s.mesh->cluster().ranks_on(s.mesh->cluster().node_of(s.world->rank()))) {
+    node_bindings.push_back(bindings[static_cast<std::size_t>(rank)]);
+  }
+  const bool own_cores = bound_apart(node_bindings);
+  const int sharing_ranks = own_cores ? 1 : s.world->local_size();
   const BlasThreading blas_threading = loaded_blas_threading();
-  s.threads = budget_threads(rank_cpus(s.world->local_rank(), s.world->local_size()), s.world->local_size(),
+  s.threads = budget_threads(rank_cpus(own_cores ? 0 : s.world->local_rank(), sharing_ranks), sharing_ranks,
                              blas_threading, s.config.offload.optimizer != OffloadTarget::kNone, s.config.threads);
   apply_thread_budget(s.threads);
   s.blas = describe_loaded_blas();

@@ -16,6 +16,8 @@ PARALLAX_DEB_PACKAGES=(
   libtorch-dev libopenblas0-pthread   # without the pthread OpenBLAS, LibTorch uses reference BLAS
   libtcmalloc-minimal4   # bench/plan_accuracy.sh's malloc: glibc's keeps freed buffers resident
   iproute2               # tests/cluster/two_nodes.sh: the veth link between the two hosts
+  slurmctld slurmd slurm-client munge   # tests/cluster/slurm.sh: a real Slurm controller and node
+  libpmix-dev            # Slurm's PMIx plugin (srun --mpi=pmix) loads libpmix.so without depending on it
   libopenmpi-dev openmpi-bin
   libtomlplusplus-dev libprotobuf-dev protobuf-compiler libhwloc-dev zlib1g-dev nlohmann-json3-dev
   libboost-dev        # header-only Boost.CRC: the CRC-32C of TensorBoard's records (core/tensorboard_writer.cpp)

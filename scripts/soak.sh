@@ -23,6 +23,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/common.sh
+source tests/rank_of_pid.sh
 STEPS="${1:-2000}"
 SHORT="${2:-200}"
 SLOPE_LIMIT_KB="${SLOPE_LIMIT_KB:-1024}"
@@ -65,7 +66,7 @@ train() {
 # sample PID STEP: "STEP RANK RSS_KB THREADS FDS" for a rank still running, else nothing.
 sample() {
   local rank rss threads fds
-  rank=$( (tr '\0' '\n' <"/proc/$1/environ" | sed -n 's/^OMPI_COMM_WORLD_RANK=//p') 2>/dev/null) || return 0
+  rank=$(rank_of_pid "$1") || return 0
   rss=$(sed -n 's/^VmRSS:[[:space:]]*\([0-9]*\) kB/\1/p' "/proc/$1/status" 2>/dev/null) || return 0
   threads=$(sed -n 's/^Threads:[[:space:]]*//p' "/proc/$1/status" 2>/dev/null) || return 0
   fds=$(find "/proc/$1/fd" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l)

@@ -3,7 +3,7 @@
 # boundary and the job exit 0, and the saved step resumes. Two cases on 2 ranks: SIGTERM
 # to a data-parallel run (ZeRO-1) and SIGUSR1 to a pipeline run (pp 2, 1F1B). Each run
 # is told to train far more steps than it gets to; after a few steps one rank (found by
-# its OMPI_COMM_WORLD_RANK) gets the signal. Asserts: mpirun exits 0 within 60 s, the log
+# its launcher's rank variable, tests/rank_of_pid.sh) gets the signal. Asserts: mpirun exits 0 within 60 s, the log
 # names the signal and the rank, the newest checkpoint holds the last step trained, and
 # a run with checkpoint.load = "latest" resumes there.
 # Mutants this catches: a handler that ends the process (the default), a signal only the
@@ -16,6 +16,7 @@ MPIEXEC="$1"
 TRAIN="$2"
 TOOL="$3"
 CONFIGS="$4"
+source "$(dirname "${BASH_SOURCE[0]}")/../rank_of_pid.sh"
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/preemption_test.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
 
@@ -41,7 +42,7 @@ preempt() {
   [[ -f "$metrics" && "$(wc -l <"$metrics")" -ge 3 ]] || fail "$name: no 3 steps within 120 s"
   local pid victim=""
   for pid in $(pgrep -P "$launcher"); do
-    if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$target"; then victim=$pid; fi
+    if [[ "$(rank_of_pid "$pid")" == "$target" ]]; then victim=$pid; fi
   done
   [[ -n "$victim" ]] || fail "$name: rank $target's process not found"
   kill "-$signal" "$victim"

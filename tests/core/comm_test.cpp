@@ -6,6 +6,8 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <map>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -13,6 +15,7 @@
 #include "parallax/core/device_routed_communicator.h"
 #include "parallax/core/error.h"
 #include "parallax/core/mpi_communicator.h"
+#include "parallax/core/world.h"
 
 namespace parallax {
 namespace {
@@ -426,6 +429,35 @@ TEST_F(CommTest, TimeoutMakesGroupUnusable) {
   }
   group.reset();  // must return (the abandoned request completed); CTest's timeout guards a hang
   world_->barrier()->wait();
+}
+
+// The launcher's promise against the world MPI made (World refuses a mismatch). Mutant
+// caught: trusting SLURM_NTASKS inside a batch script (no SLURM_STEP_ID), which would
+// refuse every mpirun run in an allocation of another size.
+TEST(LauncherSize, AWorldOfOneUnderSrunIsRefusedNamingTheFix) {
+  auto env_of = [](std::map<std::string, std::string> vars) {
+    return [vars = std::move(vars)](const char* name) -> const char* {
+      const auto it = vars.find(name);
+      return it == vars.end() ? nullptr : it->second.c_str();
+    };
+  };
+  // srun without a PMI the MPI shares: four singletons.
+  const std::string singletons =
+      launcher_size_mismatch(1, env_of({{"SLURM_STEP_ID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_PROCID", "2"}}));
+  EXPECT_NE(singletons.find("SLURM_NTASKS=4"), std::string::npos) << singletons;
+  EXPECT_NE(singletons.find("srun --mpi=pmix"), std::string::npos) << singletons;
+  // The step's own count wins over the allocation's.
+  EXPECT_EQ(launcher_size_mismatch(2, env_of({{"SLURM_STEP_ID", "1"}, {"SLURM_STEP_NUM_TASKS", "2"},
+                                              {"SLURM_NTASKS", "8"}})),
+            "");
+  EXPECT_EQ(launcher_size_mismatch(4, env_of({{"SLURM_STEP_ID", "0"}, {"SLURM_NTASKS", "4"}})), "");
+  // mpirun inside a batch script: the batch step's SLURM_NTASKS says nothing about it.
+  EXPECT_EQ(launcher_size_mismatch(8, env_of({{"SLURM_NTASKS", "2"}, {"SLURM_PROCID", "0"}})), "");
+  EXPECT_EQ(launcher_size_mismatch(8, env_of({{"OMPI_COMM_WORLD_SIZE", "8"}, {"SLURM_STEP_ID", "0"},
+                                              {"SLURM_NTASKS", "2"}})),
+            "");
+  EXPECT_NE(launcher_size_mismatch(1, env_of({{"OMPI_COMM_WORLD_SIZE", "8"}})), "");
+  EXPECT_EQ(launcher_size_mismatch(1, env_of({})), "");  // started by hand: a world of one
 }
 
 }  // namespace

@@ -333,6 +333,22 @@ TEST(CpuBinding, RankSharesAreDisjointContiguousAndCoverTheCores) {
   EXPECT_THROW(parallax::rank_cpu_share(2, 2), parallax::UsageError);
 }
 
+// srun --cpus-per-task=4 --cpu-bind=cores on a 16-core node: each rank keeps its own four
+// cores. Mutant caught: dividing each rank's own binding again by the node's rank count
+// (rank 2 bound to cores 8-11 would then use core 10 alone).
+TEST(CpuBinding, RanksTheLauncherBoundApartKeepTheirWholeBinding) {
+  EXPECT_TRUE(parallax::bound_apart({"0-3", "4-7", "8-11", "12-15"}));
+  EXPECT_TRUE(parallax::bound_apart({"0,2", "1,3"}));
+  EXPECT_FALSE(parallax::bound_apart({"0-3", "3-7"}));  // overlapping: share as before
+  EXPECT_FALSE(parallax::bound_apart({"0-1", "0-1"}));  // srun on an oversubscribed node
+  EXPECT_FALSE(parallax::bound_apart({"0-3", ""}));     // one rank unbound
+  EXPECT_FALSE(parallax::bound_apart({"0-3"}));         // a single rank has nothing to share
+  EXPECT_FALSE(parallax::bound_apart({"0-3", "zz"}));
+  // This test process is not bound by a launcher, or its binding is a valid list.
+  const std::string own = parallax::process_binding();
+  if (!own.empty()) EXPECT_TRUE(parallax::bound_apart({own, "100000"})) << own;
+}
+
 TEST(CpuBinding, BindingTheCallingThreadSticks) {
   const int pu = parallax::rank_cpu_share(0, 1).back();
   std::string seen;

@@ -33,6 +33,7 @@ CHECKPOINT_TOOL="$4"
 TRAIN_GPT="${5:-}"
 TIMEOUT_S=5
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+source "$HERE/../rank_of_pid.sh"
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/faults_test.XXXXXX")"
 keep_logs() {
   [[ -n "${FAULTS_LOG_DIR:-}" ]] && mkdir -p "$FAULTS_LOG_DIR" && cp "$WORK"/*.log "$FAULTS_LOG_DIR"/ 2>/dev/null
@@ -151,7 +152,7 @@ if [[ -n "$TRAIN_GPT" ]]; then
   for _ in $(seq 600); do [[ "$(wc -l <"$WORK/pp.jsonl" 2>/dev/null || echo 0)" -ge 3 ]] && break; sleep 0.1; done
   stopped=""
   for pid in $(pgrep -x -- "$(basename "$TRAIN_GPT")"); do
-    if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1"; then
+    if [[ "$(rank_of_pid "$pid")" == 1 ]]; then
       kill -STOP "$pid" && stopped="$pid" && date +%s.%N >"$WORK/fault_time"
     fi
   done
