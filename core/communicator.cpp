@@ -36,6 +36,7 @@ CommCounters CommCounters::since(const CommCounters& earlier) const {
     delta.ops[i].calls = ops[i].calls - earlier.ops[i].calls;
     delta.ops[i].bytes = ops[i].bytes - earlier.ops[i].bytes;
     delta.ops[i].nanoseconds = ops[i].nanoseconds - earlier.ops[i].nanoseconds;
+    delta.ops[i].inter_node_bytes = ops[i].inter_node_bytes - earlier.ops[i].inter_node_bytes;
   }
   return delta;
 }
@@ -45,6 +46,7 @@ CommCounters& CommCounters::operator+=(const CommCounters& other) {
     ops[i].calls += other.ops[i].calls;
     ops[i].bytes += other.ops[i].bytes;
     ops[i].nanoseconds += other.ops[i].nanoseconds;
+    ops[i].inter_node_bytes += other.ops[i].inter_node_bytes;
   }
   return *this;
 }
@@ -54,12 +56,24 @@ CommCounters Communicator::counters() const {
   return counters_;
 }
 
-void Communicator::record(CommOp op, std::int64_t bytes, std::int64_t nanoseconds) {
+void Communicator::set_member_nodes(std::vector<int> nodes) {
+  PARALLAX_CHECK(static_cast<int>(nodes.size()) == size(), UsageError, "group '", name(), "' has ", size(),
+                 " ranks but ", nodes.size(), " nodes were given for them");
   std::lock_guard<std::mutex> lock(counters_mutex_);
+  spans_nodes_ = std::any_of(nodes.begin(), nodes.end(), [&](int node) { return node != nodes.front(); });
+  member_nodes_ = std::move(nodes);
+}
+
+void Communicator::record(CommOp op, std::int64_t bytes, std::int64_t nanoseconds, int peer) {
+  std::lock_guard<std::mutex> lock(counters_mutex_);
+  const bool crosses = peer < 0 ? spans_nodes_
+                                : !member_nodes_.empty() && member_nodes_[static_cast<std::size_t>(peer)] !=
+                                                                member_nodes_[static_cast<std::size_t>(rank())];
   OpCounter& counter = counters_[op];
   counter.calls += 1;
   counter.bytes += bytes;
   counter.nanoseconds += nanoseconds;
+  if (crosses) counter.inter_node_bytes += bytes;
 }
 
 void Communicator::set_default_timeout(std::chrono::milliseconds timeout) {

@@ -10,8 +10,9 @@
 // the group, the payload size and the rank, and the communicator is marked failed:
 // every later operation on it throws at once instead of hanging.
 //
-// Every call is counted (calls, logical bytes, time) per op kind; tests hold those
-// counters against theory, and the metrics file reports them per step.
+// Every call is counted (calls, logical bytes, time) per op kind, and how many of those
+// bytes reached another node; tests hold those counters against theory, and the metrics
+// file reports them per step.
 //
 //   auto work = comm.all_reduce(grads);   // returns at once
 //   ...                                   // overlap other work
@@ -58,6 +59,11 @@ struct OpCounter {
   std::int64_t calls = 0;
   std::int64_t bytes = 0;
   std::int64_t nanoseconds = 0;  ///< enqueue to completion, as seen by the backend
+  /// The part of `bytes` whose operations reached another node: a send or recv whose peer
+  /// is on another node, a collective over a group whose ranks span nodes (its whole
+  /// payload: which of it the MPI library's algorithm moves across is the library's).
+  /// 0 for a group whose nodes were never set (set_member_nodes).
+  std::int64_t inter_node_bytes = 0;
 };
 
 /// A snapshot of all counters of one communicator.
@@ -126,6 +132,17 @@ class Communicator {
   /// A consistent copy of this communicator's counters. Thread-safe.
   virtual CommCounters counters() const;
 
+  /// The node (an index into the Cluster) of each rank of this group, by group rank, so
+  /// the counters split traffic into intra- and inter-node (OpCounter::inter_node_bytes).
+  /// Whoever knows the cluster sets it once, before the group's first operation (the Mesh
+  /// for the world and its groups). Until then every byte counts as intra-node. Throws
+  /// UsageError for a list whose size is not size().
+  virtual void set_member_nodes(std::vector<int> nodes);
+  /// The nodes set_member_nodes gave (empty when never set).
+  const std::vector<int>& member_nodes() const { return member_nodes_; }
+  /// True when the group's ranks are on more than one node.
+  bool spans_nodes() const { return spans_nodes_; }
+
   /// The training step that error messages of later operations name ("at step 12"),
   /// so a timeout says where in training it happened; -1 (the default) names none.
   /// The engine sets it at the start of each optimizer step. Thread-safe.
@@ -160,12 +177,15 @@ class Communicator {
   /// 0 ≤ peer < size().
   void check_peer(CommOp op, int peer, const char* role) const;
 
-  /// Backends call this once per operation when it completes.
-  void record(CommOp op, std::int64_t bytes, std::int64_t nanoseconds);
+  /// Backends call this once per operation when it completes; `peer` is a send's
+  /// destination or a recv's source (group rank), -1 for a collective.
+  void record(CommOp op, std::int64_t bytes, std::int64_t nanoseconds, int peer);
 
  private:
   mutable std::mutex counters_mutex_;
   CommCounters counters_;
+  std::vector<int> member_nodes_;
+  bool spans_nodes_ = false;
   std::atomic<std::int64_t> default_timeout_ms_{300'000};
   std::atomic<std::int64_t> step_{-1};
 };

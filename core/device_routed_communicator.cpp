@@ -55,6 +55,12 @@ class DeviceRoutedCommunicator final : public Communicator {
     return routed;
   }
 
+  void set_member_nodes(std::vector<int> nodes) override {
+    host_->set_member_nodes(nodes);
+    cuda_->set_member_nodes(nodes);
+    Communicator::set_member_nodes(std::move(nodes));
+  }
+
   CommCounters counters() const override {
     CommCounters total = host_->counters();
     total += cuda_->counters();

@@ -8,7 +8,8 @@
 // order: all ranks issue the same operations in the same order per backend, as they do
 // anyway when every rank runs the same code. Barriers go to the host communicator;
 // split() splits both (same color and key) and routes the two halves alike. The
-// counters are the sum of both; the step and the default timeout are passed on.
+// counters are the sum of both; the step, the default timeout and the member nodes are
+// passed on.
 //
 //   auto world = route_by_device(std::move(mpi_world), create_nccl_communicator(*mpi, gpu, "world"));
 //   world->all_reduce(cuda_gradients);   // NCCL

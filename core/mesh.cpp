@@ -249,12 +249,24 @@ std::string MeshLayout::describe(const Cluster& cluster) const {
 
 namespace {
 
-std::unique_ptr<Communicator> split_along(Communicator& world, const MeshLayout& layout, MeshAxis axis) {
+// The nodes of `ranks` (world ranks), for Communicator::set_member_nodes.
+std::vector<int> nodes_of(const Cluster& cluster, const std::vector<int>& ranks) {
+  std::vector<int> nodes;
+  nodes.reserve(ranks.size());
+  for (int rank : ranks) nodes.push_back(cluster.node_of(rank));
+  return nodes;
+}
+
+std::unique_ptr<Communicator> split_along(Communicator& world,
+                                          const Cluster& cluster,
+                                          const MeshLayout& layout,
+                                          MeshAxis axis) {
   const int rank = world.rank();
   auto comm = world.split(layout.color(axis, rank), along(axis, layout.coord(rank)), layout.group_name(axis, rank));
   const int expected = degree(axis, layout.degrees());
   PARALLAX_ASSERT(comm != nullptr && comm->size() == expected, "group ", layout.group_name(axis, rank), " has ",
                   comm ? comm->size() : 0, " ranks, expected ", expected);
+  comm->set_member_nodes(nodes_of(cluster, layout.group(axis, rank)));
   return comm;
 }
 
@@ -271,10 +283,13 @@ MeshLayout checked_layout(const Communicator& world,
 
 Mesh::Mesh(Communicator& world, Cluster cluster, const MeshDegrees& degrees, AxisOrder order)
     : world_(&world), cluster_(std::move(cluster)), layout_(checked_layout(world, cluster_, degrees, order)) {
+  std::vector<int> everyone(static_cast<std::size_t>(world.size()));
+  for (int rank = 0; rank < world.size(); ++rank) everyone[static_cast<std::size_t>(rank)] = rank;
+  world.set_member_nodes(nodes_of(cluster_, everyone));
   // Same order on every rank: each split is a collective over the world.
-  tp_ = split_along(world, layout_, MeshAxis::kTp);
-  dp_ = split_along(world, layout_, MeshAxis::kDp);
-  pp_ = split_along(world, layout_, MeshAxis::kPp);
+  tp_ = split_along(world, cluster_, layout_, MeshAxis::kTp);
+  dp_ = split_along(world, cluster_, layout_, MeshAxis::kDp);
+  pp_ = split_along(world, cluster_, layout_, MeshAxis::kPp);
 }
 
 Communicator& Mesh::group(MeshAxis axis) {

@@ -126,8 +126,9 @@ class Mesh {
  public:
   /// Collective over `world`: every rank must call it with the same cluster and degrees,
   /// and it blocks until all have. Places the ranks (MeshLayout::place) and splits
-  /// `world` three times, in this order: TP groups, DP groups, PP groups.
-  /// `world` must outlive the Mesh. Throws UsageError when cluster.world_size() differs
+  /// `world` three times, in this order: TP groups, DP groups, PP groups. Labels `world`
+  /// and the three groups with their ranks' nodes (Communicator::set_member_nodes), so
+  /// their counters split intra- from inter-node bytes. `world` must outlive the Mesh. Throws UsageError when cluster.world_size() differs
   /// from world.size(), ConfigError / TopologyError as MeshLayout::place (on every rank
   /// alike, before any communication), CommError if a split fails.
   Mesh(Communicator& world, Cluster cluster, const MeshDegrees& degrees, AxisOrder order = AxisOrder::kTpDpPp);

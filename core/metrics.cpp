@@ -55,7 +55,7 @@ std::string to_json_line(const StepMetrics& m) {
     for (std::size_t op = 0; op < kCommOpCount; ++op) {
       const OpCounter& c = m.comm[r].ops[op];
       out << (first ? "" : ",") << "\"" << to_string(static_cast<CommOp>(op)) << "\":{\"calls\":" << c.calls
-          << ",\"bytes\":" << c.bytes << "}";
+          << ",\"bytes\":" << c.bytes << ",\"inter_node_bytes\":" << c.inter_node_bytes << "}";
       first = false;
     }
     out << "}";
@@ -92,7 +92,19 @@ std::vector<TensorBoardScalar> tensorboard_scalars(const StepMetrics& m) {
       scalars.push_back(
           {std::string("comm/") + to_string(static_cast<CommOp>(op)) + "_bytes", static_cast<double>(bytes)});
     }
+    std::int64_t sent = 0;
+    std::int64_t inter = 0;
+    for (const CommCounters& rank : m.comm) {
+      for (std::size_t op = 0; op < kCommOpCount; ++op) {
+        if (static_cast<CommOp>(op) == CommOp::kRecv) continue;
+        sent += rank.ops[op].bytes;
+        inter += rank.ops[op].inter_node_bytes;
+      }
+    }
+    scalars.push_back({"comm/intra_node_bytes", static_cast<double>(sent - inter)});
+    scalars.push_back({"comm/inter_node_bytes", static_cast<double>(inter)});
   }
+
   for (std::size_t r = 0; r < m.bubble_fraction.size(); ++r) {
     scalars.push_back({"pipeline/rank" + std::to_string(r) + "_bubble_fraction", m.bubble_fraction[r]});
   }

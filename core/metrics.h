@@ -58,7 +58,10 @@ std::string to_json_line(const StepMetrics& metrics);
 ///   perf/step_ms, perf/predicted_step_ms (only in auto mode), perf/samples_per_s, perf/tokens_per_s (only when tokens_per_sample
 ///   is set), memory/rank<r>_bytes (the rank's model state: params + grads + optimizer
 ///   + host + nvme), comm/<op>_bytes for every op (the step's logical payload bytes
-///   summed over all ranks, e.g. comm/all_reduce_bytes), and for pipelines
+///   summed over all ranks, e.g. comm/all_reduce_bytes), comm/intra_node_bytes and
+///   comm/inter_node_bytes (the same payload of every op but recv, whose bytes are the
+///   sender's, split by OpCounter::inter_node_bytes; summed over all ranks), and for
+///   pipelines
 ///   pipeline/rank<r>_bubble_fraction.
 std::vector<TensorBoardScalar> tensorboard_scalars(const StepMetrics& metrics);
 

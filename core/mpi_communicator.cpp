@@ -63,7 +63,7 @@ class MpiCommunicator final : public Communicator {
     set_default_timeout(default_timeout);
     engine_ = std::make_unique<detail::MpiProgressEngine>(
         detail::concat("on rank ", rank_, " (world rank ", process_rank(), ", host ", host_, ")"), name_,
-        world_ranks(comm_), [this](CommOp op, std::int64_t bytes, std::int64_t ns) { record(op, bytes, ns); });
+        world_ranks(comm_), [this](CommOp op, std::int64_t bytes, std::int64_t ns, int peer) { record(op, bytes, ns, peer); });
   }
 
   ~MpiCommunicator() override {
@@ -176,6 +176,7 @@ class MpiCommunicator final : public Communicator {
     MPI_Comm comm = comm_;
     detail::MpiOpSpec spec = make_spec(op, tensor, payload_bytes(tensor), options);
     spec.what += detail::concat(" to rank ", dst, " (tag ", tag, ")");
+    spec.peer = dst;
     spec.start = [=](MPI_Request* request) { return MPI_Isend(data, count, type, dst, tag, comm, request); };
     return engine_->submit(std::move(spec));
   }
@@ -191,6 +192,7 @@ class MpiCommunicator final : public Communicator {
     MPI_Comm comm = comm_;
     detail::MpiOpSpec spec = make_spec(op, tensor, payload_bytes(tensor), options);
     spec.what += detail::concat(" from rank ", src, " (tag ", tag, ")");
+    spec.peer = src;
     spec.start = [=](MPI_Request* request) { return MPI_Irecv(data, count, type, src, tag, comm, request); };
     const std::string what = spec.what;
     spec.finish = [=](const MPI_Status& status) {

@@ -248,7 +248,8 @@ void MpiProgressEngine::run() {
     }
     if (error.empty() && op.spec.counted) {
       recorder_(op.spec.op, op.spec.bytes,
-                std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - op.submitted).count());
+                std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - op.submitted).count(),
+                op.spec.peer);
     }
     // Before the waiters wake: a tensor whose wait() returned is no longer held here (its
     // storage would otherwise be freed on this thread, later, after an allocator or

@@ -67,6 +67,9 @@ struct MpiOpSpec {
   /// Logical payload for the counters (see OpCounter); counted only if `counted`.
   std::int64_t bytes = 0;
   bool counted = true;
+  /// A send's destination or a recv's source (group rank), -1 for a collective: whether
+  /// the bytes reached another node (Communicator::record).
+  int peer = -1;
   std::chrono::milliseconds timeout{0};
   /// Nothing submitted later starts before this operation has finished (for split,
   /// whose blocking MPI_Comm_split runs in `finish`).
@@ -134,7 +137,7 @@ class MpiProgressEngine {
  public:
   /// (op, bytes, nanoseconds): called on the progress thread for each completed,
   /// counted operation, before its Work reports completion.
-  using Recorder = std::function<void(CommOp, std::int64_t, std::int64_t)>;
+  using Recorder = std::function<void(CommOp, std::int64_t, std::int64_t, int)>;
 
   static constexpr std::size_t kMaxInFlight = 32;
   static constexpr std::chrono::microseconds kMaxSleep{128};

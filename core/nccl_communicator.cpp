@@ -39,7 +39,9 @@ class NcclCommunicator final : public Communicator {
     PARALLAX_NCCL_CHECK_COMM(ncclCommCount(comm, &size_), comm);
     set_default_timeout(default_timeout);
     shared_->where = detail::concat("on rank ", rank_, " (", detail::nccl_where_am_i(), ", cuda:", device_, ")");
-    shared_->recorder = [this](CommOp op, std::int64_t bytes, std::int64_t ns) { record(op, bytes, ns); };
+    shared_->recorder = [this](CommOp op, std::int64_t bytes, std::int64_t ns, int peer) {
+      record(op, bytes, ns, peer);
+    };
     DeviceGuard guard(device_);
     PARALLAX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     PARALLAX_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
@@ -150,7 +152,8 @@ class NcclCommunicator final : public Communicator {
     const ncclDataType_t type = nccl_datatype(tensor.scalar_type());
     return launch(op, describe_op(op, tensor, payload_bytes(tensor)) + detail::concat(" to rank ", dst),
                   payload_bytes(tensor), options, {tensor},
-                  [=](ncclComm_t comm, cudaStream_t stream) { return ncclSend(data, count, type, dst, comm, stream); });
+                  [=](ncclComm_t comm, cudaStream_t stream) { return ncclSend(data, count, type, dst, comm, stream); },
+                  dst);
   }
 
   WorkPtr recv(at::Tensor& tensor, int src, int tag, const CollectiveOptions& options) override {
@@ -163,7 +166,8 @@ class NcclCommunicator final : public Communicator {
     const ncclDataType_t type = nccl_datatype(tensor.scalar_type());
     return launch(op, describe_op(op, tensor, payload_bytes(tensor)) + detail::concat(" from rank ", src),
                   payload_bytes(tensor), options, {tensor},
-                  [=](ncclComm_t comm, cudaStream_t stream) { return ncclRecv(data, count, type, src, comm, stream); });
+                  [=](ncclComm_t comm, cudaStream_t stream) { return ncclRecv(data, count, type, src, comm, stream); },
+                  src);
   }
 
   WorkPtr barrier(const CollectiveOptions& options) override {
@@ -216,13 +220,14 @@ class NcclCommunicator final : public Communicator {
                  std::int64_t bytes,
                  const CollectiveOptions& options,
                  std::vector<at::Tensor> tensors,
-                 const Launcher& call) {
+                 const Launcher& call,
+                 int peer = -1) {
     std::lock_guard<std::mutex> lock(shared_->mutex);
     check_usable_locked(what);
     sweep_locked();
     DeviceGuard guard(device_);  // events belong to the device current at creation
     auto work =
-        std::make_shared<NcclWork>(shared_, op, std::move(what), bytes, timeout_for(options), std::move(tensors));
+        std::make_shared<NcclWork>(shared_, op, std::move(what), bytes, peer, timeout_for(options), std::move(tensors));
     PARALLAX_CUDA_CHECK(cudaEventRecord(ready_, producer_stream()));
     PARALLAX_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
     PARALLAX_CUDA_CHECK(cudaEventRecord(work->start_event(), stream_));

@@ -123,12 +123,14 @@ NcclWork::NcclWork(std::shared_ptr<NcclShared> shared,
                    CommOp op,
                    std::string what,
                    std::int64_t bytes,
+                   int peer,
                    std::chrono::milliseconds timeout,
                    std::vector<at::Tensor> tensors)
     : shared_(std::move(shared)),
       op_(op),
       what_(std::move(what)),
       bytes_(bytes),
+      peer_(peer),
       timeout_(timeout),
       deadline_(Clock::now() + timeout),
       tensors_(std::move(tensors)) {
@@ -182,7 +184,7 @@ bool NcclWork::poll_locked() {
     float ms = 0;
     cudaEventElapsedTime(&ms, start_, done_);
     if (shared_->recorder) {
-      shared_->recorder(op_, bytes_, static_cast<std::int64_t>(ms * 1e6));
+      shared_->recorder(op_, bytes_, static_cast<std::int64_t>(ms * 1e6), peer_);
     }
     finished_ = true;
     tensors_.clear();

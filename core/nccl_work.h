@@ -57,7 +57,7 @@ struct NcclShared {
   ncclComm_t comm = nullptr;  ///< null once aborted or destroyed
   std::string failure;        ///< non-empty once the group is unusable
   std::string where;          ///< "on rank 1 (world rank 3, host node07, cuda:1)"
-  std::function<void(CommOp, std::int64_t, std::int64_t)> recorder;  ///< null after destruction
+  std::function<void(CommOp, std::int64_t, std::int64_t, int)> recorder;  ///< null after destruction
 
   /// Aborts the NCCL communicator (its kernels stop) and fails the group.
   void fail_group_locked(const std::string& message);
@@ -72,6 +72,7 @@ class NcclWork final : public Work {
            CommOp op,
            std::string what,
            std::int64_t bytes,
+           int peer,
            std::chrono::milliseconds timeout,
            std::vector<at::Tensor> tensors);
   ~NcclWork() override;
@@ -94,6 +95,7 @@ class NcclWork final : public Work {
   CommOp op_;
   std::string what_;
   std::int64_t bytes_;
+  int peer_;  ///< a send's or recv's group rank, -1 for a collective
   std::chrono::milliseconds timeout_;
   std::chrono::steady_clock::time_point deadline_;
   std::vector<at::Tensor> tensors_;  ///< kept alive until the GPU is done with them

@@ -1,9 +1,10 @@
 // What a run holds and moves, for `train_gpt --explain` and trainers that want the same:
-// each rank's model-state bytes (held, and by ZeRO's formulas) and the bytes each of its
-// groups (tp, pp, dp) moved, measured by the communicators' own counters.
+// each rank's model-state bytes (held, and by ZeRO's formulas), the bytes each of its
+// groups (tp, pp, dp) moved, measured by the communicators' own counters, and how many
+// of them reached other nodes (OpCounter::inter_node_bytes).
 //
 //   std::cout << rt.explain();                   // the plan: placement, groups
-//   parallax::GroupTraffic traffic(rt.mesh());   // counters from here on
+//   parallax::GroupTraffic traffic(rt);          // counters from here on
 //   ... one optimizer step ...
 //   rt.logger().summary(traffic.report(rt, engine.model_state_bytes(), elements, padding));
 #pragma once
@@ -25,21 +26,27 @@ class Runtime;
 /// The bytes each of a rank's groups moves, from the moment it is constructed.
 class GroupTraffic {
  public:
-  /// Snapshots the counters of mesh.tp(), mesh.pp() and mesh.dp(). The mesh must outlive it.
-  explicit GroupTraffic(Mesh& mesh);
+  /// Snapshots the counters of the runtime's tp, pp, dp and world groups. The runtime must
+  /// outlive it.
+  explicit GroupTraffic(Runtime& runtime);
 
   /// Payload bytes this rank's tp, pp and dp groups moved since construction (all ops).
   std::array<std::int64_t, 3> bytes_since() const;
+  /// Of those, the bytes that reached another node (OpCounter::inter_node_bytes).
+  std::array<std::int64_t, 3> inter_node_bytes_since() const;
 
   /// Collective over every rank (the runtime's telemetry communicator): a table on rank 0
   /// ("" elsewhere), one row per rank: its model-state bytes `held` beside
   /// model_state_formula(elements, padding, ...) for the run's config, and the bytes its
-  /// tp, pp and dp groups moved since construction. Throws CommError.
+  /// tp, pp and dp groups moved since construction, each with the part that reached
+  /// another node in parentheses. On a cluster of several nodes a second table follows:
+  /// the bytes each rank sent within its node and to other nodes (every op but recv, over
+  /// the tp, pp, dp and world groups). Throws CommError.
   std::string report(Runtime& runtime, const ModelStateBytes& held, std::int64_t elements, std::int64_t padding) const;
 
  private:
-  Mesh* mesh_;
-  std::array<CommCounters, 3> start_;
+  Runtime* runtime_;
+  std::array<CommCounters, 4> start_;  // tp, pp, dp, world
 };
 
 }  // namespace parallax

@@ -17,7 +17,8 @@ namespace parallax {
 namespace {
 
 constexpr std::int64_t kStateFields = 8;  // loss, the ModelStateBytes fields, pipeline compute and schedule ms
-constexpr std::int64_t kFieldsPerRank = kStateFields + 2 * static_cast<std::int64_t>(kCommOpCount);
+constexpr std::int64_t kCommFields = 3;  // per op: calls, bytes, inter-node bytes
+constexpr std::int64_t kFieldsPerRank = kStateFields + kCommFields * static_cast<std::int64_t>(kCommOpCount);
 
 std::string human_rate(double per_second) {
   char text[32];
@@ -74,9 +75,11 @@ StepMetrics StepTelemetry::end_window(
   m[7] = schedule_ms_;
   compute_ms_ = schedule_ms_ = -1.0;
   for (std::size_t op = 0; op < kCommOpCount; ++op) {
-    m[kStateFields + 2 * op] = static_cast<double>(delta.ops[op].calls);
-    m[kStateFields + 1 + 2 * op] = static_cast<double>(delta.ops[op].bytes);
+    m[kStateFields + kCommFields * op] = static_cast<double>(delta.ops[op].calls);
+    m[kStateFields + kCommFields * op + 1] = static_cast<double>(delta.ops[op].bytes);
+    m[kStateFields + kCommFields * op + 2] = static_cast<double>(delta.ops[op].inter_node_bytes);
   }
+
   Communicator& telemetry = runtime_.telemetry();
   telemetry.set_step(step);
   const int ranks = telemetry.size();
@@ -97,10 +100,12 @@ StepMetrics StepTelemetry::end_window(
                                          static_cast<std::int64_t>(f[5])});
     CommCounters counters;
     for (std::size_t op = 0; op < kCommOpCount; ++op) {
-      counters.ops[op].calls = static_cast<std::int64_t>(f[kStateFields + 2 * op]);
-      counters.ops[op].bytes = static_cast<std::int64_t>(f[kStateFields + 1 + 2 * op]);
+      counters.ops[op].calls = static_cast<std::int64_t>(f[kStateFields + kCommFields * op]);
+      counters.ops[op].bytes = static_cast<std::int64_t>(f[kStateFields + kCommFields * op + 1]);
+      counters.ops[op].inter_node_bytes = static_cast<std::int64_t>(f[kStateFields + kCommFields * op + 2]);
     }
     metrics.comm.push_back(counters);
+
   }
   metrics.loss = loss_sum / ranks;
   double longest_schedule = -1.0;

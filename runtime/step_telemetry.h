@@ -3,8 +3,9 @@
 // progress line.
 //
 // Protocol at the end of each optimizer step (collective over all ranks):
-//  1. Each rank packs [local mean loss, params, grads, optimizer bytes, and for each op
-//     kind the calls and bytes its training communicators did during the step].
+//  1. Each rank packs [local mean loss, params, grads, optimizer bytes, for each op kind
+//     the calls, bytes and inter-node bytes its training communicators did during the
+//     step].
 //  2. One all_gather on the runtime's telemetry communicator (not counted in the
 //     training groups' counters).
 //  3. Every rank computes the global mean loss (the mean of the ranks' means: every

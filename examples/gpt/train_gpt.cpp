@@ -58,7 +58,7 @@ void print_summary(parallax::Runtime& rt,
 // measured, then exit.
 template <typename EngineType, typename Step>
 int explain(parallax::Runtime& rt, EngineType& engine, Step step) {
-  parallax::GroupTraffic traffic(rt.mesh());
+  parallax::GroupTraffic traffic(rt);
   step();
   rt.logger().summary(
       traffic.report(rt, engine.model_state_bytes(), engine.gradient_bytes() / 4, engine.gradient_padding_bytes() / 4));

@@ -298,6 +298,49 @@ TEST_F(CommTest, CountersAreExact) {
   EXPECT_EQ(delta[CommOp::kBroadcast].calls, 0);
 }
 
+// The counters' split by node. The world's ranks are labelled as two nodes, the lower
+// half and the upper half (as two 2-rank hosts would be), and a group that stays within
+// each half is split off. Mutants caught: a send counted by the sender's node instead of
+// the peer's, a collective over a spanning group counted as intra-node, the labels not
+// passed to a group made by split (its bytes would all be intra-node, silently).
+TEST_F(CommTest, CountersSplitBytesByNode) {
+  const int n = size();
+  std::vector<int> nodes;
+  for (int r = 0; r < n; ++r) nodes.push_back(r < (n + 1) / 2 ? 0 : 1);
+  world_->set_member_nodes(nodes);
+  EXPECT_EQ(world_->spans_nodes(), n > 1);
+  EXPECT_THROW(world_->set_member_nodes(std::vector<int>(static_cast<std::size_t>(n) + 1, 0)), UsageError);
+  EXPECT_THROW(world_->set_member_nodes({}), UsageError);  // one node per rank
+
+  at::Tensor f32 = at::ones({100}, at::kFloat);
+  world_->all_reduce(f32)->wait();
+  at::Tensor message = at::ones({5}, at::kInt);
+  at::Tensor inbox = at::zeros({5}, at::kInt);
+  const int next = (rank() + 1) % n;
+  const int previous = (rank() + n - 1) % n;
+  auto s = world_->send(message, next, 0);
+  world_->recv(inbox, previous, 0)->wait();
+  s->wait();
+  const CommCounters c = world_->counters();
+  EXPECT_EQ(c[CommOp::kAllReduce].inter_node_bytes, n > 1 ? 400 : 0);
+  EXPECT_EQ(c[CommOp::kSend].inter_node_bytes, nodes[next] != nodes[rank()] ? 20 : 0);
+  EXPECT_EQ(c[CommOp::kRecv].inter_node_bytes, nodes[previous] != nodes[rank()] ? 20 : 0);
+
+  // A group inside one node: labelled by whoever splits it, its bytes are intra-node.
+  auto half = world_->split(nodes[rank()], rank(), "half");
+  std::vector<int> half_nodes(static_cast<std::size_t>(half->size()), nodes[rank()]);
+  half->set_member_nodes(half_nodes);
+  EXPECT_FALSE(half->spans_nodes());
+  half->all_reduce(f32)->wait();
+  EXPECT_EQ(half->counters()[CommOp::kAllReduce].bytes, 400);
+  EXPECT_EQ(half->counters()[CommOp::kAllReduce].inter_node_bytes, 0);
+  const CommCounters since = world_->counters().since(c);
+  EXPECT_EQ(since[CommOp::kAllReduce].inter_node_bytes, 0);
+  CommCounters total = c;
+  total += c;
+  EXPECT_EQ(total[CommOp::kAllReduce].inter_node_bytes, 2 * c[CommOp::kAllReduce].inter_node_bytes);
+}
+
 // A group over two backends sends each tensor to the backend of its device: host
 // tensors to the host communicator, with exact results; its splits route alike, and its
 // counters are both backends'. Here both halves are MPI groups (no CUDA tensor exists

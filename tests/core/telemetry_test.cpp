@@ -34,7 +34,7 @@ TEST(Metrics, JsonLineHasTheContractFieldsIndexedByRank) {
   m.samples_per_s = 125;
   m.model_state_bytes = {{16, 16, 32}, {16, 16, 32}};
   m.comm.resize(2);
-  m.comm[1][CommOp::kAllReduce] = {2, 64, 0};
+  m.comm[1][CommOp::kAllReduce] = {2, 64, 0, 16};
   const std::string line = to_json_line(m);
   EXPECT_EQ(line.find('\n'), std::string::npos);
   EXPECT_NE(
@@ -43,8 +43,9 @@ TEST(Metrics, JsonLineHasTheContractFieldsIndexedByRank) {
       << line;
   EXPECT_NE(line.find("\"model_state_bytes\":[{\"params\":16,\"grads\":16,\"optimizer\":32,\"host\":0,\"nvme\":0},"),
             std::string::npos);
-  EXPECT_NE(line.find("{\"all_reduce\":{\"calls\":0,\"bytes\":0}"), std::string::npos);
-  EXPECT_NE(line.find("{\"all_reduce\":{\"calls\":2,\"bytes\":64},\"reduce_scatter\""), std::string::npos);
+  EXPECT_NE(line.find("{\"all_reduce\":{\"calls\":0,\"bytes\":0,\"inter_node_bytes\":0}"), std::string::npos);
+  EXPECT_NE(line.find("{\"all_reduce\":{\"calls\":2,\"bytes\":64,\"inter_node_bytes\":16},\"reduce_scatter\""),
+            std::string::npos);
   for (const char* op : {"reduce_scatter", "all_gather", "broadcast", "send", "recv", "barrier"}) {
     EXPECT_NE(line.find(std::string("\"") + op + "\":{\"calls\":"), std::string::npos) << op;
   }
@@ -99,9 +100,10 @@ TEST(Metrics, TensorBoardScalarsNameEveryValueOncePerStep) {
   m.tokens_per_s = 200;
   m.model_state_bytes = {{16, 16, 32, 8, 4}, {1, 2, 3, 0, 0}};
   m.comm.resize(2);
-  m.comm[0][CommOp::kAllReduce] = {2, 64, 0};
-  m.comm[1][CommOp::kAllReduce] = {2, 32, 0};
-  m.comm[1][CommOp::kSend] = {1, 8, 0};
+  m.comm[0][CommOp::kAllReduce] = {2, 64, 0, 64};
+  m.comm[1][CommOp::kAllReduce] = {2, 32, 0, 32};
+  m.comm[1][CommOp::kSend] = {1, 8, 0, 0};
+  m.comm[1][CommOp::kRecv] = {1, 8, 0, 8};  // the sender's bytes: not in the node split
   std::vector<std::pair<std::string, double>> got;
   for (const TensorBoardScalar& s : tensorboard_scalars(m)) got.emplace_back(s.tag, s.value);
   const std::vector<std::pair<std::string, double>> want = {
@@ -110,8 +112,9 @@ TEST(Metrics, TensorBoardScalarsNameEveryValueOncePerStep) {
       {"memory/rank0_bytes", 76},    {"memory/rank1_bytes", 6},
       {"comm/all_reduce_bytes", 96}, {"comm/reduce_scatter_bytes", 0},
       {"comm/all_gather_bytes", 0},  {"comm/broadcast_bytes", 0},
-      {"comm/send_bytes", 8},        {"comm/recv_bytes", 0},
-      {"comm/barrier_bytes", 0}};
+      {"comm/send_bytes", 8},        {"comm/recv_bytes", 8},
+      {"comm/barrier_bytes", 0},     {"comm/intra_node_bytes", 8},
+      {"comm/inter_node_bytes", 96}};
   EXPECT_EQ(got, want);
 
   m.grad_norm = 1.5;

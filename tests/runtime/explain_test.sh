@@ -21,6 +21,12 @@ grep -q "^# plan: tp 2 x pp 2 x dp 2 (tp-dp-pp) on 8 ranks, 2 emulated node(s); 
 grep -qE "^  0 +0 +0 +0 +node0 +0 +0-3 +0 +gpu0 +tp\[pp=0,dp=0\]" <<<"$output" || fail "rank 0's row"
 grep -qE "^  2 +1 +0 +0 +node0 +1 +4-7 +0 +gpu1 +tp\[pp=0,dp=0\]" <<<"$output" || fail "rank 2's row"
 grep -qE "^  7 +1 +1 +1 +node1 +3 +12-15 +1 +gpu3 +tp\[pp=1,dp=1\]" <<<"$output" || fail "rank 7's row"
-rows=$(grep -cE "^  [0-7] +([0-9]+) \(\1\) +([0-9]+) \(\2\) +([0-9]+) \(\3\) +[1-9][0-9]* +[1-9][0-9]* +[1-9][0-9]*$" <<<"$output")
-[ "$rows" -eq 8 ] || fail "expected 8 model-state rows equal to the formula with traffic in every group, got $rows"
-echo "ok: the plan and one step's model state and traffic per group"
+# Each group's bytes, with those that reached the other (emulated) node in parentheses:
+# the tensor- and data-parallel pairs are inside a node, the pipeline's two stages are not.
+rows=$(grep -cE "^  [0-7] +([0-9]+) \(\1\) +([0-9]+) \(\2\) +([0-9]+) \(\3\) +[1-9][0-9]* \(0\) +([1-9][0-9]*) \(\4\) +[1-9][0-9]* \(0\)$" \
+       <<<"$output")
+[ "$rows" -eq 8 ] ||
+  fail "expected 8 model-state rows equal to the formula, traffic in every group, only the pipeline's crossing nodes; got $rows"
+grep -q "^bytes each rank sent in the step within its node and to other nodes" <<<"$output" ||
+  fail "no table of the bytes sent within and across nodes"
+echo "ok: the plan and one step's model state, traffic per group and by node"

@@ -52,7 +52,7 @@ PipelineRun train_pipeline(parallax::Config config) {
   parallax::PipelineEngine engine(rt, gpt::layer_specs(options), parallax::CrossEntropyLoss{},
                                   parallax::OptimizerSpec::from(c), engine_options);
   PipelineRun run;
-  const parallax::GroupTraffic traffic(rt.mesh());
+  const parallax::GroupTraffic traffic(rt);
   run.tp_rank = rt.mesh().coord().tp;
   run.tp = rt.mesh().degrees().tp;
   run.zero_stage = engine.sharded_model() != nullptr ? engine.sharded_model()->stage() : 0;
