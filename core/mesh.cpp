@@ -147,11 +147,16 @@ MeshLayout MeshLayout::place(const Cluster& cluster, const MeshDegrees& degrees,
     const std::string& host = cluster.nodes()[node].hostname;
     PARALLAX_CHECK(count >= degrees.tp, TopologyError,
                    "cannot keep tensor-parallel groups within nodes: tp = ", degrees.tp, " needs ", degrees.tp,
-                   " ranks on one node, but node '", host, "' hosts ranks ", format_rank_set(ranks), " (", count, ")");
+                   " ranks on one node, but node '", host, "' hosts ranks ", format_rank_set(ranks), " (", count,
+                   "). Lower parallel.tp to at most ", count, ", or start ", degrees.tp,
+                   " ranks on every node (mpirun --map-by ppr:", degrees.tp, ":node, srun --ntasks-per-node=",
+                   degrees.tp, ")");
     PARALLAX_CHECK(count % degrees.tp == 0, TopologyError,
                    "cannot keep tensor-parallel groups within nodes: tp = ", degrees.tp,
                    " must divide the ranks of every node, but node '", host, "' hosts ranks ", format_rank_set(ranks),
-                   " (", count, ", not a multiple of ", degrees.tp, ")");
+                   " (", count, ", not a multiple of ", degrees.tp, "). Start a multiple of ", degrees.tp,
+                   " ranks on every node (mpirun --map-by ppr:N:node, srun --ntasks-per-node=N), or choose a tp "
+                   "that divides ", count);
     for (int i = 0; i < count; ++i) {
       coords[ranks[i]] = coord_of_index(degrees, order, group * degrees.tp + i % degrees.tp);
       if (i % degrees.tp == degrees.tp - 1) ++group;

@@ -301,6 +301,20 @@ Cluster Cluster::from_rank_topologies(const std::vector<NodeTopology>& per_rank)
   return Cluster(std::move(nodes), std::move(ranks));
 }
 
+void Cluster::check_uniform(bool gpus) const {
+  const NodeTopology& first = nodes_.front();
+  for (const NodeTopology& node : nodes_) {
+    const bool cores_differ = node.cores != first.cores;
+    const bool gpus_differ = gpus && node.gpus.size() != first.gpus.size();
+    PARALLAX_CHECK(!cores_differ && !gpus_differ, TopologyError, "the nodes differ: node '", node.hostname, "' has ",
+                   node.cores, " cores and ", node.gpus.size(), " GPU(s) but node '", first.hostname, "' (rank 0's) has ",
+                   first.cores, " cores and ", first.gpus.size(),
+                   " GPU(s). Every rank of a layout gets the same share of work, so the smaller node would set every "
+                   "step's pace", gpus_differ ? " and the layout's GPUs would not fit it" : "",
+                   ". Run on nodes of one kind (Slurm: one partition, or --constraint naming the node type)");
+  }
+}
+
 RankLocation dealt_location(int rank, int nodes, int per_node, LauncherOrder order) {
   return order == LauncherOrder::kBlock ? RankLocation{rank / per_node, rank % per_node}
                                         : RankLocation{rank % nodes, rank / nodes};

@@ -148,6 +148,12 @@ class Cluster {
   /// order (what rank arithmetic assumes).
   bool node_contiguous() const;
 
+  /// Throws TopologyError naming the first node that differs from node 0 in cores, or
+  /// (with `gpus`) in GPUs, the two counts, and the fix: every rank of a layout gets the
+  /// same share of work, so a smaller node would set every step's pace, and a layout
+  /// placed by GPUs would not fit it. Pure.
+  void check_uniform(bool gpus) const;
+
   /// The cluster as the mesh sees it, one line per node:
   ///   "cluster: 2 nodes, 8 ranks\n"
   ///   "  node0: 2 packages, 2 NUMA, 16 cores, 32 PUs, 4 GPUs [...], 0 NICs; ranks {0,2,4,6}\n"

@@ -196,23 +196,39 @@ Config load_config_everywhere(World& world, const ConfigSources& sources, const 
   return config;
 }
 
+// "rank(s) {4,5} on node1 differ from rank 0 on node0": collective over the world (every
+// rank calls it when `differing`, which every rank computed alike, is not empty).
+std::string differing_ranks_and_hosts(World& world, const std::vector<int>& differing) {
+  const std::vector<std::string> hosts = all_gather_strings(world.communicator(), world.hostname());
+  std::vector<std::string> where;
+  for (int rank : differing) {
+    const std::string& host = hosts[static_cast<std::size_t>(rank)];
+    if (std::find(where.begin(), where.end(), host) == where.end()) where.push_back(host);
+  }
+  std::string names;
+  for (const std::string& host : where) names += (names.empty() ? "" : ", ") + host;
+  return "rank(s) " + format_rank_set(differing) + " on " + names + " differ from rank 0 on " + hosts.front();
+}
+
 // All ranks must run the same build: another binary on one node (a stale copy, another
 // version) would otherwise fail later and obscurely, or train wrongly.
 void check_same_program(World& world) {
   const std::string identity = program_identity();
   const std::vector<int> differing =
       ranks_differing_from_root(world.communicator(), std::hash<std::string>{}(identity));
-  PARALLAX_CHECK(differing.empty(), ConfigError, "ranks run different programs: rank(s) ", format_rank_set(differing),
-                 " differ from rank 0; this rank runs ", executable_path(), " (", identity,
-                 "). Launch the same build on every node");
+  if (differing.empty()) return;
+  throw ConfigError(detail::concat("ranks run different programs: ", differing_ranks_and_hosts(world, differing),
+                                   "; this rank runs ", executable_path(), " (", identity,
+                                   "). Install the same build on every node (or build into a directory all "
+                                   "nodes share)"));
 }
 
 // All ranks must train with the same configuration.
 void check_same_config(World& world, const Config& config) {
   const std::vector<int> differing = ranks_differing_from_root(world.communicator(), config_hash(config));
-  PARALLAX_CHECK(differing.empty(), ConfigError, "ranks hold different configurations: rank(s) ",
-                 format_rank_set(differing),
-                 " differ from rank 0 (check that every node reads the same files and --set values)");
+  if (differing.empty()) return;
+  throw ConfigError(detail::concat("ranks hold different configurations: ", differing_ranks_and_hosts(world, differing),
+                                   " (check that every node reads the same files and --set values)"));
 }
 
 }  // namespace
@@ -284,6 +300,7 @@ void Runtime::start(const InitOptions& options) {
         emulated ? emulated_node(s.config.topology, s.world->rank(), s.world->size()) : NodeTopology::discover();
   });
   Cluster cluster = Cluster::gather(s.world->communicator(), local_node);
+  cluster.check_uniform(/*gpus=*/s.config.train.device == TrainDevice::kCuda);
   // The plan (and so the placement) is decided before any communicator is split. Every
   // rank holds the same config and cluster, so every rank refuses a strategy the same
   // way, before anything is printed or built.

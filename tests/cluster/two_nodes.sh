@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# Two genuine hosts on this machine, for tests: two Linux UTS + network namespaces named
-# node0 and node1, joined by a veth pair (10.77.N.1 and .2/24, N from the caller's pid),
-# each with its own host name and network stack, so Open MPI's ranks on different nodes
-# talk over TCP and never through shared memory. Source it, then:
+# Two genuine hosts on this machine, for tests: two Linux UTS + network + mount namespaces
+# named node0 and node1, joined by a veth pair (10.77.N.1 and .2/24, N from the caller's
+# pid), each with its own host name, network stack and mounts, so Open MPI's ranks on
+# different nodes talk over TCP and never through shared memory, and a file can differ
+# between the nodes. Source it, then:
 #
-#   two_nodes_up DIR            create them (DIR: an empty directory of the caller's)
-#   two_nodes_mpirun DIR ARGS   mpirun, run inside node0, ranks on node0 and node1
-#   two_nodes_down DIR          remove everything (also call it from an EXIT trap)
+#   two_nodes_up DIR              create them (DIR: an empty directory of the caller's)
+#   two_nodes_mpirun DIR ARGS     mpirun, run inside node0, ranks on node0 and node1
+#   two_nodes_exec DIR HOST CMD   run CMD in HOST's namespaces (a mount only it sees)
+#   two_nodes_env DIR HOST VAR=V  give HOST's ranks an environment variable of their own
+#   two_nodes_down DIR            remove everything (also call it from an EXIT trap)
 #
 # Traffic goes only between the two namespaces: neither has a route beyond their link,
 # and mpirun runs inside node0 (the root namespace's default route leaves this machine,
 # so nothing there may address the test's link). Killing the namespaces' holder
-# processes removes the namespaces and the veth pair with them. Needs root (or
+# processes removes the namespaces, their mounts and the veth pair with them. Needs root (or
 # CAP_SYS_ADMIN and CAP_NET_ADMIN); two_nodes_available says whether this machine allows it.
 
 # two_nodes_available: exit status 0 when namespaces and veth pairs can be made here,
@@ -20,8 +23,8 @@ two_nodes_available() {
   local probe
   command -v unshare >/dev/null && command -v nsenter >/dev/null && command -v ip >/dev/null ||
     { echo "unshare, nsenter or ip (iproute2) is missing"; return 1; }
-  probe=$(unshare --uts --net sh -c 'hostname probe && ip link add pxprobe0 type veth peer name pxprobe1' 2>&1) ||
-    { echo "cannot create UTS and network namespaces with a veth pair here: $probe"; return 1; }
+  probe=$(unshare --uts --net --mount sh -c 'hostname probe && ip link add pxprobe0 type veth peer name pxprobe1' 2>&1) ||
+    { echo "cannot create UTS, network and mount namespaces with a veth pair here: $probe"; return 1; }
   return 0
 }
 
@@ -29,7 +32,7 @@ two_nodes_up() {
   local dir=$1 n=$(( $$ % 250 + 1 )) i pid
   echo "$n" >"$dir/subnet"
   for i in 0 1; do
-    unshare --uts --net sleep 3600 &  # ends by itself should no trap run
+    unshare --uts --net --mount --propagation private sleep 3600 &  # ends by itself should no trap run
     echo $! >"$dir/node$i.pid"
   done
   sleep 0.2
@@ -43,11 +46,13 @@ two_nodes_up() {
   for pid in "$p0" "$p1"; do nsenter -t "$pid" -n ip link set lo up || return 1; done
   nsenter -t "$p0" -n ip link set "pxa$n" up && nsenter -t "$p1" -n ip link set "pxb$n" up || return 1
   # The launch agent Open MPI calls as it would ssh: "agent HOST COMMAND...". The command
-  # is re-parsed by a shell, since orted's arguments carry quoted values with ';'.
+  # is re-parsed by a shell, since orted's arguments carry quoted values with ';'. HOST's
+  # own variables (two_nodes_env) go to orted and so to its ranks.
+  touch "$dir/node0.env" "$dir/node1.env"
   cat >"$dir/agent.sh" <<AGENT
 #!/bin/sh
 host=\$1; shift
-exec nsenter -t "\$(cat "$dir/\$host.pid")" -u -n -- /bin/sh -c "\$*"
+exec nsenter -t "\$(cat "$dir/\$host.pid")" -u -n -m -- /bin/sh -c ". '$dir/\$host.env'; \$*"
 AGENT
   chmod +x "$dir/agent.sh"
 }
@@ -58,9 +63,23 @@ two_nodes_mpirun() {
   local dir=$1; shift
   local n
   n=$(cat "$dir/subnet")
-  nsenter -t "$(cat "$dir/node0.pid")" -u -n -- mpirun --allow-run-as-root \
+  nsenter -t "$(cat "$dir/node0.pid")" -u -n -m -- mpirun --allow-run-as-root \
     --mca plm_rsh_agent "$dir/agent.sh" --mca oob_tcp_if_include "10.77.$n.0/24" \
     --mca btl_tcp_if_include "10.77.$n.0/24" "$@"
+}
+
+two_nodes_exec() {
+  local dir=$1 host=$2; shift 2
+  nsenter -t "$(cat "$dir/$host.pid")" -u -n -m -- "$@"
+}
+
+two_nodes_env() {
+  local dir=$1 host=$2 setting value; shift 2
+  for setting in "$@"; do
+    value=${setting#*=}
+    value=${value//\'/\'\\\'\'}  # ' becomes '\'' inside the single quotes
+    printf "export %s='%s'\n" "${setting%%=*}" "$value" >>"$dir/$host.env"
+  done
 }
 
 two_nodes_down() {

@@ -309,6 +309,29 @@ TEST(Cluster, ConstructorValidates) {
   EXPECT_NO_THROW(Cluster({n, n}, {{1, 0}, {0, 0}, {1, 1}}));
 }
 
+// Nodes of different sizes are refused, naming the node and both counts; GPUs only when
+// the run places work on them. Mutant caught: comparing each node with itself.
+TEST(Cluster, NodesOfDifferentSizesAreRefusedByName) {
+  NodeTopology small = NodeTopology::from_synthetic("pack:1 core:2 pu:1");
+  NodeTopology big = NodeTopology::from_synthetic("pack:1 core:4 pu:1");
+  NodeTopology gpus = NodeTopology::from_synthetic("pack:1 core:2 pu:1 gpu:2");
+  small.hostname = "a";
+  big.hostname = "b";
+  gpus.hostname = "c";
+  EXPECT_NO_THROW(Cluster({small, small}, {{0, 0}, {1, 0}}).check_uniform(true));
+  try {
+    Cluster({small, big}, {{0, 0}, {1, 0}}).check_uniform(false);
+    ADD_FAILURE() << "a 4-core node beside a 2-core one was accepted";
+  } catch (const TopologyError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("node 'b' has 4 cores and 0 GPU(s) but node 'a' (rank 0's) has 2 cores"), std::string::npos)
+        << what;
+    EXPECT_NE(what.find("--constraint"), std::string::npos) << what;
+  }
+  EXPECT_NO_THROW(Cluster({small, gpus}, {{0, 0}, {1, 0}}).check_uniform(false));  // a CPU run
+  EXPECT_THROW(Cluster({small, gpus}, {{0, 0}, {1, 0}}).check_uniform(true), TopologyError);
+}
+
 }  // namespace
 TEST(CpuBinding, RankSharesAreDisjointContiguousAndCoverTheCores) {
   const std::vector<int> all = parallax::rank_cpu_share(0, 1);
