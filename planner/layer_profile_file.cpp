@@ -118,7 +118,10 @@ MeasuredProfile read_profile(const std::string& path) {
   profile.memory_bandwidth = message.memory_bandwidth();
   profile.link_bandwidth = message.link_bandwidth();
   profile.link_latency = message.link_latency();
-  PARALLAX_CHECK(profile.memory_bandwidth >= 0 && profile.link_bandwidth >= 0 && profile.link_latency >= 0,
+  profile.inter_node_link_bandwidth = message.inter_node_link_bandwidth();
+  profile.inter_node_link_latency = message.inter_node_link_latency();
+  PARALLAX_CHECK(profile.memory_bandwidth >= 0 && profile.link_bandwidth >= 0 && profile.link_latency >= 0 &&
+                     profile.inter_node_link_bandwidth >= 0 && profile.inter_node_link_latency >= 0,
                  ConfigError, path, ": a machine figure is negative");
   for (double ratio : message.step_time_ratios()) {
     PARALLAX_CHECK(ratio > 0 && ratio < 1e6, ConfigError, path, ": a step-time ratio (", ratio, ") is out of range");
@@ -141,6 +144,8 @@ void write_profile(const std::string& path, const MeasuredProfile& profile) {
   message.set_memory_bandwidth(profile.memory_bandwidth);
   message.set_link_bandwidth(profile.link_bandwidth);
   message.set_link_latency(profile.link_latency);
+  message.set_inter_node_link_bandwidth(profile.inter_node_link_bandwidth);
+  message.set_inter_node_link_latency(profile.inter_node_link_latency);
   for (double ratio : profile.step_time_ratios) message.add_step_time_ratios(ratio);
   for (const auto& [key, block] : profile.block) {
     const auto head = profile.head.find(key);

@@ -21,8 +21,11 @@ struct MeasuredProfile {
   std::string build;    ///< Parallax and LibTorch versions
   LayerTimeTable block, head;
   double memory_bandwidth = 0;  ///< bytes/s per rank (a += b), every rank at once; 0: not measured
-  double link_bandwidth = 0;    ///< bytes/s of a ring all-reduce over the world; 0: one rank
-  double link_latency = 0;      ///< seconds per ring hop
+  double link_bandwidth = 0;    ///< bytes/s of a ring all-reduce within a node; 0: one rank there
+  double link_latency = 0;      ///< seconds per ring hop within a node
+  /// The same between nodes (an all-reduce over one rank of each node); 0: one node.
+  double inter_node_link_bandwidth = 0;
+  double inter_node_link_latency = 0;
   /// Measured / predicted step time of the last runs (at most kRatiosKept, oldest first).
   std::vector<double> step_time_ratios;
   static constexpr std::size_t kRatiosKept = 8;

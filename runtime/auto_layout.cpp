@@ -51,8 +51,13 @@ planner::ClusterSpec this_cluster(const Config& config, const World& world, cons
   cluster.host_bandwidth = m.memory_bandwidth;
   cluster.host_adam_elements_per_second = m.memory_bandwidth / 32.0;  // parameter, gradient, two moments read and written
   if (world.size() > 1) {
-    cluster.intra_bandwidth = cluster.inter_bandwidth = m.link_bandwidth;
-    cluster.intra_latency = cluster.inter_latency = m.link_latency;
+    // Between nodes as measured between the hosts MPI found; on one host (emulated nodes
+    // included) the link within it stands for both.
+    const bool between_measured = m.inter_node_link_bandwidth > 0;
+    cluster.intra_bandwidth = m.link_bandwidth > 0 ? m.link_bandwidth : m.inter_node_link_bandwidth;
+    cluster.intra_latency = m.link_bandwidth > 0 ? m.link_latency : m.inter_node_link_latency;
+    cluster.inter_bandwidth = between_measured ? m.inter_node_link_bandwidth : cluster.intra_bandwidth;
+    cluster.inter_latency = between_measured ? m.inter_node_link_latency : cluster.intra_latency;
   }
   return cluster;
 }
@@ -214,10 +219,12 @@ AutoLayout choose_auto_layout(Config& config, World& world) {
   char figures[320];
   std::snprintf(figures, sizeof(figures),
                 "%d node(s) x %d rank(s); each rank %.1f GFLOP/s (the best block), %.2f GB of memory, memory "
-                "%.1f GB/s; links %.2f GB/s, %.1f us (all-reduces of 1 MiB and 16 bytes)",
+                "%.1f GB/s; links %.2f GB/s, %.1f us within a node, %.2f GB/s, %.1f us between nodes "
+                "(all-reduces of 1 MiB and 16 bytes)",
                 query.cluster.nodes, query.cluster.devices_per_node, query.cluster.peak_flops / 1e9,
                 query.cluster.device_memory_bytes / 1e9, query.cluster.memory_bandwidth / 1e9,
-                query.cluster.intra_bandwidth / 1e9, query.cluster.intra_latency * 1e6);
+                query.cluster.intra_bandwidth / 1e9, query.cluster.intra_latency * 1e6,
+                query.cluster.inter_bandwidth / 1e9, query.cluster.inter_latency * 1e6);
   text << "# auto layout (" << mode << "): " << query.model.describe() << ", global batch " << query.global_batch
        << "\n  measured: " << figures;
   std::snprintf(figures, sizeof(figures),

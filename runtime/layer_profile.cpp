@@ -10,7 +10,11 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "parallax/core/communicator.h"
 #include "parallax/core/config_loader.h"
@@ -148,34 +152,48 @@ double median_of_seven(Action&& action) {
   return times[3];
 }
 
+// A ring all-reduce's α–β over `group` (from 1 MiB and 16 bytes): {bytes/s, s per hop},
+// {0, 0} for a group of one.
+std::pair<double, double> all_reduce_alpha_beta(Communicator& group) {
+  if (group.size() == 1) return {0.0, 0.0};
+  const int ranks = group.size();
+  at::Tensor big = at::ones({256 * 1024});
+  at::Tensor small = at::ones({4});
+  // The median, not the best, as for the layers: with more ranks than cores the best
+  // all-reduce is one whose ranks all happened to be running, which training's many
+  // small tensor-parallel all-reduces do not see.
+  const double big_s = median_of_seven([&] { group.all_reduce(big)->wait(); });
+  const double small_s = median_of_seven([&] { group.all_reduce(small)->wait(); });
+  return {2.0 * (ranks - 1) / ranks * static_cast<double>(big.nbytes()) / std::max(1e-9, big_s - small_s),
+          small_s / (2.0 * (ranks - 1))};
+}
+
 // Memory bandwidth (the optimizer step's bound: a += b over 32 MiB each, 12 bytes moved
-// per element) and the world's all-reduce (α–β from 1 MiB and 16 bytes), every rank at
-// once as in training; rank 0's figures for everyone.
-void measure_machine(planner::MeasuredProfile& measured, Communicator& comm) {
+// per element) and the two link classes: an all-reduce within each node (its ranks), then
+// one between the nodes (one rank of each, every local rank's group at once), every rank
+// at once as in training; rank 0's figures for everyone. Nodes are the hosts MPI found.
+void measure_machine(planner::MeasuredProfile& measured, World& world) {
+  Communicator& comm = world.communicator();
   const at::Tensor a = at::ones({8 * 1024 * 1024});
   const at::Tensor b = at::ones({8 * 1024 * 1024});
   comm.barrier()->wait();
   const double add = best_of_three([&] { a.add_(b); });
-  double bandwidth = 0;
-  double latency = 0;
-  if (comm.size() > 1) {
-    const int ranks = comm.size();
-    at::Tensor big = at::ones({256 * 1024});
-    at::Tensor small = at::ones({4});
-    // The median, not the best, as for the layers: with more ranks than cores the best
-    // all-reduce is one whose ranks all happened to be running, which training's many
-    // small tensor-parallel all-reduces do not see.
-    const double big_s = median_of_seven([&] { comm.all_reduce(big)->wait(); });
-    const double small_s = median_of_seven([&] { comm.all_reduce(small)->wait(); });
-    latency = small_s / (2.0 * (ranks - 1));
-    bandwidth = 2.0 * (ranks - 1) / ranks * static_cast<double>(big.nbytes()) / std::max(1e-9, big_s - small_s);
-  }
-  at::Tensor figures = at::tensor({12.0 * static_cast<double>(a.numel()) / add, bandwidth, latency}, at::kDouble);
+  const std::vector<std::string> hosts = all_gather_strings(comm, world.hostname());
+  const int node = static_cast<int>(std::find(hosts.begin(), hosts.end(), world.hostname()) - hosts.begin());
+  const std::unique_ptr<Communicator> within = comm.split(node, comm.rank(), "profile within node");
+  const std::pair<double, double> intra = all_reduce_alpha_beta(*within);
+  const std::unique_ptr<Communicator> between = comm.split(world.local_rank(), comm.rank(), "profile between nodes");
+  const std::pair<double, double> inter = all_reduce_alpha_beta(*between);
+  at::Tensor figures =
+      at::tensor({12.0 * static_cast<double>(a.numel()) / add, intra.first, intra.second, inter.first, inter.second},
+                 at::kDouble);
   comm.broadcast(figures, 0)->wait();
   const double* f = figures.data_ptr<double>();
   measured.memory_bandwidth = f[0];
   measured.link_bandwidth = f[1];
   measured.link_latency = f[2];
+  measured.inter_node_link_bandwidth = f[3];
+  measured.inter_node_link_latency = f[4];
 }
 
 std::string cache_directory_of(const std::string& configured) {
@@ -219,7 +237,7 @@ LayerProfile profile_layers(const planner::TransformerShape& model,
   if (!directory.empty()) result.file = directory + "/" + measured.file_name();
   planner::MeasuredProfile cached = measured;
   at::Tensor known = at::zeros({n, 5}, at::kDouble);
-  at::Tensor machine = at::zeros({5}, at::kDouble);  // the three figures, the correction, its runs
+  at::Tensor machine = at::zeros({7}, at::kDouble);  // the five figures, the correction, its runs
   if (comm.rank() == 0 && !result.file.empty() && std::filesystem::exists(result.file)) {
     try {
       planner::MeasuredProfile file = planner::read_profile(result.file);
@@ -234,6 +252,7 @@ LayerProfile profile_layers(const planner::TransformerShape& model,
     }
     if (cached.memory_bandwidth > 0) {
       machine = at::tensor({cached.memory_bandwidth, cached.link_bandwidth, cached.link_latency,
+                            cached.inter_node_link_bandwidth, cached.inter_node_link_latency,
                             cached.step_time_correction(), static_cast<double>(cached.step_time_ratios.size())},
                            at::kDouble);
     }
@@ -252,14 +271,16 @@ LayerProfile profile_layers(const planner::TransformerShape& model,
   comm.broadcast(known, 0)->wait();
   comm.broadcast(machine, 0)->wait();
   result.machine_from_file = machine[0].item<double>() > 0;
-  result.correction_runs = static_cast<std::size_t>(machine[4].item<double>());
-  if (result.correction_runs > 0) result.step_time_correction = machine[3].item<double>();
+  result.correction_runs = static_cast<std::size_t>(machine[6].item<double>());
+  if (result.correction_runs > 0) result.step_time_correction = machine[5].item<double>();
   if (result.machine_from_file) {
     measured.memory_bandwidth = machine[0].item<double>();
     measured.link_bandwidth = machine[1].item<double>();
     measured.link_latency = machine[2].item<double>();
+    measured.inter_node_link_bandwidth = machine[3].item<double>();
+    measured.inter_node_link_latency = machine[4].item<double>();
   } else {
-    measure_machine(measured, comm);
+    measure_machine(measured, world);
   }
 
   // Every rank times the shapes the file lacks, all at once.
@@ -293,6 +314,8 @@ LayerProfile profile_layers(const planner::TransformerShape& model,
     cached.memory_bandwidth = measured.memory_bandwidth;
     cached.link_bandwidth = measured.link_bandwidth;
     cached.link_latency = measured.link_latency;
+    cached.inter_node_link_bandwidth = measured.inter_node_link_bandwidth;
+    cached.inter_node_link_latency = measured.inter_node_link_latency;
     for (const auto& [shape, times_of_shape] : measured.block) cached.block[shape] = times_of_shape;
     for (const auto& [shape, times_of_shape] : measured.head) cached.head[shape] = times_of_shape;
     try {

@@ -87,6 +87,7 @@ FIGURES = {
     "bench_threads": Figure(["bench/threads.sh"], env={"REPEAT": "3"}, keep=r"^(setting|OMP_|\(no thread)"),
     "bench_engine_step": Figure([str(BUILD_DIR / "bench/bench_engine_step")]),
     "bench_plan_accuracy": Figure(["bench/plan_accuracy.sh"], keep=r"^(layout|np\d|median|cluster|malloc|glibc|tcmalloc)"),
+    "bench_link_classes": Figure(["bench/link_classes.sh"], keep=r"^(size|\d+[KM]iB)"),
     "bench_allreduce": Figure(MPIRUN + ["-np", "4", str(BUILD_DIR / "bench/bench_allreduce"), "--nonblocking"]),
 }
 

@@ -97,10 +97,10 @@ slurm_down() {
   for daemon in slurmd slurmctld munged; do
     if [[ -f "$dir/$daemon.daemon" ]]; then
       pid=$(cat "$dir/$daemon.daemon")
-      kill "$pid" 2>/dev/null
+      kill "$pid" 2>/dev/null || true  # (|| true: a caller under set -e must reach every daemon)
       for i in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-      kill -9 "$pid" 2>/dev/null
-      wait "$pid" 2>/dev/null
+      kill -9 "$pid" 2>/dev/null || true
+      wait "$pid" 2>/dev/null || true
       rm -f "$dir/$daemon.daemon"
     fi
   done

@@ -32,7 +32,7 @@ two_nodes_up() {
   local dir=$1 n=$(( $$ % 250 + 1 )) i pid
   echo "$n" >"$dir/subnet"
   for i in 0 1; do
-    unshare --uts --net --mount --propagation private sleep 3600 &  # ends by itself should no trap run
+    unshare --uts --net --mount --propagation private sleep 3600 </dev/null >/dev/null 2>&1 &  # ends by itself should no trap run
     echo $! >"$dir/node$i.pid"
   done
   sleep 0.2
@@ -63,7 +63,7 @@ two_nodes_mpirun() {
   local dir=$1; shift
   local n
   n=$(cat "$dir/subnet")
-  nsenter -t "$(cat "$dir/node0.pid")" -u -n -m -- mpirun --allow-run-as-root \
+  nsenter -t "$(cat "$dir/node0.pid")" -u -n -m --wd="$PWD" -- mpirun --allow-run-as-root \
     --mca plm_rsh_agent "$dir/agent.sh" --mca oob_tcp_if_include "10.77.$n.0/24" \
     --mca btl_tcp_if_include "10.77.$n.0/24" "$@"
 }
@@ -87,8 +87,8 @@ two_nodes_down() {
   for i in 0 1; do
     if [ -f "$dir/node$i.pid" ]; then
       pid=$(cat "$dir/node$i.pid")
-      kill "$pid" 2>/dev/null
-      wait "$pid" 2>/dev/null
+      kill "$pid" 2>/dev/null || true  # (|| true: a caller under set -e must reach node1 too)
+      wait "$pid" 2>/dev/null || true
       rm -f "$dir/node$i.pid"
     fi
   done

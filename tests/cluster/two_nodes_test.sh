@@ -9,7 +9,8 @@
 #  3. the 3D equivalence cells (tp 2 × pp 2 × dp 2, without and with ZeRO-1) match the
 #     single-process run with every cross-host byte over TCP;
 #  4. the traffic by node: no tensor- or data-parallel byte left its node, and the bytes the
-#     link between the hosts carried match the counters' inter-node bytes.
+#     link between the hosts carried match the counters' inter-node bytes;
+#  5. the auto-planner measures the link within a host and the link between them apart.
 # Exits 77 (skipped) where this machine cannot make namespaces, saying why.
 # Usage: two_nodes_test.sh <mpiexec> <train_gpt> <matrix_equivalence_test> <configs-dir>
 set -u
@@ -115,6 +116,20 @@ if (( counted > 0 && measured >= counted && measured * 10 <= counted * 11 )); th
        "(x$(python3 -c "print(f'{$measured / $counted:.4f}')"))"
 else
   fail "the link carried $measured bytes in steps 3..10 but the counters say $counted crossed"
+fi
+
+# 5. The auto-planner calibrates the two link classes it finds: an all-reduce within each
+#    host (shared memory) and one between the hosts (TCP), the second slower. Mutant caught:
+#    timing "between nodes" over a group inside one node (both figures alike).
+if across -np 8 --host node0:4,node1:4 "$train" --config "$configs/auto.toml" --set train.steps=1 \
+     --set 'auto.profile_cache="none"' >"$work/auto.log" 2>&1 &&
+   figures=$(grep -oE "links [0-9.]+ GB/s, [0-9.]+ us within a node, [0-9.]+ GB/s, [0-9.]+ us between nodes" \
+               "$work/auto.log") &&
+   grep -q "measured: 2 node(s) x 4 rank(s)" "$work/auto.log" &&
+   awk '{ exit !($2 > $9) }' <<<"$figures"; then
+  echo "ok   auto: two nodes found, $figures"
+else
+  fail "auto's link classes across the hosts"; grep -E "measured:|Error" "$work/auto.log" | head -3
 fi
 
 if [ "$failures" -ne 0 ]; then echo "$failures two-node case(s) failed"; exit 1; fi
