@@ -43,6 +43,11 @@ def expected_scalars(line):
         want[f"memory/rank{rank}_bytes"] = sum(state.values())
     for op in OPS:
         want[f"comm/{op}_bytes"] = sum(rank[op]["bytes"] for rank in line["comm"])
+    # Every op's bytes but recv's (the sender's), split by whether they reached another node.
+    sent = [c for rank in line["comm"] for op, c in rank.items() if op != "recv"]
+    inter = sum(c["inter_node_bytes"] for c in sent)
+    want["comm/intra_node_bytes"] = sum(c["bytes"] for c in sent) - inter
+    want["comm/inter_node_bytes"] = inter
     return want
 
 
