@@ -9,6 +9,7 @@
 #                            two_nodes_up made, for the two-host cluster); exports SLURM_CONF
 #   slurm_run DIR CMD...     run CMD (srun, sbatch, sinfo) where the controller is reachable:
 #                            here, or inside node0, in the current directory
+#   slurm_batch DIR ARGS...  sbatch ARGS, then wait for the job; status 0 if it succeeded
 #   slurm_down DIR           cancel every job, stop the daemons (also call it from an EXIT trap,
 #                            before two_nodes_down; should the caller be killed outright, a
 #                            watcher does it)
@@ -51,6 +52,22 @@ slurm_run() {
   slurm_on "$dir" "$(head -1 "$dir/nodes")" env SLURM_CONF="$dir/slurm.conf" "$@"
 }
 
+# slurm_batch DIR SBATCH-ARGS...: submits a batch job and waits for its end, polling the
+# controller every 0.2 s (sbatch --wait backs off to tens of seconds); exit status 0 when
+# the job completed with exit code 0.
+slurm_batch() {
+  local dir=$1 job state i; shift
+  job=$(slurm_run "$dir" sbatch --parsable "$@") || return 1
+  for i in $(seq 3000); do
+    state=$(slurm_run "$dir" scontrol show job "${job%%;*}" 2>/dev/null)
+    case "$state" in
+      *JobState=PENDING* | *JobState=RUNNING* | *JobState=CONFIGURING* | *JobState=COMPLETING* | "") sleep 0.2 ;;
+      *) break ;;
+    esac
+  done
+  [[ "$state" == *"JobState=COMPLETED"* && "$state" == *" ExitCode=0:0"* ]]
+}
+
 slurm_up() {
   local dir=$1 hosts=${2:-} port i n node controller
   local -a nodes
@@ -62,12 +79,12 @@ slurm_up() {
     n=$(cat "$hosts/subnet")
     nodes=(node0 node1)
     controller="node0(10.77.$n.1)"
-    printf 'NodeName=node0 NodeAddr=10.77.%s.1 CPUs=%s State=UNKNOWN\n' "$n" "$(nproc)" >"$dir/node-lines"
-    printf 'NodeName=node1 NodeAddr=10.77.%s.2 CPUs=%s State=UNKNOWN\n' "$n" "$(nproc)" >>"$dir/node-lines"
+    printf 'NodeName=node0 NodeAddr=10.77.%s.1 CPUs=%s State=UNKNOWN\n' "$n" "$(getconf _NPROCESSORS_ONLN)" >"$dir/node-lines"
+    printf 'NodeName=node1 NodeAddr=10.77.%s.2 CPUs=%s State=UNKNOWN\n' "$n" "$(getconf _NPROCESSORS_ONLN)" >>"$dir/node-lines"
   else
     nodes=("$(hostname -s)")
     controller="${nodes[0]}(127.0.0.1)"
-    printf 'NodeName=%s NodeAddr=127.0.0.1 CPUs=%s State=UNKNOWN\n' "${nodes[0]}" "$(nproc)" >"$dir/node-lines"
+    printf 'NodeName=%s NodeAddr=127.0.0.1 CPUs=%s State=UNKNOWN\n' "${nodes[0]}" "$(getconf _NPROCESSORS_ONLN)" >"$dir/node-lines"
   fi
   printf '%s\n' "${nodes[@]}" >"$dir/nodes"
   for node in "${nodes[@]}"; do

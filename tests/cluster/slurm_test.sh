@@ -3,7 +3,7 @@
 # here, stopped on exit whatever happens):
 #  1. srun -n 8 --mpi=pmix train_gpt with configs/3d.toml trains exactly as mpirun -np 8
 #     does (the same loss at every logged step);
-#  2. examples/slurm/train_gpt.sbatch, submitted with sbatch --wait, trains the same way;
+#  2. examples/slurm/train_gpt.sbatch, submitted with sbatch (waited for), trains the same way;
 #  3. tasks that srun bound to cores of their own keep to them ("as the launcher bound it");
 #  4. a task that srun started but MPI left alone (SLURM_STEP_ID and SLURM_NTASKS=4 in a
 #     world of one: srun and MPI without a shared PMI) is refused, naming srun --mpi=pmix;
@@ -50,7 +50,7 @@ fi
 
 # 2. The batch script users submit.
 if (cd "$repository" && PARALLAX_TRAIN=$train PARALLAX_CONFIG=$configs/3d.toml \
-      slurm_run "$work/one" sbatch --time=5 --wait --quiet --nodes=1 --overcommit --output="$work/sbatch.log" \
+      slurm_batch "$work/one" --time=5 --nodes=1 --overcommit --output="$work/sbatch.log" \
       examples/slurm/train_gpt.sbatch "${steps[@]}"); then
   if diff <(losses "$work/mpirun.log") <(losses "$work/sbatch.log") >/dev/null; then
     echo "ok   sbatch examples/slurm/train_gpt.sbatch: the same losses as mpirun"
@@ -62,7 +62,7 @@ else
 fi
 
 # 3. Cores Slurm gave each task.
-cores=$(nproc)
+cores=$(getconf _NPROCESSORS_ONLN)
 if slurm_run "$work/one" srun --time=5 -n "$cores" --cpus-per-task=1 --cpu-bind=cores --mpi=pmix "$train" \
      --config "$configs/dp.toml" --set train.steps=1 >"$work/bound.log" 2>&1; then
   if grep -q "^# threads (rank 0): 1 core(s) {[0-9]*}, as the launcher bound it" "$work/bound.log"; then
@@ -100,7 +100,7 @@ else
     fail "srun over two hosts"; grep -E "node[01]: |Error|error" "$work/srun2.log" | head -5
   fi
   if (cd "$repository" && PARALLAX_TRAIN=$train PARALLAX_CONFIG=$configs/3d.toml \
-        slurm_run "$work/two" sbatch --time=5 --wait --quiet --overcommit --output="$work/sbatch2.log" \
+        slurm_batch "$work/two" --time=5 --overcommit --output="$work/sbatch2.log" \
         examples/slurm/train_gpt.sbatch "${steps[@]}") && placed "$work/sbatch2.log" &&
      diff <(losses "$work/mpirun.log") <(losses "$work/sbatch2.log") >/dev/null; then
     echo "ok   sbatch examples/slurm/train_gpt.sbatch as written (2 nodes, 8 tasks): placed and trained as mpirun"
