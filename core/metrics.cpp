@@ -73,6 +73,16 @@ std::string to_json_line(const StepMetrics& m) {
   return out.str();
 }
 
+NodeSplit sent_by_node(const CommCounters& counters) {
+  NodeSplit split;
+  for (std::size_t op = 0; op < kCommOpCount; ++op) {
+    if (static_cast<CommOp>(op) == CommOp::kRecv) continue;
+    split.inter_node_bytes += counters.ops[op].inter_node_bytes;
+    split.intra_node_bytes += counters.ops[op].bytes - counters.ops[op].inter_node_bytes;
+  }
+  return split;
+}
+
 std::vector<TensorBoardScalar> tensorboard_scalars(const StepMetrics& m) {
   std::vector<TensorBoardScalar> scalars = {{"train/loss", m.loss}, {"train/lr", m.lr}};
   if (m.grad_norm >= 0 || !std::isfinite(m.grad_norm)) scalars.push_back({"train/grad_norm", m.grad_norm});
@@ -92,17 +102,14 @@ std::vector<TensorBoardScalar> tensorboard_scalars(const StepMetrics& m) {
       scalars.push_back(
           {std::string("comm/") + to_string(static_cast<CommOp>(op)) + "_bytes", static_cast<double>(bytes)});
     }
-    std::int64_t sent = 0;
-    std::int64_t inter = 0;
+    NodeSplit total;
     for (const CommCounters& rank : m.comm) {
-      for (std::size_t op = 0; op < kCommOpCount; ++op) {
-        if (static_cast<CommOp>(op) == CommOp::kRecv) continue;
-        sent += rank.ops[op].bytes;
-        inter += rank.ops[op].inter_node_bytes;
-      }
+      const NodeSplit sent = sent_by_node(rank);
+      total.intra_node_bytes += sent.intra_node_bytes;
+      total.inter_node_bytes += sent.inter_node_bytes;
     }
-    scalars.push_back({"comm/intra_node_bytes", static_cast<double>(sent - inter)});
-    scalars.push_back({"comm/inter_node_bytes", static_cast<double>(inter)});
+    scalars.push_back({"comm/intra_node_bytes", static_cast<double>(total.intra_node_bytes)});
+    scalars.push_back({"comm/inter_node_bytes", static_cast<double>(total.inter_node_bytes)});
   }
 
   for (std::size_t r = 0; r < m.bubble_fraction.size(); ++r) {

@@ -50,6 +50,14 @@ struct StepMetrics {
   std::vector<double> bubble_fraction;
 };
 
+/// The bytes a rank sent within its node and to other nodes: every op's payload but
+/// recv's (a received byte is its sender's), split by OpCounter::inter_node_bytes.
+struct NodeSplit {
+  std::int64_t intra_node_bytes = 0;
+  std::int64_t inter_node_bytes = 0;
+};
+NodeSplit sent_by_node(const CommCounters& counters);
+
 /// The JSON object for one step, on one line (no trailing newline).
 std::string to_json_line(const StepMetrics& metrics);
 

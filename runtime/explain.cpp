@@ -2,7 +2,6 @@
 
 #include <ATen/ATen.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <sstream>
 
@@ -13,36 +12,21 @@
 namespace parallax {
 namespace {
 
-std::int64_t total_bytes(const CommCounters& counters) {
-  std::int64_t bytes = 0;
-  for (const OpCounter& op : counters.ops) bytes += op.bytes;
-  return bytes;
-}
-
-std::int64_t total_inter_node_bytes(const CommCounters& counters) {
-  std::int64_t bytes = 0;
-  for (const OpCounter& op : counters.ops) bytes += op.inter_node_bytes;
-  return bytes;
-}
-
-// What a rank sent within its node and to others: every op's payload but recv's (a
-// received byte is its sender's).
-struct NodeSplit {
-  std::int64_t intra_node_bytes = 0;
-  std::int64_t inter_node_bytes = 0;
-};
-NodeSplit sent(const CommCounters& counters) {
-  NodeSplit split;
-  for (std::size_t op = 0; op < kCommOpCount; ++op) {
-    if (static_cast<CommOp>(op) == CommOp::kRecv) continue;
-    split.inter_node_bytes += counters.ops[op].inter_node_bytes;
-    split.intra_node_bytes += counters.ops[op].bytes - counters.ops[op].inter_node_bytes;
-  }
-  return split;
-}
-
 std::array<Communicator*, 4> groups(Mesh& mesh) {
   return {&mesh.tp(), &mesh.pp(), &mesh.dp(), &mesh.world()};
+}
+
+// `field` (bytes, or inter-node bytes) of all ops, summed for the tp, pp and dp groups
+// since `start`.
+std::array<std::int64_t, 3> per_group_since(Mesh& mesh,
+                                            const std::array<CommCounters, 4>& start,
+                                            std::int64_t OpCounter::*field) {
+  const std::array<Communicator*, 4> all = groups(mesh);
+  std::array<std::int64_t, 3> bytes{};
+  for (std::size_t g = 0; g < bytes.size(); ++g) {
+    for (const OpCounter& op : all[g]->counters().since(start[g]).ops) bytes[g] += op.*field;
+  }
+  return bytes;
 }
 
 }  // namespace
@@ -53,17 +37,11 @@ GroupTraffic::GroupTraffic(Runtime& runtime) : runtime_(&runtime) {
 }
 
 std::array<std::int64_t, 3> GroupTraffic::bytes_since() const {
-  const std::array<Communicator*, 4> all = groups(runtime_->mesh());
-  std::array<std::int64_t, 3> bytes{};
-  for (std::size_t g = 0; g < bytes.size(); ++g) bytes[g] = total_bytes(all[g]->counters().since(start_[g]));
-  return bytes;
+  return per_group_since(runtime_->mesh(), start_, &OpCounter::bytes);
 }
 
 std::array<std::int64_t, 3> GroupTraffic::inter_node_bytes_since() const {
-  const std::array<Communicator*, 4> all = groups(runtime_->mesh());
-  std::array<std::int64_t, 3> bytes{};
-  for (std::size_t g = 0; g < bytes.size(); ++g) bytes[g] = total_inter_node_bytes(all[g]->counters().since(start_[g]));
-  return bytes;
+  return per_group_since(runtime_->mesh(), start_, &OpCounter::inter_node_bytes);
 }
 
 std::string GroupTraffic::report(Runtime& runtime,
@@ -77,13 +55,11 @@ std::string GroupTraffic::report(Runtime& runtime,
                           optimizer_bytes_per_element(runtime.config().optimizer));
   const std::array<std::int64_t, 3> moved = bytes_since();
   const std::array<std::int64_t, 3> across = inter_node_bytes_since();
-  // Each rank's sends within its node and to others: the tp, pp and dp groups and the world
-  // (a group that is also the world is counted once).
+  // Each rank's sends within its node and to others: the tp, pp and dp groups and the world.
   NodeSplit counted;
   const std::array<Communicator*, 4> all = groups(mesh);
   for (std::size_t g = 0; g < all.size(); ++g) {
-    if (std::find(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(g), all[g]) != all.begin() + g) continue;
-    const NodeSplit split = sent(all[g]->counters().since(start_[g]));
+    const NodeSplit split = sent_by_node(all[g]->counters().since(start_[g]));
     counted.intra_node_bytes += split.intra_node_bytes;
     counted.inter_node_bytes += split.inter_node_bytes;
   }

@@ -14,10 +14,7 @@ set -u
 train=$2 other_program=$3 configs=$4
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/two_nodes.sh"
-if ! why=$(two_nodes_available); then echo "SKIP: $why"; exit 77; fi
-work=$(mktemp -d)
-trap 'two_nodes_down "$work"; rm -rf "$work"' EXIT
-two_nodes_up "$work" || { echo "FAIL could not make the two hosts"; exit 1; }
+two_nodes_for_test
 failures=0
 
 # expect NAME MESSAGE-REGEX MPIRUN-ARGS...: the run fails within 60 s and every rank's log

@@ -5,6 +5,7 @@
 # different nodes talk over TCP and never through shared memory, and a file can differ
 # between the nodes. Source it, then:
 #
+#   two_nodes_for_test            a test's prologue: skip (77) or make them in $work
 #   two_nodes_up DIR              create them (DIR: an empty directory of the caller's)
 #   two_nodes_mpirun DIR ARGS     mpirun, run inside node0, ranks on node0 and node1
 #   two_nodes_exec DIR HOST CMD   run CMD in HOST's namespaces (a mount only it sees)
@@ -26,6 +27,17 @@ two_nodes_available() {
   probe=$(unshare --uts --net --mount sh -c 'hostname probe && ip link add pxprobe0 type veth peer name pxprobe1' 2>&1) ||
     { echo "cannot create UTS, network and mount namespaces with a veth pair here: $probe"; return 1; }
   return 0
+}
+
+# two_nodes_for_test: a test's prologue. Exits 77 (skipped, saying why) where the machine
+# cannot make namespaces; else sets `work` to a new directory, makes the hosts in it and
+# removes both on exit (an EXIT trap), or exits 1 when they cannot be made.
+two_nodes_for_test() {
+  local why
+  if ! why=$(two_nodes_available); then echo "SKIP: $why"; exit 77; fi
+  work=$(mktemp -d)
+  trap 'two_nodes_down "$work"; rm -rf "$work"' EXIT
+  two_nodes_up "$work" || { echo "FAIL could not make the two hosts"; exit 1; }
 }
 
 two_nodes_up() {
