@@ -10,65 +10,28 @@
 namespace parallax {
 namespace {
 
-// The rank that plain rank arithmetic puts at a coordinate: tp + T·(dp + D·pp), or
-// tp + T·(pp + P·dp) with data parallelism outermost.
+// The rank that plain rank arithmetic puts at a coordinate: the coordinates read as one
+// number over inner_to_outer(order), innermost least significant.
 int linear_index(const MeshDegrees& d, AxisOrder order, const MeshCoord& c) {
-  if (order == AxisOrder::kTpPpDp) return c.tp + d.tp * (c.pp + d.pp * c.dp);
-  return c.tp + d.tp * (c.dp + d.dp * c.pp);
+  const auto axes = inner_to_outer(order);
+  int index = 0;
+  for (auto axis = axes.rbegin(); axis != axes.rend(); ++axis) index = index * d.of(*axis) + c.of(*axis);
+  return index;
 }
 
 MeshCoord coord_of_index(const MeshDegrees& d, AxisOrder order, int index) {
   MeshCoord c;
-  c.tp = index % d.tp;
-  const int group = index / d.tp;  // TP group number
-  if (order == AxisOrder::kTpPpDp) {
-    c.pp = group % d.pp;
-    c.dp = group / d.pp;
-  } else {
-    c.dp = group % d.dp;
-    c.pp = group / d.dp;
+  for (MeshAxis axis : inner_to_outer(order)) {
+    c.set(axis, index % d.of(axis));
+    index /= d.of(axis);
   }
   return c;
 }
 
-// The coordinate along `axis`, and the degree of that axis.
-int along(MeshAxis axis, const MeshCoord& c) {
-  switch (axis) {
-    case MeshAxis::kTp:
-      return c.tp;
-    case MeshAxis::kPp:
-      return c.pp;
-    case MeshAxis::kDp:
-      return c.dp;
-  }
-  return 0;
-}
-
-int degree(MeshAxis axis, const MeshDegrees& d) {
-  switch (axis) {
-    case MeshAxis::kTp:
-      return d.tp;
-    case MeshAxis::kPp:
-      return d.pp;
-    case MeshAxis::kDp:
-      return d.dp;
-  }
-  return 1;
-}
-
-MeshCoord with(MeshAxis axis, MeshCoord c, int value) {
-  switch (axis) {
-    case MeshAxis::kTp:
-      c.tp = value;
-      break;
-    case MeshAxis::kPp:
-      c.pp = value;
-      break;
-    case MeshAxis::kDp:
-      c.dp = value;
-      break;
-  }
-  return c;
+// cp appears in names and tables only where it splits something, so a mesh without
+// context parallelism reads as before the axis existed.
+bool shown(MeshAxis axis, const MeshDegrees& d) {
+  return axis != MeshAxis::kCp || d.cp > 1;
 }
 
 // True when each node's ranks are consecutive (the launcher placed them by slot) and
@@ -89,8 +52,61 @@ bool arithmetic_fits_nodes(const Cluster& cluster, int tp) {
 
 }  // namespace
 
+int MeshDegrees::of(MeshAxis axis) const {
+  switch (axis) {
+    case MeshAxis::kTp:
+      return tp;
+    case MeshAxis::kCp:
+      return cp;
+    case MeshAxis::kPp:
+      return pp;
+    case MeshAxis::kDp:
+      return dp;
+  }
+  return 1;
+}
+
+int MeshDegrees::of(const MeshAxes& axes) const {
+  int size = 1;
+  for (MeshAxis axis : kMeshAxes) {
+    if (axes.contains(axis)) size *= of(axis);
+  }
+  return size;
+}
+
+int MeshCoord::of(MeshAxis axis) const {
+  switch (axis) {
+    case MeshAxis::kTp:
+      return tp;
+    case MeshAxis::kCp:
+      return cp;
+    case MeshAxis::kPp:
+      return pp;
+    case MeshAxis::kDp:
+      return dp;
+  }
+  return 0;
+}
+
+void MeshCoord::set(MeshAxis axis, int value) {
+  switch (axis) {
+    case MeshAxis::kTp:
+      tp = value;
+      return;
+    case MeshAxis::kCp:
+      cp = value;
+      return;
+    case MeshAxis::kPp:
+      pp = value;
+      return;
+    case MeshAxis::kDp:
+      dp = value;
+      return;
+  }
+}
+
 bool operator==(const MeshCoord& a, const MeshCoord& b) {
-  return a.tp == b.tp && a.pp == b.pp && a.dp == b.dp;
+  return a.tp == b.tp && a.pp == b.pp && a.dp == b.dp && a.cp == b.cp;
 }
 bool operator!=(const MeshCoord& a, const MeshCoord& b) {
   return !(a == b);
@@ -100,6 +116,8 @@ const char* to_string(MeshAxis axis) {
   switch (axis) {
     case MeshAxis::kTp:
       return "tp";
+    case MeshAxis::kCp:
+      return "cp";
     case MeshAxis::kPp:
       return "pp";
     case MeshAxis::kDp:
@@ -108,12 +126,29 @@ const char* to_string(MeshAxis axis) {
   return "?";
 }
 
+std::string to_string(const MeshAxes& axes) {
+  std::string name;
+  for (MeshAxis axis : kMeshAxes) {
+    if (!axes.contains(axis)) continue;
+    if (!name.empty()) name += '+';
+    name += to_string(axis);
+  }
+  return name;
+}
+
+std::array<MeshAxis, 4> inner_to_outer(AxisOrder order) {
+  if (order == AxisOrder::kTpPpDp) return {MeshAxis::kTp, MeshAxis::kCp, MeshAxis::kPp, MeshAxis::kDp};
+  return {MeshAxis::kTp, MeshAxis::kCp, MeshAxis::kDp, MeshAxis::kPp};
+}
+
 void check_degrees(const MeshDegrees& d, int world_size) {
-  PARALLAX_CHECK(d.tp >= 1 && d.pp >= 1 && d.dp >= 1, ConfigError, "parallel degrees must be >= 1, got tp = ", d.tp,
-                 ", pp = ", d.pp, ", dp = ", d.dp);
-  PARALLAX_CHECK(static_cast<long long>(d.tp) * d.pp * d.dp == world_size, ConfigError,
-                 "tp × pp × dp must equal the world size: tp = ", d.tp, ", pp = ", d.pp, ", dp = ", d.dp, " gives ",
-                 static_cast<long long>(d.tp) * d.pp * d.dp, " ranks but the world has ", world_size);
+  const std::string cp = d.cp == 1 ? "" : detail::concat(", cp = ", d.cp);
+  PARALLAX_CHECK(d.tp >= 1 && d.pp >= 1 && d.dp >= 1 && d.cp >= 1, ConfigError,
+                 "parallel degrees must be >= 1, got tp = ", d.tp, ", pp = ", d.pp, ", dp = ", d.dp, ", cp = ", d.cp);
+  const long long product = static_cast<long long>(d.tp) * d.pp * d.dp * d.cp;
+  PARALLAX_CHECK(product == world_size, ConfigError, "tp × pp × dp", d.cp == 1 ? "" : " × cp",
+                 " must equal the world size: tp = ", d.tp, ", pp = ", d.pp, ", dp = ", d.dp, cp, " gives ", product,
+                 " ranks but the world has ", world_size);
 }
 
 // --- MeshLayout ---------------------------------------------------------------------------
@@ -145,18 +180,18 @@ MeshLayout MeshLayout::place(const Cluster& cluster, const MeshDegrees& degrees,
     const std::vector<int>& ranks = cluster.ranks_on(node);
     const int count = static_cast<int>(ranks.size());
     const std::string& host = cluster.nodes()[node].hostname;
-    PARALLAX_CHECK(count >= degrees.tp, TopologyError,
-                   "cannot keep tensor-parallel groups within nodes: tp = ", degrees.tp, " needs ", degrees.tp,
-                   " ranks on one node, but node '", host, "' hosts ranks ", format_rank_set(ranks), " (", count,
-                   "). Lower parallel.tp to at most ", count, ", or start ", degrees.tp,
-                   " ranks on every node (mpirun --map-by ppr:", degrees.tp, ":node, srun --ntasks-per-node=",
-                   degrees.tp, ")");
+    PARALLAX_CHECK(
+        count >= degrees.tp, TopologyError, "cannot keep tensor-parallel groups within nodes: tp = ", degrees.tp,
+        " needs ", degrees.tp, " ranks on one node, but node '", host, "' hosts ranks ", format_rank_set(ranks), " (",
+        count, "). Lower parallel.tp to at most ", count, ", or start ", degrees.tp,
+        " ranks on every node (mpirun --map-by ppr:", degrees.tp, ":node, srun --ntasks-per-node=", degrees.tp, ")");
     PARALLAX_CHECK(count % degrees.tp == 0, TopologyError,
                    "cannot keep tensor-parallel groups within nodes: tp = ", degrees.tp,
                    " must divide the ranks of every node, but node '", host, "' hosts ranks ", format_rank_set(ranks),
                    " (", count, ", not a multiple of ", degrees.tp, "). Start a multiple of ", degrees.tp,
                    " ranks on every node (mpirun --map-by ppr:N:node, srun --ntasks-per-node=N), or choose a tp "
-                   "that divides ", count);
+                   "that divides ",
+                   count);
     for (int i = 0; i < count; ++i) {
       coords[ranks[i]] = coord_of_index(degrees, order, group * degrees.tp + i % degrees.tp);
       if (i % degrees.tp == degrees.tp - 1) ++group;
@@ -172,79 +207,107 @@ const MeshCoord& MeshLayout::coord(int rank) const {
 }
 
 int MeshLayout::rank_at(const MeshCoord& c) const {
-  PARALLAX_CHECK(c.tp >= 0 && c.tp < degrees_.tp && c.pp >= 0 && c.pp < degrees_.pp && c.dp >= 0 && c.dp < degrees_.dp,
-                 UsageError, "coordinate (tp = ", c.tp, ", pp = ", c.pp, ", dp = ", c.dp,
-                 ") is outside the mesh tp = ", degrees_.tp, ", pp = ", degrees_.pp, ", dp = ", degrees_.dp);
+  bool inside = true;
+  for (MeshAxis axis : kMeshAxes) inside = inside && c.of(axis) >= 0 && c.of(axis) < degrees_.of(axis);
+  PARALLAX_CHECK(inside, UsageError, "coordinate (tp = ", c.tp, ", pp = ", c.pp, ", dp = ", c.dp, ", cp = ", c.cp,
+                 ") is outside the mesh tp = ", degrees_.tp, ", pp = ", degrees_.pp, ", dp = ", degrees_.dp,
+                 ", cp = ", degrees_.cp);
   return rank_at_[linear_index(degrees_, order_, c)];
 }
 
-int MeshLayout::color(MeshAxis axis, int rank) const {
+int MeshLayout::color(const MeshAxes& axes, int rank) const {
   const MeshCoord& c = coord(rank);
-  switch (axis) {
-    case MeshAxis::kTp:
-      return c.pp * degrees_.dp + c.dp;
-    case MeshAxis::kDp:
-      return c.tp * degrees_.pp + c.pp;
-    case MeshAxis::kPp:
-      return c.tp * degrees_.dp + c.dp;
+  int color = 0;
+  for (MeshAxis axis : kMeshAxes) {
+    if (!axes.contains(axis)) color = color * degrees_.of(axis) + c.of(axis);
   }
-  return 0;
+  return color;
 }
 
-std::vector<int> MeshLayout::group(MeshAxis axis, int rank) const {
+int MeshLayout::index_in_group(const MeshAxes& axes, int rank) const {
   const MeshCoord& c = coord(rank);
+  const auto order = inner_to_outer(order_);
+  int index = 0;
+  for (auto axis = order.rbegin(); axis != order.rend(); ++axis) {
+    if (axes.contains(*axis)) index = index * degrees_.of(*axis) + c.of(*axis);
+  }
+  return index;
+}
+
+std::vector<int> MeshLayout::group(const MeshAxes& axes, int rank) const {
+  MeshCoord c = coord(rank);
+  const int size = degrees_.of(axes);
   std::vector<int> ranks;
-  for (int i = 0; i < degree(axis, degrees_); ++i) ranks.push_back(rank_at(with(axis, c, i)));
+  ranks.reserve(static_cast<std::size_t>(size));
+  for (int index = 0; index < size; ++index) {
+    int rest = index;
+    for (MeshAxis axis : inner_to_outer(order_)) {
+      if (!axes.contains(axis)) continue;
+      c.set(axis, rest % degrees_.of(axis));
+      rest /= degrees_.of(axis);
+    }
+    ranks.push_back(rank_at(c));
+  }
   return ranks;
 }
 
-std::vector<std::vector<int>> MeshLayout::groups(MeshAxis axis) const {
-  std::vector<std::vector<int>> result(world_size() / degree(axis, degrees_));
+std::vector<std::vector<int>> MeshLayout::groups(const MeshAxes& axes) const {
+  std::vector<std::vector<int>> result(static_cast<std::size_t>(world_size() / degrees_.of(axes)));
   for (int rank = 0; rank < world_size(); ++rank) {
-    if (along(axis, coords_[rank]) == 0) result[color(axis, rank)] = group(axis, rank);
+    if (index_in_group(axes, rank) == 0) result[static_cast<std::size_t>(color(axes, rank))] = group(axes, rank);
   }
   return result;
 }
 
-std::string MeshLayout::group_name(MeshAxis axis, int rank) const {
+std::string MeshLayout::group_name(const MeshAxes& axes, int rank) const {
   const MeshCoord& c = coord(rank);
+  const bool only_cp = axes == MeshAxes(MeshAxis::kCp);
   std::ostringstream out;
-  switch (axis) {
-    case MeshAxis::kTp:
-      out << "tp[pp=" << c.pp << ",dp=" << c.dp << ']';
-      break;
-    case MeshAxis::kDp:
-      out << "dp[tp=" << c.tp << ",pp=" << c.pp << ']';
-      break;
-    case MeshAxis::kPp:
-      out << "pp[tp=" << c.tp << ",dp=" << c.dp << ']';
-      break;
+  const char* separator = "";
+  for (MeshAxis axis : kMeshAxes) {
+    if (!axes.contains(axis) || (!shown(axis, degrees_) && !only_cp)) continue;
+    out << separator << to_string(axis);
+    separator = "+";
   }
+  out << '[';
+  separator = "";
+  for (MeshAxis axis : kMeshAxes) {
+    if (axes.contains(axis) || !shown(axis, degrees_)) continue;
+    out << separator << to_string(axis) << '=' << c.of(axis);
+    separator = ",";
+  }
+  out << ']';
   return out.str();
 }
 
 std::string MeshLayout::describe(const Cluster& cluster) const {
   PARALLAX_CHECK(cluster.world_size() == world_size(), UsageError, "describing a mesh of ", world_size(),
                  " ranks with a cluster of ", cluster.world_size());
+  const bool with_cp = shown(MeshAxis::kCp, degrees_);
   std::size_t host_width = 4;
   for (const auto& node : cluster.nodes()) host_width = std::max(host_width, node.hostname.size());
   std::ostringstream out;
-  out << "mesh: tp = " << degrees_.tp << ", pp = " << degrees_.pp << ", dp = " << degrees_.dp << " (order "
-      << to_string(order_) << ") over " << world_size() << " ranks on " << cluster.num_nodes()
+  out << "mesh: tp = " << degrees_.tp << ", pp = " << degrees_.pp << ", dp = " << degrees_.dp;
+  if (with_cp) out << ", cp = " << degrees_.cp;
+  out << " (order " << to_string(order_) << ") over " << world_size() << " ranks on " << cluster.num_nodes()
       << (cluster.num_nodes() == 1 ? " node" : " nodes") << "; TP groups "
       << (rank_arithmetic_ ? "by rank arithmetic" : "cut per node (ranks not node-contiguous)") << '\n';
   out << "  rank  " << std::left << std::setw(static_cast<int>(host_width)) << "host" << std::right
-      << "  local  tp  pp  dp\n";
+      << "  local  tp  pp  dp" << (with_cp ? "  cp" : "") << '\n';
   for (int rank = 0; rank < world_size(); ++rank) {
     const RankLocation& at = cluster.location(rank);
     const MeshCoord& c = coords_[rank];
     out << std::setw(6) << rank << "  " << std::left << std::setw(static_cast<int>(host_width))
         << cluster.nodes()[at.node].hostname << std::right << std::setw(7) << at.local << std::setw(4) << c.tp
-        << std::setw(4) << c.pp << std::setw(4) << c.dp << '\n';
+        << std::setw(4) << c.pp << std::setw(4) << c.dp;
+    if (with_cp) out << std::setw(4) << c.cp;
+    out << '\n';
   }
-  for (MeshAxis axis : {MeshAxis::kTp, MeshAxis::kPp, MeshAxis::kDp}) {
-    out << "  " << to_string(axis) << " groups:";
-    for (const auto& ranks : groups(axis)) out << ' ' << format_rank_set(ranks);
+  std::vector<MeshAxes> sets = {MeshAxis::kTp, MeshAxis::kPp, MeshAxis::kDp};
+  if (with_cp) sets.insert(sets.end(), {MeshAxis::kCp, MeshAxes{MeshAxis::kDp, MeshAxis::kCp}});
+  for (const MeshAxes& axes : sets) {
+    out << "  " << to_string(axes) << " groups:";
+    for (const auto& ranks : groups(axes)) out << ' ' << format_rank_set(ranks);
     out << '\n';
   }
   return out.str();
@@ -262,16 +325,17 @@ std::vector<int> nodes_of(const Cluster& cluster, const std::vector<int>& ranks)
   return nodes;
 }
 
-std::unique_ptr<Communicator> split_along(Communicator& world,
-                                          const Cluster& cluster,
-                                          const MeshLayout& layout,
-                                          MeshAxis axis) {
+std::unique_ptr<Communicator> split_over(Communicator& world,
+                                         const Cluster& cluster,
+                                         const MeshLayout& layout,
+                                         const MeshAxes& axes) {
   const int rank = world.rank();
-  auto comm = world.split(layout.color(axis, rank), along(axis, layout.coord(rank)), layout.group_name(axis, rank));
-  const int expected = degree(axis, layout.degrees());
-  PARALLAX_ASSERT(comm != nullptr && comm->size() == expected, "group ", layout.group_name(axis, rank), " has ",
-                  comm ? comm->size() : 0, " ranks, expected ", expected);
-  comm->set_member_nodes(nodes_of(cluster, layout.group(axis, rank)));
+  const std::string name = layout.group_name(axes, rank);
+  auto comm = world.split(layout.color(axes, rank), layout.index_in_group(axes, rank), name);
+  const int expected = layout.degrees().of(axes);
+  PARALLAX_ASSERT(comm != nullptr && comm->size() == expected, "group ", name, " has ", comm ? comm->size() : 0,
+                  " ranks, expected ", expected);
+  comm->set_member_nodes(nodes_of(cluster, layout.group(axes, rank)));
   return comm;
 }
 
@@ -292,28 +356,30 @@ Mesh::Mesh(Communicator& world, Cluster cluster, const MeshDegrees& degrees, Axi
   for (int rank = 0; rank < world.size(); ++rank) everyone[static_cast<std::size_t>(rank)] = rank;
   world.set_member_nodes(nodes_of(cluster_, everyone));
   // Same order on every rank: each split is a collective over the world.
-  tp_ = split_along(world, cluster_, layout_, MeshAxis::kTp);
-  dp_ = split_along(world, cluster_, layout_, MeshAxis::kDp);
-  pp_ = split_along(world, cluster_, layout_, MeshAxis::kPp);
+  tp_ = split_over(world, cluster_, layout_, MeshAxis::kTp);
+  dp_ = split_over(world, cluster_, layout_, MeshAxis::kDp);
+  pp_ = split_over(world, cluster_, layout_, MeshAxis::kPp);
+  cp_ = split_over(world, cluster_, layout_, MeshAxis::kCp);
+  if (degrees.cp > 1) dp_cp_ = split_over(world, cluster_, layout_, {MeshAxis::kDp, MeshAxis::kCp});
 }
 
-Communicator& Mesh::group(MeshAxis axis) {
-  switch (axis) {
-    case MeshAxis::kTp:
-      return *tp_;
-    case MeshAxis::kPp:
-      return *pp_;
-    case MeshAxis::kDp:
-      return *dp_;
-  }
+Communicator& Mesh::group(const MeshAxes& axes) {
+  if (axes == MeshAxes(MeshAxis::kTp)) return *tp_;
+  if (axes == MeshAxes(MeshAxis::kCp)) return *cp_;
+  if (axes == MeshAxes(MeshAxis::kPp)) return *pp_;
+  if (axes == MeshAxes(MeshAxis::kDp)) return *dp_;
+  if (axes == MeshAxes{MeshAxis::kDp, MeshAxis::kCp}) return dp_cp_ ? *dp_cp_ : *dp_;
+  PARALLAX_CHECK(false, UsageError, "the mesh holds no communicator over ", to_string(axes),
+                 "; it holds tp, cp, pp, dp and dp+cp");
   return *tp_;
 }
 
 std::string Mesh::describe() const {
   const MeshCoord& c = coord();
   std::ostringstream out;
-  out << "this rank: world " << world_->rank() << " at tp = " << c.tp << ", pp = " << c.pp << ", dp = " << c.dp << '\n'
-      << layout_.describe(cluster_);
+  out << "this rank: world " << world_->rank() << " at tp = " << c.tp << ", pp = " << c.pp << ", dp = " << c.dp;
+  if (degrees().cp > 1) out << ", cp = " << c.cp;
+  out << '\n' << layout_.describe(cluster_);
   return out.str();
 }
 

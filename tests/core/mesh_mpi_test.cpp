@@ -62,9 +62,14 @@ TEST(MeshMpi, GroupsReduceOverExactlyTheirRanks) {
     shapes.push_back({2, 1, n / 2});
     shapes.push_back({1, 2, n / 2});
   }
-  if (n == 4) shapes.push_back({2, 2, 1});
+  if (n == 4) {
+    shapes.push_back({2, 2, 1});
+    shapes.push_back({1, 1, 2, 2});
+    shapes.push_back({2, 1, 1, 2});
+  }
   for (const MeshDegrees& d : shapes) {
-    SCOPED_TRACE(::testing::Message() << "tp = " << d.tp << ", pp = " << d.pp << ", dp = " << d.dp);
+    SCOPED_TRACE(::testing::Message() << "tp = " << d.tp << ", pp = " << d.pp << ", dp = " << d.dp
+                                      << ", cp = " << d.cp);
     Mesh mesh(*world, cluster, d);
     const MeshLayout& layout = mesh.layout();
     const MeshCoord& c = mesh.coord();
@@ -78,15 +83,23 @@ TEST(MeshMpi, GroupsReduceOverExactlyTheirRanks) {
     EXPECT_EQ(mesh.tp().name(), layout.group_name(MeshAxis::kTp, rank));
     EXPECT_EQ(mesh.dp().name(), layout.group_name(MeshAxis::kDp, rank));
     EXPECT_EQ(mesh.pp().name(), layout.group_name(MeshAxis::kPp, rank));
-    for (MeshAxis axis : {MeshAxis::kTp, MeshAxis::kPp, MeshAxis::kDp}) {
+    EXPECT_EQ(mesh.cp().size(), d.cp);
+    EXPECT_EQ(mesh.cp().rank(), c.cp);
+    const MeshAxes dp_cp{MeshAxis::kDp, MeshAxis::kCp};
+    EXPECT_EQ(mesh.group(dp_cp).size(), d.dp * d.cp);
+    EXPECT_EQ(mesh.group(dp_cp).rank(), layout.index_in_group(dp_cp, rank));
+    EXPECT_EQ(mesh.group(dp_cp).name(), layout.group_name(dp_cp, rank));
+    EXPECT_THROW(mesh.group({MeshAxis::kTp, MeshAxis::kPp}), UsageError);
+    for (const MeshAxes& axis :
+         {MeshAxes(MeshAxis::kTp), MeshAxes(MeshAxis::kPp), MeshAxes(MeshAxis::kDp), MeshAxes(MeshAxis::kCp), dp_cp}) {
       const std::vector<int> expected = layout.group(axis, rank);
       Communicator& group = mesh.group(axis);
       EXPECT_EQ(all_reduce_sum(group, std::int64_t{1} << rank), bits_of(expected))
           << to_string(axis) << " group " << group.name();
-      // Each member's index in the group is its coordinate along the axis.
+      // Each member's index in the group is its index_in_group (along one axis, its coordinate).
       EXPECT_EQ(all_reduce_sum(group, group.rank() == 0 ? rank : 0), expected[0]);
       // TP groups stay on one node.
-      if (axis == MeshAxis::kTp) {
+      if (axis == MeshAxes(MeshAxis::kTp)) {
         for (int member : expected) EXPECT_EQ(cluster.node_of(member), cluster.node_of(rank));
       }
     }

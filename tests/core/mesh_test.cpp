@@ -9,6 +9,7 @@
 #include <string>
 #include <tuple>
 
+#include "parallax/core/config_loader.h"
 #include "parallax/core/error.h"
 
 namespace parallax {
@@ -30,50 +31,39 @@ void expect_valid(const Cluster& cluster, const MeshLayout& layout) {
   const MeshDegrees& d = layout.degrees();
   ASSERT_EQ(layout.world_size(), cluster.world_size());
   // Every rank exactly once, at a coordinate inside the mesh.
-  std::set<std::tuple<int, int, int>> seen;
+  std::set<std::tuple<int, int, int, int>> seen;
   for (int rank = 0; rank < layout.world_size(); ++rank) {
     const MeshCoord& c = layout.coord(rank);
-    EXPECT_TRUE(c.tp >= 0 && c.tp < d.tp && c.pp >= 0 && c.pp < d.pp && c.dp >= 0 && c.dp < d.dp);
-    EXPECT_TRUE(seen.emplace(c.tp, c.pp, c.dp).second) << "rank " << rank << " shares a coordinate";
+    for (MeshAxis axis : kMeshAxes) EXPECT_TRUE(c.of(axis) >= 0 && c.of(axis) < d.of(axis)) << to_string(axis);
+    EXPECT_TRUE(seen.emplace(c.tp, c.pp, c.dp, c.cp).second) << "rank " << rank << " shares a coordinate";
     EXPECT_EQ(layout.rank_at(c), rank);
   }
-  // Per axis: the groups partition the world, have the degree's size, are ordered by the
-  // axis coordinate, and agree on the two other coordinates.
-  for (MeshAxis axis : {MeshAxis::kTp, MeshAxis::kPp, MeshAxis::kDp}) {
-    const int degree = axis == MeshAxis::kTp ? d.tp : axis == MeshAxis::kPp ? d.pp : d.dp;
-    auto groups = layout.groups(axis);
-    ASSERT_EQ(static_cast<int>(groups.size()), layout.world_size() / degree);
+  // Per axis, and over dp+cp: the groups partition the world, have the product of their
+  // degrees as size, are ordered by index_in_group, and agree on every other coordinate.
+  std::vector<MeshAxes> sets(kMeshAxes.begin(), kMeshAxes.end());
+  sets.push_back({MeshAxis::kDp, MeshAxis::kCp});
+  for (const MeshAxes& axes : sets) {
+    const int size = d.of(axes);
+    auto groups = layout.groups(axes);
+    ASSERT_EQ(static_cast<int>(groups.size()), layout.world_size() / size) << to_string(axes);
     std::set<int> members;
     for (std::size_t color = 0; color < groups.size(); ++color) {
       const auto& group = groups[color];
-      ASSERT_EQ(static_cast<int>(group.size()), degree);
+      ASSERT_EQ(static_cast<int>(group.size()), size);
       const MeshCoord& first = layout.coord(group[0]);
-      for (int i = 0; i < degree; ++i) {
+      for (int i = 0; i < size; ++i) {
         const MeshCoord& c = layout.coord(group[i]);
         EXPECT_TRUE(members.insert(group[i]).second);
-        EXPECT_EQ(layout.color(axis, group[i]), static_cast<int>(color));
-        EXPECT_EQ(layout.group(axis, group[i]), group);
-        switch (axis) {
-          case MeshAxis::kTp:
-            EXPECT_EQ(c.tp, i);
-            EXPECT_EQ(c.pp, first.pp);
-            EXPECT_EQ(c.dp, first.dp);
-            break;
-          case MeshAxis::kPp:
-            EXPECT_EQ(c.pp, i);
-            EXPECT_EQ(c.tp, first.tp);
-            EXPECT_EQ(c.dp, first.dp);
-            break;
-          case MeshAxis::kDp:
-            EXPECT_EQ(c.dp, i);
-            EXPECT_EQ(c.tp, first.tp);
-            EXPECT_EQ(c.pp, first.pp);
-            break;
+        EXPECT_EQ(layout.color(axes, group[i]), static_cast<int>(color));
+        EXPECT_EQ(layout.index_in_group(axes, group[i]), i);
+        EXPECT_EQ(layout.group(axes, group[i]), group);
+        for (MeshAxis other : kMeshAxes) {
+          if (!axes.contains(other))
+            EXPECT_EQ(c.of(other), first.of(other)) << to_string(axes) << " " << to_string(other);
         }
+        if (axes == MeshAxes(MeshAxis::kTp)) EXPECT_EQ(c.tp, i);
         // TP groups never leave a node.
-        if (axis == MeshAxis::kTp) {
-          EXPECT_EQ(cluster.node_of(group[i]), cluster.node_of(group[0]));
-        }
+        if (axes == MeshAxes(MeshAxis::kTp)) EXPECT_EQ(cluster.node_of(group[i]), cluster.node_of(group[0]));
       }
     }
     EXPECT_EQ(static_cast<int>(members.size()), layout.world_size());
@@ -252,6 +242,72 @@ TEST(MeshLayout, DescribeIsATable) {
   EXPECT_NE(text.find("tp groups: {0,2} {4,6} {1,3} {5,7}"), std::string::npos) << text;
   EXPECT_NE(text.find("pp groups: {0,1} {4,5} {2,3} {6,7}"), std::string::npos) << text;
   EXPECT_NE(text.find("dp groups: {0,4} {1,5} {2,6} {3,7}"), std::string::npos) << text;
+}
+
+// Context parallelism sits inside the node after tp: r = tp + T·(cp + C·(dp + D·pp)).
+TEST(MeshLayout, ContextParallelIsTheAxisAfterTp) {
+  using Groups = std::vector<std::vector<int>>;
+  const Cluster cluster = Cluster::synthetic(2, 4);
+  MeshLayout layout = MeshLayout::place(cluster, {/*tp=*/2, /*pp=*/1, /*dp=*/2, /*cp=*/2});
+  expect_valid(cluster, layout);
+  EXPECT_EQ(layout.coord(6), (MeshCoord{0, 0, 1, 1}));
+  EXPECT_EQ(layout.groups(MeshAxis::kCp), (Groups{{0, 2}, {4, 6}, {1, 3}, {5, 7}}));
+  for (const auto& group : layout.groups(MeshAxis::kCp)) {
+    EXPECT_EQ(cluster.node_of(group[0]), cluster.node_of(group[1])) << "a cp group left its node";
+  }
+  EXPECT_EQ(layout.groups(MeshAxis::kDp), (Groups{{0, 4}, {2, 6}, {1, 5}, {3, 7}}));
+  // dp+cp: the ranks that hold the same parameters; index cp + C·dp.
+  const MeshAxes dp_cp{MeshAxis::kDp, MeshAxis::kCp};
+  EXPECT_EQ(layout.groups(dp_cp), (Groups{{0, 2, 4, 6}, {1, 3, 5, 7}}));
+  EXPECT_EQ(layout.index_in_group(dp_cp, 6), 3);
+  EXPECT_EQ(layout.group_name(MeshAxis::kTp, 6), "tp[pp=0,dp=1,cp=1]");
+  EXPECT_EQ(layout.group_name(MeshAxis::kCp, 6), "cp[tp=0,pp=0,dp=1]");
+  EXPECT_EQ(layout.group_name(dp_cp, 6), "dp+cp[tp=0,pp=0]");
+  // Without cp the names, colors and tables are those of the three-axis mesh; a cp
+  // group is then each rank alone.
+  MeshLayout plain = MeshLayout::place(cluster, {2, 2, 2});
+  EXPECT_EQ(plain.group_name(MeshAxis::kCp, 6), "cp[tp=0,pp=1,dp=1]");
+  EXPECT_EQ(plain.group_name({MeshAxis::kDp, MeshAxis::kCp}, 6), "dp[tp=0,pp=1]");
+  EXPECT_EQ(plain.groups({MeshAxis::kDp, MeshAxis::kCp}), plain.groups(MeshAxis::kDp));
+  EXPECT_EQ(plain.describe(cluster).find("cp"), std::string::npos);
+
+  const std::string text = layout.describe(cluster);
+  for (const char* part : {"mesh: tp = 2, pp = 1, dp = 2, cp = 2 (order tp-dp-pp)", "local  tp  pp  dp  cp",
+                           "     6  node1      2   0   0   1   1", "cp groups: {0,2} {4,6} {1,3} {5,7}",
+                           "dp+cp groups: {0,2,4,6} {1,3,5,7}"}) {
+    EXPECT_NE(text.find(part), std::string::npos) << part << " missing in:\n" << text;
+  }
+}
+
+// Data parallelism outermost, and round-robin launchers, with cp.
+TEST(MeshLayout, ContextParallelUnderEveryOrderAndLauncher) {
+  for (AxisOrder order : {AxisOrder::kTpDpPp, AxisOrder::kTpPpDp}) {
+    for (LauncherOrder launcher : {LauncherOrder::kBlock, LauncherOrder::kRoundRobin}) {
+      for (MeshDegrees d : {MeshDegrees{1, 2, 1, 4}, MeshDegrees{2, 1, 1, 4}, MeshDegrees{1, 1, 2, 4},
+                            MeshDegrees{2, 2, 1, 2}, MeshDegrees{1, 2, 2, 2}, MeshDegrees{1, 1, 1, 8}}) {
+        SCOPED_TRACE(::testing::Message() << "tp " << d.tp << " pp " << d.pp << " dp " << d.dp << " cp " << d.cp
+                                          << " order " << to_string(order));
+        const Cluster cluster = Cluster::synthetic(2, 4, launcher);
+        MeshLayout layout = MeshLayout::place(cluster, d, order);
+        expect_valid(cluster, layout);
+        if (launcher == LauncherOrder::kBlock && d.tp * d.cp <= 4) {
+          for (const auto& group : layout.groups(MeshAxis::kCp)) {
+            for (int rank : group) EXPECT_EQ(cluster.node_of(rank), cluster.node_of(group[0]));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(MeshLayout, ContextParallelDegreeIsChecked) {
+  const Cluster cluster = Cluster::synthetic(2, 4);
+  std::string message = error_of<ConfigError>([&] { MeshLayout::place(cluster, {2, 1, 2, 4}); });
+  EXPECT_NE(message.find("tp × pp × dp × cp must equal the world size: tp = 2, pp = 1, dp = 2, cp = 4 gives 16"),
+            std::string::npos)
+      << message;
+  message = error_of<ConfigError>([&] { MeshLayout::place(cluster, {2, 1, 4, 0}); });
+  EXPECT_NE(message.find("cp = 0"), std::string::npos) << message;
 }
 
 }  // namespace
