@@ -1,0 +1,269 @@
+#include "parallax/context_parallel/ring_attention.h"
+
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "parallax/core/error.h"
+
+namespace parallax::context_parallel {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::tensor_list;
+
+// Message tags on the cp group: one per kind of message, so a layer's forward ring, its
+// backward ring and the gradients travelling back never match each other's receives.
+constexpr int kForwardKvTag = 4101;
+constexpr int kBackwardKvTag = 4102;
+constexpr int kKvGradTag = 4103;
+
+// What one call needs besides its tensors, kept from forward to backward.
+struct Geometry {
+  std::int64_t seq_len = 0;
+  int cp = 1;
+  bool load_balance = true;
+  bool causal = true;
+  double scale = 1;
+
+  SequenceSplit split() const { return SequenceSplit(seq_len, cp, load_balance); }
+};
+
+// The key chunks (0 or 1 within a block) that query chunk `query_chunk` attends to in a
+// block holding `block_chunks`, and whether one of them is the query's own chunk (the
+// triangular mask). Later chunks under a causal mask are skipped whole.
+struct Selection {
+  std::vector<int> parts;
+  int diagonal_part = -1;  ///< index into parts of the query's own chunk, or -1
+};
+
+Selection select(int query_chunk, const std::array<int, 2>& block_chunks, bool causal) {
+  Selection s;
+  for (int j = 0; j < 2; ++j) {
+    if (causal && block_chunks[j] > query_chunk) continue;
+    if (causal && block_chunks[j] == query_chunk) s.diagonal_part = static_cast<int>(s.parts.size());
+    s.parts.push_back(j);
+  }
+  return s;
+}
+
+// The selected chunks of a block's [B, Hkv, 2m, D] tensor, joined along the sequence,
+// with its heads repeated for the `group` query heads that share each.
+torch::Tensor gathered(const torch::Tensor& block, const Selection& s, std::int64_t m, std::int64_t group) {
+  std::vector<torch::Tensor> parts;
+  for (int j : s.parts) parts.push_back(block.narrow(2, j * m, m));
+  torch::Tensor joined = parts.size() == 1 ? parts[0] : torch::cat(parts, 2);
+  return group == 1 ? joined : joined.repeat_interleave(group, 1);
+}
+
+// [B, H, ...] summed over the `group` query heads of each key/value head: [B, Hkv, ...].
+torch::Tensor summed_over_group(const torch::Tensor& x, std::int64_t group) {
+  if (group == 1) return x;
+  std::vector<std::int64_t> sizes(x.sizes().begin(), x.sizes().end());
+  sizes[1] /= group;
+  sizes.insert(sizes.begin() + 2, group);
+  return x.reshape(sizes).sum(2);
+}
+
+// Scores of one query chunk against the selected keys, the diagonal chunk masked.
+torch::Tensor scores(const torch::Tensor& q_chunk, const torch::Tensor& keys, const Selection& s, double scale) {
+  torch::Tensor S = torch::matmul(q_chunk, keys.transpose(-2, -1)) * scale;
+  if (s.diagonal_part >= 0) {
+    const std::int64_t m = q_chunk.size(2);
+    const torch::Tensor future = torch::ones({m, m}, S.options().dtype(torch::kBool)).triu(1);
+    S.narrow(-1, s.diagonal_part * m, m).masked_fill_(future, -std::numeric_limits<double>::infinity());
+  }
+  return S;
+}
+
+torch::Dtype accumulation_dtype(const torch::Tensor& t) {
+  return t.scalar_type() == torch::kHalf || t.scalar_type() == torch::kBFloat16 ? torch::kFloat : t.scalar_type();
+}
+
+int next_rank(const Communicator& cp) {
+  return (cp.rank() + 1) % cp.size();
+}
+int previous_rank(const Communicator& cp) {
+  return (cp.rank() + cp.size() - 1) % cp.size();
+}
+
+// One hop of a ring: the receive of the next block posted, then the send of `held`.
+struct Hop {
+  WorkPtr received;
+  WorkPtr sent;
+  torch::Tensor incoming;
+
+  void wait() {
+    received->wait();
+    sent->wait();
+  }
+};
+
+Hop start_hop(Communicator& cp, const torch::Tensor& held, int tag) {
+  Hop hop;
+  hop.incoming = torch::empty_like(held);
+  hop.received = cp.recv(hop.incoming, previous_rank(cp), tag);
+  hop.sent = cp.send(held, next_rank(cp), tag);
+  return hop;
+}
+
+struct RingAttention : torch::autograd::Function<RingAttention> {
+  static torch::Tensor forward(AutogradContext* ctx,
+                               const torch::Tensor& q,
+                               const torch::Tensor& k,
+                               const torch::Tensor& v,
+                               Communicator* cp,
+                               Geometry g,
+                               AttentionCounters* counters) {
+    const SequenceSplit split = g.split();
+    const std::int64_t m = split.chunk_len(), group = q.size(1) / k.size(1);
+    const torch::Dtype acc = accumulation_dtype(q);
+    const int C = cp->size(), r = cp->rank();
+    const auto my_chunks = split.chunks_of(r);
+    const torch::Tensor qa = q.to(acc);
+
+    std::array<torch::Tensor, 2> out, lse;
+    for (int i = 0; i < 2; ++i) {
+      out[i] = torch::zeros({q.size(0), q.size(1), m, q.size(3)}, q.options().dtype(acc));
+      lse[i] = torch::full({q.size(0), q.size(1), m}, -std::numeric_limits<double>::infinity(), q.options().dtype(acc));
+    }
+    torch::Tensor held = torch::stack({k, v}).contiguous();  // [2, B, Hkv, 2m, D]
+    for (int step = 0; step < C; ++step) {
+      const auto block_chunks = split.chunks_of((r - step + C) % C);
+      Hop hop;
+      if (step + 1 < C) hop = start_hop(*cp, held, kForwardKvTag);
+      const torch::Tensor kb = held[0].to(acc), vb = held[1].to(acc);
+      for (int i = 0; i < 2; ++i) {
+        const Selection s = select(my_chunks[i], block_chunks, g.causal);
+        if (s.parts.empty()) continue;
+        const torch::Tensor S = scores(qa.narrow(2, i * m, m), gathered(kb, s, m, group), s, g.scale);
+        const torch::Tensor block_lse = torch::logsumexp(S, -1);
+        const torch::Tensor block_out =
+            torch::matmul(torch::exp(S - block_lse.unsqueeze(-1)), gathered(vb, s, m, group));
+        const torch::Tensor merged = torch::logaddexp(lse[i], block_lse);
+        out[i] = out[i] * torch::exp(lse[i] - merged).unsqueeze(-1) +
+                 block_out * torch::exp(block_lse - merged).unsqueeze(-1);
+        lse[i] = merged;
+        if (counters != nullptr) counters->score_elements += S.numel();
+      }
+      if (step + 1 < C) {
+        hop.wait();
+        held = hop.incoming;
+      }
+    }
+    if (counters != nullptr) ++counters->calls;
+
+    const torch::Tensor output = torch::cat({out[0], out[1]}, 2);
+    ctx->save_for_backward({q, k, v, output, torch::cat({lse[0], lse[1]}, 2)});
+    ctx->saved_data["cp"] = static_cast<std::int64_t>(reinterpret_cast<std::intptr_t>(cp));
+    ctx->saved_data["seq_len"] = g.seq_len;
+    ctx->saved_data["load_balance"] = g.load_balance;
+    ctx->saved_data["causal"] = g.causal;
+    ctx->saved_data["scale"] = g.scale;
+    return output.to(q.scalar_type());
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    Communicator& cp = *reinterpret_cast<Communicator*>(static_cast<std::intptr_t>(ctx->saved_data["cp"].toInt()));
+    Geometry g;
+    g.seq_len = ctx->saved_data["seq_len"].toInt();
+    g.cp = cp.size();
+    g.load_balance = ctx->saved_data["load_balance"].toBool();
+    g.causal = ctx->saved_data["causal"].toBool();
+    g.scale = ctx->saved_data["scale"].toDouble();
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &output = saved[3], &lse_all = saved[4];
+
+    const SequenceSplit split = g.split();
+    const std::int64_t m = split.chunk_len(), group = q.size(1) / k.size(1);
+    const torch::Dtype acc = accumulation_dtype(q);
+    const int C = cp.size(), r = cp.rank();
+    const auto my_chunks = split.chunks_of(r);
+    const torch::Tensor qa = q.to(acc), dout = grads[0].to(acc);
+    // D = rowsum(dO ∘ O): the softmax backward's correction, one per query.
+    const torch::Tensor correction = (dout * output).sum(-1);
+    torch::Tensor dq = torch::zeros_like(qa);
+
+    torch::Tensor held = torch::stack({k, v}).contiguous();
+    torch::Tensor held_grad = torch::zeros(held.sizes(), held.options().dtype(acc));  // [2, B, Hkv, 2m, D]
+    Hop grad_hop;
+    for (int step = 0; step < C; ++step) {
+      const auto block_chunks = split.chunks_of((r - step + C) % C);
+      Hop hop;
+      if (step + 1 < C) hop = start_hop(cp, held, kBackwardKvTag);
+      if (step > 0) {  // this block's gradients so far, from the ranks it visited before
+        grad_hop.wait();
+        held_grad = grad_hop.incoming;
+      }
+      const torch::Tensor kb = held[0].to(acc), vb = held[1].to(acc);
+      for (int i = 0; i < 2; ++i) {
+        const Selection s = select(my_chunks[i], block_chunks, g.causal);
+        if (s.parts.empty()) continue;
+        const torch::Tensor qi = qa.narrow(2, i * m, m), doi = dout.narrow(2, i * m, m);
+        const torch::Tensor keys = gathered(kb, s, m, group), values = gathered(vb, s, m, group);
+        const torch::Tensor P = torch::exp(scores(qi, keys, s, g.scale) - lse_all.narrow(2, i * m, m).unsqueeze(-1));
+        const torch::Tensor dP = torch::matmul(doi, values.transpose(-2, -1));
+        const torch::Tensor dS = P * (dP - correction.narrow(2, i * m, m).unsqueeze(-1)) * g.scale;
+        dq.narrow(2, i * m, m).add_(torch::matmul(dS, keys));
+        const torch::Tensor dk = summed_over_group(torch::matmul(dS.transpose(-2, -1), qi), group);
+        const torch::Tensor dv = summed_over_group(torch::matmul(P.transpose(-2, -1), doi), group);
+        for (std::size_t p = 0; p < s.parts.size(); ++p) {
+          const std::int64_t at = static_cast<std::int64_t>(p) * m;
+          held_grad[0].narrow(2, s.parts[p] * m, m).add_(dk.narrow(2, at, m));
+          held_grad[1].narrow(2, s.parts[p] * m, m).add_(dv.narrow(2, at, m));
+        }
+      }
+      // The held block's gradients go on with it; the last hop brings each block's home.
+      if (C > 1) grad_hop = start_hop(cp, held_grad, kKvGradTag);
+      if (step + 1 < C) {
+        hop.wait();
+        held = hop.incoming;
+      }
+    }
+    if (C > 1) {
+      grad_hop.wait();
+      held_grad = grad_hop.incoming;
+    }
+    return {dq.to(q.scalar_type()),
+            held_grad[0].to(k.scalar_type()),
+            held_grad[1].to(v.scalar_type()),
+            torch::Tensor(),
+            torch::Tensor(),
+            torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor ring_attention(const torch::Tensor& q,
+                             const torch::Tensor& k,
+                             const torch::Tensor& v,
+                             Communicator& cp,
+                             const SequenceSplit& split,
+                             const RingAttentionOptions& options) {
+  PARALLAX_CHECK(split.cp() == cp.size(), UsageError, "ring attention over group '", cp.name(), "' (", cp.size(),
+                 " ranks) was given a sequence split for cp = ", split.cp());
+  PARALLAX_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, UsageError,
+                 "ring attention takes [batch, heads, positions, head_dim] tensors, got q ", q.sizes(), ", k ",
+                 k.sizes(), ", v ", v.sizes());
+  PARALLAX_CHECK(k.sizes() == v.sizes() && q.size(0) == k.size(0) && q.size(3) == k.size(3) &&
+                     q.size(2) == split.local_len() && k.size(2) == split.local_len(),
+                 UsageError, "ring attention: q ", q.sizes(), ", k ", k.sizes(), " and v ", v.sizes(),
+                 " must share batch and head_dim, k and v one shape, and each hold this rank's ", split.local_len(),
+                 " of ", split.seq_len(), " positions");
+  PARALLAX_CHECK(k.size(1) > 0 && q.size(1) % k.size(1) == 0, UsageError, "ring attention: ", q.size(1),
+                 " query heads cannot share ", k.size(1), " key/value heads (they must divide)");
+  PARALLAX_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type() && q.is_floating_point(),
+                 UsageError, "ring attention: q, k and v must be of one floating dtype");
+  Geometry g;
+  g.seq_len = split.seq_len();
+  g.cp = split.cp();
+  g.load_balance = split.load_balance();
+  g.causal = options.causal;
+  g.scale = options.scale != 0 ? options.scale : 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+  return RingAttention::apply(q, k, v, &cp, g, options.counters);
+}
+
+}  // namespace parallax::context_parallel
