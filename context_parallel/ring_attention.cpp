@@ -6,6 +6,7 @@
 #include <limits>
 #include <vector>
 
+#include "parallax/context_parallel/attention.h"
 #include "parallax/core/error.h"
 
 namespace parallax::context_parallel {
@@ -242,27 +243,14 @@ torch::Tensor ring_attention(const torch::Tensor& q,
                              const torch::Tensor& v,
                              Communicator& cp,
                              const SequenceSplit& split,
-                             const RingAttentionOptions& options) {
-  PARALLAX_CHECK(split.cp() == cp.size(), UsageError, "ring attention over group '", cp.name(), "' (", cp.size(),
-                 " ranks) was given a sequence split for cp = ", split.cp());
-  PARALLAX_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, UsageError,
-                 "ring attention takes [batch, heads, positions, head_dim] tensors, got q ", q.sizes(), ", k ",
-                 k.sizes(), ", v ", v.sizes());
-  PARALLAX_CHECK(k.sizes() == v.sizes() && q.size(0) == k.size(0) && q.size(3) == k.size(3) &&
-                     q.size(2) == split.local_len() && k.size(2) == split.local_len(),
-                 UsageError, "ring attention: q ", q.sizes(), ", k ", k.sizes(), " and v ", v.sizes(),
-                 " must share batch and head_dim, k and v one shape, and each hold this rank's ", split.local_len(),
-                 " of ", split.seq_len(), " positions");
-  PARALLAX_CHECK(k.size(1) > 0 && q.size(1) % k.size(1) == 0, UsageError, "ring attention: ", q.size(1),
-                 " query heads cannot share ", k.size(1), " key/value heads (they must divide)");
-  PARALLAX_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type() && q.is_floating_point(),
-                 UsageError, "ring attention: q, k and v must be of one floating dtype");
+                             const AttentionOptions& options) {
+  detail::check_attention_inputs("ring", q, k, v, cp, split);
   Geometry g;
   g.seq_len = split.seq_len();
   g.cp = split.cp();
   g.load_balance = split.load_balance();
   g.causal = options.causal;
-  g.scale = options.scale != 0 ? options.scale : 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+  g.scale = detail::attention_scale(options, q.size(3));
   return RingAttention::apply(q, k, v, &cp, g, options.counters);
 }
 

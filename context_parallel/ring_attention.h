@@ -37,32 +37,23 @@
 
 #include <torch/types.h>
 
-#include "parallax/context_parallel/attention_counters.h"
+#include "parallax/context_parallel/attention_options.h"
 #include "parallax/context_parallel/sequence_split.h"
 #include "parallax/core/communicator.h"
 
 namespace parallax::context_parallel {
 
-struct RingAttentionOptions {
-  /// Each query attends only to keys at or before its position. Default: true.
-  bool causal = true;
-  /// Multiplies the scores; 0 means 1/√head_dim. Default: 0.
-  double scale = 0;
-  /// Where to count this call's work, or null. Default: null.
-  AttentionCounters* counters = nullptr;
-};
-
 /// Attention of this rank's queries over the whole sequence's keys and values.
 /// `q`: [batch, heads, split.local_len(), head_dim]; `k`, `v`: [batch, kv_heads,
 /// split.local_len(), head_dim] with kv_heads dividing heads; all of one floating dtype
 /// and device; `split.cp()` must equal cp.size(). Returns [batch, heads, local_len,
-/// head_dim] in q's dtype, differentiable in q, k and v. Scores and the merge run in
+/// head_dim] in q's dtype, differentiable in q, k and v. `options.method` is not read. Scores and the merge run in
 /// float32 for 16-bit inputs. Throws UsageError for shapes that do not fit.
 torch::Tensor ring_attention(const torch::Tensor& q,
                              const torch::Tensor& k,
                              const torch::Tensor& v,
                              Communicator& cp,
                              const SequenceSplit& split,
-                             const RingAttentionOptions& options = {});
+                             const AttentionOptions& options = {});
 
 }  // namespace parallax::context_parallel

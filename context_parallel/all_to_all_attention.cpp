@@ -1,0 +1,126 @@
+#include "parallax/context_parallel/all_to_all_attention.h"
+
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <limits>
+#include <vector>
+
+#include "parallax/context_parallel/attention.h"
+#include "parallax/core/error.h"
+
+namespace parallax::context_parallel {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::tensor_list;
+
+constexpr int kToHeadsTag = 4111;
+constexpr int kToSequenceTag = 4112;
+
+// out[j] = rank j's parts[r]: each rank's j-th part goes to rank j. `parts` is [C, ...].
+// Every receive is posted before the sends; the own part is copied, not sent.
+torch::Tensor exchanged(const torch::Tensor& parts, Communicator& cp, int tag) {
+  const int C = cp.size(), r = cp.rank();
+  torch::Tensor out = torch::empty_like(parts);
+  out[r].copy_(parts[r]);
+  std::vector<WorkPtr> pending;
+  for (int peer = 0; peer < C; ++peer) {
+    if (peer == r) continue;
+    torch::Tensor slot = out[peer];
+    pending.push_back(cp.recv(slot, peer, tag));
+  }
+  for (int peer = 0; peer < C; ++peer) {
+    if (peer != r) pending.push_back(cp.send(parts[peer], peer, tag));
+  }
+  for (auto& work : pending) work->wait();
+  return out;
+}
+
+// [B, H, L, D], L this rank's positions → [B, H/C, C·L, D]: head group r of every rank's
+// positions, rank by rank.
+torch::Tensor sequence_to_heads(const torch::Tensor& x, Communicator& cp) {
+  const int C = cp.size();
+  const std::int64_t B = x.size(0), H = x.size(1), L = x.size(2), D = x.size(3);
+  const torch::Tensor parts = x.reshape({B, C, H / C, L, D}).permute({1, 0, 2, 3, 4}).contiguous();
+  return exchanged(parts, cp, kToHeadsTag).permute({1, 2, 0, 3, 4}).reshape({B, H / C, C * L, D});
+}
+
+// The inverse: [B, H/C, C·L, D] → [B, H, L, D].
+torch::Tensor heads_to_sequence(const torch::Tensor& y, Communicator& cp) {
+  const int C = cp.size();
+  const std::int64_t B = y.size(0), Hc = y.size(1), L = y.size(2) / C, D = y.size(3);
+  const torch::Tensor parts = y.reshape({B, Hc, C, L, D}).permute({2, 0, 1, 3, 4}).contiguous();
+  return exchanged(parts, cp, kToSequenceTag).permute({1, 0, 2, 3, 4}).reshape({B, C * Hc, L, D});
+}
+
+Communicator& recall(AutogradContext* ctx) {
+  return *reinterpret_cast<Communicator*>(static_cast<std::intptr_t>(ctx->saved_data["cp"].toInt()));
+}
+void remember(AutogradContext* ctx, Communicator* cp) {
+  ctx->saved_data["cp"] = static_cast<std::int64_t>(reinterpret_cast<std::intptr_t>(cp));
+}
+
+struct SequenceToHeads : torch::autograd::Function<SequenceToHeads> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, Communicator* cp) {
+    remember(ctx, cp);
+    return sequence_to_heads(x, *cp);
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    return {heads_to_sequence(grads[0].contiguous(), recall(ctx)), torch::Tensor()};
+  }
+};
+
+struct HeadsToSequence : torch::autograd::Function<HeadsToSequence> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& y, Communicator* cp) {
+    remember(ctx, cp);
+    return heads_to_sequence(y, *cp);
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    return {sequence_to_heads(grads[0].contiguous(), recall(ctx)), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor all_to_all_attention(const torch::Tensor& q,
+                                   const torch::Tensor& k,
+                                   const torch::Tensor& v,
+                                   Communicator& cp,
+                                   const SequenceSplit& split,
+                                   const AttentionOptions& options) {
+  detail::check_attention_inputs("all-to-all", q, k, v, cp, split);
+  const int C = cp.size();
+  PARALLAX_CHECK(q.size(1) % C == 0 && k.size(1) % C == 0, ConfigError,
+                 "context_parallel.method = \"all_to_all\" splits the attention heads over cp = ", C,
+                 ", but the model has ", q.size(1), " query heads and ", k.size(1),
+                 " key/value heads; both must be multiples of ", C,
+                 ". Use context_parallel.method = \"ring\", which takes any head count, or a cp that divides both");
+  const torch::Tensor qh = SequenceToHeads::apply(q.contiguous(), &cp);
+  torch::Tensor kh = SequenceToHeads::apply(k.contiguous(), &cp);
+  torch::Tensor vh = SequenceToHeads::apply(v.contiguous(), &cp);
+  const std::int64_t group = q.size(1) / k.size(1);
+  if (group > 1) {
+    kh = kh.repeat_interleave(group, 1);
+    vh = vh.repeat_interleave(group, 1);
+  }
+  const bool low_precision = q.scalar_type() == torch::kHalf || q.scalar_type() == torch::kBFloat16;
+  const torch::Dtype acc = low_precision ? torch::kFloat : q.scalar_type();
+  torch::Tensor scores =
+      torch::matmul(qh.to(acc), kh.to(acc).transpose(-2, -1)) * detail::attention_scale(options, q.size(3));
+  if (options.causal) {
+    // The exchanged sequence lists every rank's positions, rank by rank.
+    std::vector<torch::Tensor> by_rank;
+    for (int rank = 0; rank < C; ++rank) by_rank.push_back(split.positions(rank));
+    const torch::Tensor positions = torch::cat(by_rank).to(q.device());
+    const torch::Tensor future = positions.unsqueeze(1) < positions.unsqueeze(0);
+    scores = scores.masked_fill(future, -std::numeric_limits<double>::infinity());
+  }
+  if (options.counters != nullptr) {
+    options.counters->score_elements += scores.numel();
+    ++options.counters->calls;
+  }
+  const torch::Tensor out = torch::matmul(torch::softmax(scores, -1), vh.to(acc)).to(q.scalar_type());
+  return HeadsToSequence::apply(out, &cp);
+}
+
+}  // namespace parallax::context_parallel
