@@ -86,6 +86,24 @@ void check_sections(const Config& config);
 /// except std::bad_alloc.
 std::string to_toml(const Config& config);
 
+/// The strategy sections of `config` ([train], [precision], [zero], [offload],
+/// [tensor_parallel], [pipeline]: each SectionDef marked in_plan) as to_toml writes
+/// them, every key with its decided value (never "auto"). A Plan records this text, and
+/// strategy_config() reads it back through the same field tables: a strategy's option is
+/// declared once, as one key of its section. Never throws except std::bad_alloc.
+std::string strategy_toml(const Config& config);
+
+/// Where the keys of `config` were set, for recording beside strategy_toml:
+/// config.positions, and each tensor-parallel rule's position under
+/// "tensor_parallel.plan.\"<pattern>\"". Never throws except std::bad_alloc.
+std::map<std::string, std::string> strategy_positions(const Config& config);
+
+/// A Config at its defaults with `text` (strategy_toml's output) read over it, and
+/// `positions` (strategy_positions' output) as its key and rule positions for messages.
+/// Throws ConfigError when the text is not TOML, lacks a strategy section, or holds a
+/// key or value the field tables refuse (a plan written by another build).
+Config strategy_config(const std::string& text, const std::map<std::string, std::string>& positions);
+
 /// Every key the loader reads, "section.key", in to_toml order.
 std::vector<std::string> config_keys();
 

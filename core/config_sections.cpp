@@ -302,7 +302,7 @@ const std::vector<SectionDef>& sections() {
       {"train",
        "The batch and the run's length. `global_batch_size = micro_batch_size x grad_accum x dp` exactly "
        "(dp from [parallel]); one of the three may be omitted and is inferred.",
-       train_fields, nullptr},
+       train_fields, nullptr, /*in_plan=*/true},
       {"optimizer",
        "The optimizer the engine steps. A key that only some types read (`momentum`, `dampening`, `nesterov`, "
        "`amsgrad`, `alpha`, `centered`, `lr_decay`, `initial_accumulator_value`) must keep its default under the "
@@ -315,7 +315,7 @@ const std::vector<SectionDef>& sections() {
       {"precision",
        "Mixed precision. The `loss_scale_*` keys apply to fp16 only; `loss_scale_min` must not exceed "
        "`loss_scale_initial`.",
-       precision_fields, precision_check},
+       precision_fields, precision_check, /*in_plan=*/true},
       {"parallel",
        "How the ranks are divided: `tp x pp x dp` must equal the world size. Every product the strategy matrix "
        "allows runs; the rest are refused naming the keys (`parallax-matrix` prints it). Any layout key (tp, pp, "
@@ -324,20 +324,20 @@ const std::vector<SectionDef>& sections() {
        parallel_fields, nullptr},
       {"zero",
        "How model state is sharded over the data-parallel group (ZeRO). The stage 3 keys apply at stage 3 only.",
-       zero_fields, nullptr},
+       zero_fields, nullptr, /*in_plan=*/true},
       {"offload",
        "Where the sharded model state lives. `optimizer` needs `zero.stage` >= 1 and Adam or AdamW; `param` needs "
        "`zero.stage = 3` and the optimizer offloaded, and `param = \"nvme\"` needs `optimizer = \"nvme\"`; "
        "`nvme_path` is required by nvme and refused otherwise.",
-       offload_fields, offload_check},
+       offload_fields, offload_check, /*in_plan=*/true},
       {"tensor_parallel",
        "How each (stage's) model is split over the tensor-parallel group (`parallel.tp` > 1). "
        "`sequence_parallel` needs a `plan`.",
-       tensor_parallel_fields, tensor_parallel_check},
+       tensor_parallel_fields, tensor_parallel_check, /*in_plan=*/true},
       {"pipeline",
        "How a model given as layer specs runs over `parallel.pp` stages; `train.grad_accum` is the number of "
        "micro-batches per step. `virtual_stages` > 1 goes with `schedule = \"interleaved\"`.",
-       pipeline_fields, pipeline_check},
+       pipeline_fields, pipeline_check, /*in_plan=*/true},
       {"topology", "The machine the mesh is placed on: the real one (hwloc), or emulated nodes.", topology_fields,
        nullptr},
       {"threads", "Each rank's CPU threads; by default decided from the cores it owns.", thread_fields, nullptr},

@@ -221,6 +221,9 @@ struct SectionDef {
   /// Checks that involve several keys or this build's capabilities, after every
   /// section is read. Throws ConfigError. May be null.
   void (*check)(const Config& config, const KeyPositions& positions);
+  /// A strategy section: the Plan records it whole (strategy_toml) and the engines read
+  /// it back from there, so its keys are declared here once and nowhere else.
+  bool in_plan = false;
 };
 
 /// The sections' cross-key checks (config_checks.cpp), each SectionDef::check of its

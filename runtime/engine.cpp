@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "parallax/checkpoint/store.h"
+#include "parallax/core/config_loader.h"
 #include "parallax/core/error.h"
 #include "parallax/core/mesh.h"
 #include "parallax/runtime/gradient_reduction.h"
@@ -17,13 +18,15 @@ namespace {
 // "# engine 'generator': ZeRO stage 3, offload optimizer none / param none, fp32, 2 micro-batches
 // per step (global batch 64); from [engine.generator]: zero.stage = 3 at gan.toml:9:9, ..."
 std::string describe_engine(const Runtime& runtime, const std::string& name, const proto::Plan& plan) {
+  const Config strategy = recorded_strategy(plan);
   std::ostringstream text;
-  text << "# engine '" << name << "': ZeRO stage " << plan.zero().stage() << ", offload optimizer "
-       << to_string(plan.offload().optimizer()) << " / param " << to_string(plan.offload().param()) << ", "
-       << to_string(plan.precision().dtype()) << ", " << plan.batch().grad_accum() << " micro-batch(es) per step (global batch "
-       << plan.batch().global_batch_size() << ")";
+  text << "# engine '" << name << "': ZeRO stage " << strategy.zero.stage << ", offload optimizer "
+       << to_string(strategy.offload.optimizer) << " / param " << to_string(strategy.offload.param) << ", "
+       << to_string(strategy.precision.dtype) << ", " << strategy.train.grad_accum
+       << " micro-batch(es) per step (global batch " << strategy.train.global_batch_size << ")";
   const auto table = runtime.config().engines.find(name);
-  if (table == runtime.config().engines.end()) return text.str() + "; the run's options (no [engine." + name + "] table)";
+  if (table == runtime.config().engines.end())
+    return text.str() + "; the run's options (no [engine." + name + "] table)";
   text << "; from [engine." << name << "]:";
   const Config& config = *table->second.config;
   for (const std::string& key : table->second.keys) text << " " << key << config.position_of(key) << ";";
@@ -36,17 +39,13 @@ Engine::Engine(Runtime& runtime,
                std::shared_ptr<torch::nn::Module> model,
                const OptimizerSpec& spec,
                const EngineOptions& options)
-    : applier_(std::make_unique<StepApplier>(runtime,
-                                             runtime.engine_plan(options.name),
-                                             options.name,
-                                             std::move(model),
-                                             spec,
-                                             nullptr)),
+    : applier_(std::make_unique<StepApplier>(
+          runtime, runtime.engine_plan(options.name), options.name, std::move(model), spec, nullptr)),
       logger_(&runtime.logger()),
       dp_rank_(runtime.mesh().coord().dp),
       dp_size_(runtime.mesh().degrees().dp),
-      micro_batch_size_(applier_->plan().batch().micro_batch_size()),
-      grad_accum_(applier_->plan().batch().grad_accum()),
+      micro_batch_size_(batch_options(applier_->plan()).micro_batch_size),
+      grad_accum_(batch_options(applier_->plan()).grad_accum),
       loss_sum_(torch::zeros({}, torch::kFloat64)) {
   if (!options.name.empty()) logger_->summary(describe_engine(runtime, options.name, applier_->plan()));
 }
@@ -59,9 +58,9 @@ torch::Tensor Engine::local_batch(const torch::Tensor& batch) const {
   PARALLAX_CHECK(batch.dim() >= 1, UsageError, "local_batch: expected a batch with a leading dimension, got shape ",
                  batch.sizes());
   const std::int64_t n = batch.size(0);
-  PARALLAX_CHECK(n % dp_size_ == 0, UsageError, "local_batch: a batch of ", n,
-                 " samples does not divide over the ", dp_size_, " data-parallel ranks; load dp x train.micro_batch_size = ",
-                 dp_size_ * micro_batch_size_, " samples");
+  PARALLAX_CHECK(n % dp_size_ == 0, UsageError, "local_batch: a batch of ", n, " samples does not divide over the ",
+                 dp_size_, " data-parallel ranks; load dp x train.micro_batch_size = ", dp_size_ * micro_batch_size_,
+                 " samples");
   const std::int64_t part = n / dp_size_;
   return batch.narrow(0, dp_rank_ * part, part);
 }

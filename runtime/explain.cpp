@@ -51,7 +51,7 @@ std::string GroupTraffic::report(Runtime& runtime,
   Mesh& mesh = runtime.mesh();
   const proto::Plan& plan = runtime.plan();
   const ModelStateBytes formula =
-      model_state_formula(elements, padding, mesh.degrees().dp, plan.zero().stage(), precision_options(plan).dtype,
+      model_state_formula(elements, padding, mesh.degrees().dp, zero_options(plan).stage, precision_options(plan).dtype,
                           optimizer_bytes_per_element(runtime.config().optimizer));
   const std::array<std::int64_t, 3> moved = bytes_since();
   const std::array<std::int64_t, 3> across = inter_node_bytes_since();

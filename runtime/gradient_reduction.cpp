@@ -202,12 +202,11 @@ void bind_offload_threads(Runtime& runtime, const proto::Plan& plan, const zero:
   const std::vector<int> bound = offload::CpuAdam::bind_threads(runtime.threads().pus);
   std::string where;
   for (std::size_t t = 0; t < bound.size(); ++t) where += (t ? "," : "") + std::to_string(bound[t]);
-  const proto::Offload& offload = plan.offload();
-  runtime.logger().summary("# offload: optimizer ", to_string(offload.optimizer()), ", param ",
-                           to_string(offload.param()), "; fused CPU Adam (", offload::CpuAdam::instruction_set(),
-                           "), rank 0's ", bound.size(), " intra-op thread(s) bound to PU(s) {", where,
-                           "}; rank 0 holds ", sharded.host_bytes(), " bytes on the host and ", sharded.nvme_bytes(),
-                           " in the NVMe tier");
+  const OffloadOptions offload = offload_options(plan);
+  runtime.logger().summary("# offload: optimizer ", to_string(offload.optimizer), ", param ", to_string(offload.param),
+                           "; fused CPU Adam (", offload::CpuAdam::instruction_set(), "), rank 0's ", bound.size(),
+                           " intra-op thread(s) bound to PU(s) {", where, "}; rank 0 holds ", sharded.host_bytes(),
+                           " bytes on the host and ", sharded.nvme_bytes(), " in the NVMe tier");
 }
 
 // zero.stage 1–3 (zero/sharded_model.h), with [offload].
@@ -221,11 +220,11 @@ class ShardedReduction final : public GradientReduction {
                    const ModelSplit& split)
       : dp_(&runtime.mesh().dp()), reduce_untouched_(!split.partial_backwards), params_(params) {
     const OffloadOptions offload = offload_options(plan);
-    sharded_ = std::make_unique<zero::ShardedModel>(
-        model, params, zero_options(plan), offload, optimizer, *dp_, runtime.tracer(),
-        [&optimizer](std::vector<torch::Tensor> shards) {
-          return make_optimizer(optimizer, std::move(shards), AdamKernel::kFusedCpu);
-        });
+    sharded_ = std::make_unique<zero::ShardedModel>(model, params, zero_options(plan), offload, optimizer, *dp_,
+                                                    runtime.tracer(), [&optimizer](std::vector<torch::Tensor> shards) {
+                                                      return make_optimizer(optimizer, std::move(shards),
+                                                                            AdamKernel::kFusedCpu);
+                                                    });
     if (!split.norm_groups.empty()) {
       zero::ModelParallel model_parallel;
       model_parallel.tp = split.tp;
@@ -385,7 +384,7 @@ std::unique_ptr<GradientReduction> make_gradient_reduction(Runtime& runtime,
                                                            torch::ScalarType dtype,
                                                            const OptimizerOptions& optimizer,
                                                            ModelSplit split) {
-  if (plan.zero().stage() == 0) {
+  if (zero_options(plan).stage == 0) {
     return std::make_unique<ReplicatedReduction>(runtime, plan, std::move(params), dtype, optimizer, std::move(split));
   }
   return std::make_unique<ShardedReduction>(runtime, plan, model, params, optimizer, split);

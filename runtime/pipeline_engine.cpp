@@ -37,7 +37,7 @@ PipelineLayout choose_layout(Runtime& runtime,
                  " layer spec(s); interleave with at most virtual_stages = ", layers / pp, " or use a deeper model");
   PipelineLayout layout;
   layout.partition = to_string(pipeline.partition);
-  const auto seed = static_cast<std::uint64_t>(plan.batch().seed());
+  const auto seed = static_cast<std::uint64_t>(batch_options(plan).seed);
   switch (pipeline.partition) {
     case PipelinePartition::kUniform:
       layout.boundaries = pipeline::uniform_boundaries(layers, parts);
@@ -75,12 +75,12 @@ void describe_layout(Runtime& runtime,
                      const PipelineLayout& layout,
                      const std::vector<pipeline::LayerSpec>& specs,
                      const pipeline::ScheduleShape& shape) {
-  const proto::Pipeline& pipeline = runtime.plan().pipeline();
+  const PipelineOptions pipeline = pipeline_options(runtime.plan());
   runtime.logger().summary(
       "# pipeline: pp = ", shape.stages, " x dp = ", runtime.mesh().degrees().dp, ", schedule ",
-      to_string(pipeline.schedule()), ", ", shape.micro_batches, " micro-batch(es)",
+      to_string(pipeline.schedule), ", ", shape.micro_batches, " micro-batch(es)",
       shape.virtual_stages > 1 ? ", " + std::to_string(shape.virtual_stages) + " chunks per stage" : std::string(),
-      ", recompute ", to_string(pipeline.recompute()), ", partition ", layout.partition, ": ",
+      ", recompute ", to_string(pipeline.recompute), ", partition ", layout.partition, ": ",
       pipeline::describe_boundaries(layout.boundaries, layout.layer_weights));
   for (int part = 0; part < shape.parts(); ++part) {
     const std::int64_t first = layout.boundaries[part];
@@ -149,9 +149,9 @@ std::string path_in_model(const std::string& path, const std::vector<std::string
 // is refused on every rank (they all hold the plan) before anything is built.
 pipeline::LossFunction whole_logits_loss(const proto::Plan& plan, pipeline::LossFunction loss) {
   if (plan.degrees().tp() == 1) return loss;
-  for (const proto::TensorParallelRule& rule : plan.tensor_parallel().rules()) {
-    PARALLAX_CHECK(rule.style() != proto::TP_VOCAB_OUTPUT || rule.gather_output(), ConfigError,
-                   "[tensor_parallel.plan] \"", rule.pattern(), "\" = \"vocab_output\"", rule.position(),
+  for (const TpPlanRule& rule : tensor_parallel_options(plan).plan) {
+    PARALLAX_CHECK(rule.style != TpStyle::kVocabOutput || rule.gather_output, ConfigError, "[tensor_parallel.plan] \"",
+                   rule.pattern, "\" = \"vocab_output\"", rule.position,
                    ": the pipeline's loss function receives whole logits, but this rule leaves them split over "
                    "the vocabulary; pass parallax::CrossEntropyLoss{} as the loss (vocabulary-parallel), or give "
                    "the rule gather_output = true");
@@ -213,12 +213,12 @@ std::shared_ptr<PipelineEngine::Built> PipelineEngine::build(Runtime& runtime,
                                                              const PipelineEngineOptions& options) {
   const proto::Plan& plan = runtime.plan();
   const PipelineOptions pipeline = pipeline_options(plan);
+  const TrainOptions batch = batch_options(plan);
   auto built = std::make_shared<Built>();
   built->runtime = &runtime;
   built->loss = std::move(loss);
   built->stage = runtime.mesh().coord().pp;
-  built->shape = {pipeline.schedule, plan.degrees().pp(), static_cast<int>(plan.batch().grad_accum()),
-                  pipeline.virtual_stages};
+  built->shape = {pipeline.schedule, plan.degrees().pp(), static_cast<int>(batch.grad_accum), pipeline.virtual_stages};
   pipeline::validate(built->shape);
   built->layout = choose_layout(runtime, specs, built->loss, options);
   describe_layout(runtime, built->layout, specs, built->shape);
@@ -229,7 +229,7 @@ std::shared_ptr<PipelineEngine::Built> PipelineEngine::build(Runtime& runtime,
     built->chunks.push_back(built->module->register_module(
         "chunk" + std::to_string(chunk),
         pipeline::LayerSequence(specs, built->layout.boundaries[part], built->layout.boundaries[part + 1],
-                                static_cast<std::uint64_t>(plan.batch().seed()))));
+                                static_cast<std::uint64_t>(batch.seed))));
   }
   // A plan's rules name the whole model's modules: "chunk0.3.qkv" is layer 3's "qkv".
   std::vector<std::string> prefixes;

@@ -8,8 +8,8 @@
 #include "parallax/core/cpu_binding.h"
 #include "parallax/core/error.h"
 #include "parallax/core/mesh.h"
-#include "parallax/runtime/plan_options.h"
 #include "parallax/planner/strategy_matrix.h"
+#include "parallax/runtime/plan_options.h"
 
 namespace parallax {
 namespace {
@@ -88,29 +88,28 @@ std::string describe_plan(const proto::Plan& plan) {
   out << "plan: tp " << d.tp() << " x pp " << d.pp() << " x dp " << d.dp() << " (" << plan.axis_order() << ") on "
       << plan.ranks_size() << " ranks, " << plan.nodes() << (plan.emulated() ? " emulated" : "") << " node(s); "
       << plan.placement() << "\n";
-  const proto::Batch& batch = plan.batch();
-  const proto::Zero& zero = plan.zero();
-  out << "  zero.stage " << zero.stage() << ", offload optimizer " << to_string(plan.offload().optimizer())
-      << " / param " << to_string(plan.offload().param()) << ", " << to_string(plan.precision().dtype())
-      << ", micro-batch " << batch.micro_batch_size() << " x " << batch.grad_accum() << " micro-steps x dp " << d.dp()
-      << " = " << batch.global_batch_size() << " samples\n";
+  const Config strategy = recorded_strategy(plan);
+  const TrainOptions& batch = strategy.train;
+  out << "  zero.stage " << strategy.zero.stage << ", offload optimizer " << to_string(strategy.offload.optimizer)
+      << " / param " << to_string(strategy.offload.param) << ", " << to_string(strategy.precision.dtype)
+      << ", micro-batch " << batch.micro_batch_size << " x " << batch.grad_accum << " micro-steps x dp " << d.dp()
+      << " = " << batch.global_batch_size << " samples\n";
   if (d.pp() > 1) {
-    const proto::Pipeline& pipeline = plan.pipeline();
-    std::string partition = to_string(pipeline.partition());
-    if (pipeline.partition() == proto::PARTITION_EXPLICIT) {
+    const PipelineOptions& pipeline = strategy.pipeline;
+    std::string partition = to_string(pipeline.partition);
+    if (pipeline.partition == PipelinePartition::kExplicit) {
       partition.clear();
-      for (std::int64_t b : pipeline.boundaries()) partition += (partition.empty() ? "[" : ", ") + std::to_string(b);
+      for (std::int64_t b : pipeline.boundaries) partition += (partition.empty() ? "[" : ", ") + std::to_string(b);
       partition += "]";
     }
-    out << "  pipeline: " << to_string(pipeline.schedule()) << ", " << pipeline.virtual_stages()
-        << " chunk(s) per stage, partition " << partition << ", recompute " << to_string(pipeline.recompute()) << "\n";
+    out << "  pipeline: " << to_string(pipeline.schedule) << ", " << pipeline.virtual_stages
+        << " chunk(s) per stage, partition " << partition << ", recompute " << to_string(pipeline.recompute) << "\n";
   }
-  if (d.tp() > 1 && plan.tensor_parallel().rules_size() > 0) {
-    const proto::TensorParallel& tp = plan.tensor_parallel();
-    out << "  tensor parallel" << (tp.sequence_parallel() ? " (sequence parallel)" : "") << ":";
-    for (const proto::TensorParallelRule& rule : tp.rules()) {
-      out << " [" << rule.pattern() << " = " << to_string(rule.style()) << (rule.gather_output() ? " (gathered)" : "")
-          << "]";
+  if (d.tp() > 1 && !strategy.tensor_parallel.plan.empty()) {
+    const TensorParallelOptions& tp = strategy.tensor_parallel;
+    out << "  tensor parallel" << (tp.sequence_parallel ? " (sequence parallel)" : "") << ":";
+    for (const TpPlanRule& rule : tp.plan) {
+      out << " [" << rule.pattern << " = " << to_string(rule.style) << (rule.gather_output ? " (gathered)" : "") << "]";
     }
     out << "\n";
   }

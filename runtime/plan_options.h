@@ -2,20 +2,32 @@
 // back as the option structs the strategy modules take (internal to runtime/; the
 // engines build themselves from the Plan alone through these).
 //
+// The strategy sections are recorded as the config's own TOML (strategy_toml) and read
+// back through the same field tables that read the user's file, so an option is declared
+// once, as a key of its config section: this file names no option.
+//
 //   proto::Plan plan;
 //   record_strategy(config, plan);                  // make_plan does this
 //   zero::ShardedModel sharded(..., zero_options(plan), offload_options(plan), ...);
 #pragma once
+
+#include <string>
 
 #include "parallax/core/config.h"
 #include "proto/plan.pb.h"
 
 namespace parallax {
 
-/// Writes config's degrees, axis order, batch, [zero], [offload], [precision],
-/// [tensor_parallel] and [pipeline] into `plan` (placement is make_plan's). Every field
-/// of those sections is kept, so each reader below returns exactly what was recorded.
+/// Writes config's degrees, axis order and strategy sections ([train], [precision],
+/// [zero], [offload], [tensor_parallel], [pipeline]; with the positions of their keys)
+/// into `plan` (placement is make_plan's). Every key of those sections is kept, so each
+/// reader below returns exactly what was recorded.
 void record_strategy(const Config& config, proto::Plan& plan);
+
+/// A Config whose strategy sections (and their keys' positions) are the plan's, every
+/// other section at its defaults. Parses the recorded text: call it once per
+/// construction, not per step. Throws ConfigError for a plan written by another build.
+Config recorded_strategy(const proto::Plan& plan);
 
 TrainOptions batch_options(const proto::Plan& plan);
 ZeroOptions zero_options(const proto::Plan& plan);
@@ -24,13 +36,7 @@ PrecisionOptions precision_options(const proto::Plan& plan);
 TensorParallelOptions tensor_parallel_options(const proto::Plan& plan);
 PipelineOptions pipeline_options(const proto::Plan& plan);
 
-/// "fp32" | "bf16" | "fp16", "none" | "cpu" | "nvme", "1f1b", ...: the config's
-/// spelling of a Plan's enum values, for messages and explain().
-const char* to_string(proto::Dtype dtype);
-const char* to_string(proto::Tier tier);
-const char* to_string(proto::Schedule schedule);
-const char* to_string(proto::Partition partition);
-const char* to_string(proto::Recompute recompute);
-const char* to_string(proto::TpStyle style);
+/// Where `key` ("precision.dtype") was set, " at run.toml:4:9", or "" at its default.
+std::string recorded_position(const proto::Plan& plan, const std::string& key);
 
 }  // namespace parallax

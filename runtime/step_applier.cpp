@@ -44,7 +44,8 @@ void check_beside_other_engines(Runtime& runtime, const std::string& name, const
                    "' exists already; give each engine its own name (EngineOptions)");
     PARALLAX_CHECK(!name.empty() || !other->name().empty() || runtime.config().checkpoint.dir.empty(), UsageError,
                    "a second unnamed engine would save its checkpoints into the same checkpoint.dir (\"",
-                   runtime.config().checkpoint.dir, "\") as the first: name them (EngineOptions(\"generator\"), ...), "
+                   runtime.config().checkpoint.dir,
+                   "\") as the first: name them (EngineOptions(\"generator\"), ...), "
                    "and each saves under checkpoint.dir/<name>");
     const std::vector<std::string>& names = other->parameter_names();
     for (std::size_t i = 0; i < other->parameters().size(); ++i) {
@@ -121,7 +122,7 @@ zero::LossScalerOptions loss_scaler_options(const PrecisionOptions& precision) {
 // Rank 0 of the tensor-parallel group says how the model was split.
 void describe_split(Runtime& runtime, const proto::Plan& plan, const tensor_parallel::ParallelizedModel& split) {
   runtime.logger().summary("# tensor parallel: tp = ", plan.degrees().tp(), ", sequence parallel ",
-                           plan.tensor_parallel().sequence_parallel() ? "on" : "off");
+                           tensor_parallel_options(plan).sequence_parallel ? "on" : "off");
   for (const std::string& line : split.describe()) runtime.logger().summary("#   ", line);
 }
 
@@ -152,9 +153,8 @@ std::unique_ptr<tensor_parallel::ParallelizedModel> split_everywhere(Communicato
                                                                      const tensor_parallel::ParallelizeOptions& how) {
   std::unique_ptr<tensor_parallel::ParallelizedModel> split;
   try {
-    run_everywhere(world, "[tensor_parallel.plan]", [&] {
-      split = std::make_unique<tensor_parallel::ParallelizedModel>(model, options, tp, how);
-    });
+    run_everywhere(world, "[tensor_parallel.plan]",
+                   [&] { split = std::make_unique<tensor_parallel::ParallelizedModel>(model, options, tp, how); });
   } catch (const UsageError& e) {
     throw ConfigError(e.detail());  // the plan failed on another rank (another stage's part)
   }
@@ -206,7 +206,7 @@ StepApplier::StepApplier(Runtime& runtime,
                  ": a pipeline needs the model as layer specs, so that each stage builds only its own layers; "
                  "build a parallax::PipelineEngine (runtime/pipeline_engine.h) instead of rt.engine(model)");
   const PrecisionOptions precision = precision_options(plan);
-  const int zero_stage = plan.zero().stage();
+  const int zero_stage = zero_options(plan).stage;
   dtype_ = compute_dtype_for(precision.dtype);
   Communicator& dp = runtime.mesh().dp();
   // A weight shared by two modules (a tied embedding and LM head) appears twice in
@@ -320,8 +320,8 @@ StepApplier::StepApplier(Runtime& runtime,
       make_gradient_reduction(runtime, plan, *model_, params_, dtype_, spec_.optimizer, std::move(model_split));
   if (spec_.zero_grad_sentinel.defined()) reduction_->watch_zero_grad(spec_.zero_grad_sentinel);
   if (zero_stage == 3) {
-    evaluation_ = dp.split(0, dp.rank(),
-                           "evaluation forward at zero.stage = 3 (under NoGradGuard: every data-parallel rank runs it)");
+    evaluation_ = dp.split(
+        0, dp.rank(), "evaluation forward at zero.stage = 3 (under NoGradGuard: every data-parallel rank runs it)");
   }
   runtime.engines().push_back(this);
   const CheckpointOptions& checkpoints = runtime.config().checkpoint;
@@ -444,10 +444,10 @@ void StepApplier::explain_missing_kernel() const {
   } catch (const c10::Error& e) {
     const std::string what = e.what_without_backtrace();
     if (dtype_ == torch::kFloat32 || what.find("not implemented for '") == std::string::npos) return;
-    const proto::Precision& precision = plan_->precision();
-    const bool fp16 = precision.dtype() == proto::DTYPE_FP16;
-    throw ConfigError(std::string("precision.dtype = \"") + to_string(precision.dtype()) + "\"" +
-                      precision.dtype_position() + ": LibTorch " + TORCH_VERSION +
+    const Dtype dtype = precision_options(*plan_).dtype;
+    const bool fp16 = dtype == Dtype::kFp16;
+    throw ConfigError(std::string("precision.dtype = \"") + to_string(dtype) + "\"" +
+                      recorded_position(*plan_, "precision.dtype") + ": LibTorch " + TORCH_VERSION +
                       " has no kernel for one of this model's operations in that dtype on this device (" +
                       what.substr(0, what.find('\n')) + "); use precision.dtype = " +
                       (fp16 ? "\"bf16\" (the same 2 bytes with fp32's range, no loss scaling)" : "\"fp32\""));

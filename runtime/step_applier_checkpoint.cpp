@@ -49,7 +49,7 @@ std::string rank_stream_name(int rank, const std::string& stream) {
 std::string layout_text(Runtime& runtime, const proto::Plan& plan, torch::ScalarType dtype) {
   const MeshDegrees& d = runtime.mesh().degrees();
   std::ostringstream text;
-  text << "dp=" << d.dp << " tp=" << d.tp << " pp=" << d.pp << " zero=" << plan.zero().stage() << " "
+  text << "dp=" << d.dp << " tp=" << d.tp << " pp=" << d.pp << " zero=" << zero_options(plan).stage << " "
        << c10::toString(dtype) << ", " << runtime.world().size() << " ranks";
   return text.str();
 }

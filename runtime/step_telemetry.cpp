@@ -11,13 +11,14 @@
 #include "parallax/core/world.h"
 #include "parallax/runtime/auto_layout.h"
 #include "parallax/runtime/layer_profile.h"
+#include "parallax/runtime/plan_options.h"
 #include "proto/plan.pb.h"
 
 namespace parallax {
 namespace {
 
 constexpr std::int64_t kStateFields = 8;  // loss, the ModelStateBytes fields, pipeline compute and schedule ms
-constexpr std::int64_t kCommFields = 3;  // per op: calls, bytes, inter-node bytes
+constexpr std::int64_t kCommFields = 3;   // per op: calls, bytes, inter-node bytes
 constexpr std::int64_t kFieldsPerRank = kStateFields + kCommFields * static_cast<std::int64_t>(kCommOpCount);
 
 std::string human_rate(double per_second) {
@@ -34,7 +35,8 @@ std::string human_rate(double per_second) {
 
 }  // namespace
 
-StepTelemetry::StepTelemetry(Runtime& runtime, const proto::Plan& plan) : runtime_(runtime), plan_(plan) {
+StepTelemetry::StepTelemetry(Runtime& runtime, const proto::Plan& plan)
+    : runtime_(runtime), batch_(batch_options(plan)) {
   Mesh& mesh = runtime.mesh();
   for (Communicator* c : {&mesh.world(), &mesh.dp(), &mesh.tp(), &mesh.pp()}) {
     if (std::find(training_comms_.begin(), training_comms_.end(), c) == training_comms_.end()) {
@@ -105,7 +107,6 @@ StepMetrics StepTelemetry::end_window(
       counters.ops[op].inter_node_bytes = static_cast<std::int64_t>(f[kStateFields + kCommFields * op + 2]);
     }
     metrics.comm.push_back(counters);
-
   }
   metrics.loss = loss_sum / ranks;
   double longest_schedule = -1.0;
@@ -119,7 +120,7 @@ StepMetrics StepTelemetry::end_window(
   const auto elapsed = std::chrono::steady_clock::now() - window_start_;
   metrics.step_ms = std::chrono::duration<double, std::milli>(elapsed).count();
   metrics.predicted_step_ms = runtime_.auto_layout().predicted_step_ms();
-  const double samples = static_cast<double>(plan_.batch().global_batch_size());
+  const double samples = static_cast<double>(batch_.global_batch_size);
   metrics.samples_per_s = metrics.step_ms > 0 ? samples * 1000.0 / metrics.step_ms : 0.0;
   metrics.tokens_per_sample = tokens_per_sample_;
   metrics.tokens_per_s = metrics.samples_per_s * static_cast<double>(std::max<std::int64_t>(tokens_per_sample_, 1));
@@ -139,7 +140,7 @@ StepMetrics StepTelemetry::end_window(
     }
   }
   const LoggingOptions& logging = runtime_.config().logging;
-  const std::int64_t total = plan_.batch().steps();
+  const std::int64_t total = batch_.steps;
   if (logging.every > 0 && (step % logging.every == 0 || step == total || step == 1)) {
     const bool tokens = tokens_per_sample_ > 0;
     char line[256];
@@ -179,7 +180,8 @@ StepMetrics StepTelemetry::end_window(
                   "auto layout check: predicted %.1f MB per rank, measured %.1f MB (rank 0's peak resident memory "
                   "since planning less its resident memory before): %+.0f%%; %s%s",
                   predicted_mb, peak_mb, peak_mb > 0 ? 100.0 * (predicted_mb - peak_mb) / peak_mb : 0.0,
-                  to_string(malloc), malloc == Malloc::kGlibc ? ", which keeps freed buffers resident (docs/planner.md)" : "");
+                  to_string(malloc),
+                  malloc == Malloc::kGlibc ? ", which keeps freed buffers resident (docs/planner.md)" : "");
     runtime_.logger().summary(line);
   }
   return metrics;

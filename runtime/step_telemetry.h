@@ -60,7 +60,7 @@ class StepTelemetry {
   CommCounters training_counters() const;
 
   Runtime& runtime_;
-  const proto::Plan& plan_;
+  TrainOptions batch_;  ///< the plan's batch: global batch (samples per step) and steps
   std::vector<Communicator*> training_comms_;
   CommCounters counters_at_start_;
   bool window_open_ = false;

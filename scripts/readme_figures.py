@@ -71,6 +71,7 @@ FIGURES = {
     "tp_equivalence": ctest("tp_equivalence"),
     "pp_equivalence": ctest("pp_equivalence"),
     "matrix_equivalence": ctest("matrix_equivalence"),
+    "context_attention": ctest("context_attention"),
     "checkpoint_reshard": ctest("checkpoint_reshard"),
     "checkpoint_export": ctest("checkpoint_export"),
     "checkpoint_faults": ctest("checkpoint_(preemption|crash|manifest_fuzz)"),
@@ -88,6 +89,7 @@ FIGURES = {
     "bench_engine_step": Figure([str(BUILD_DIR / "bench/bench_engine_step")]),
     "bench_plan_accuracy": Figure(["bench/plan_accuracy.sh"], keep=r"^(layout|np\d|median|cluster|malloc|glibc|tcmalloc)"),
     "bench_link_classes": Figure(["bench/link_classes.sh"], keep=r"^(size|\d+[KM]iB)"),
+    "bench_context_attention": Figure(["bench/context_attention.sh"], keep=r"^(causal|method|whole|ring|all-to-all)"),
     "bench_allreduce": Figure(MPIRUN + ["-np", "4", str(BUILD_DIR / "bench/bench_allreduce"), "--nonblocking"]),
 }
 

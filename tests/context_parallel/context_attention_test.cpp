@@ -21,6 +21,7 @@
 #include <cmath>
 #include <memory>
 
+#include "figures.h"
 #include "parallax/context_parallel/attention.h"
 #include "parallax/context_parallel/sequence_split.h"
 #include "parallax/core/communicator.h"
@@ -101,21 +102,24 @@ class ContextAttentionTest : public ::testing::TestWithParam<AttentionMethod> {
 };
 
 TEST_P(ContextAttentionTest, EqualsWholeSequenceAttention) {
+  double worst = 0;
   for (bool load_balance : {true, false}) {
     for (bool causal : {true, false}) {
       for (std::int64_t kv_heads : {8, 4}) {
         Shape s;
         s.kv_heads = kv_heads;
         const double diff = worst_difference(s, load_balance, causal);
-        if (cp().rank() == 0) {
-          std::cout << to_string(GetParam()) << " cp " << cp().size() << (load_balance ? " balanced" : " contiguous")
-                    << (causal ? " causal" : " full") << " kv_heads " << kv_heads << ": max relative difference "
-                    << diff << '\n';
-        }
+        worst = std::max(worst, diff);
         EXPECT_LE(diff, kTolerance) << "balanced " << load_balance << ", causal " << causal << ", kv_heads "
                                     << kv_heads;
       }
     }
+  }
+  if (cp().rank() == 0) {
+    parallax_test::print_figure(
+        "%s, cp = %d: outputs and q/k/v gradients within %.2g of whole-sequence attention (relative; balanced and "
+        "contiguous, causal and not, 8 and 4 key/value heads; bound %.2g)\n",
+        to_string(GetParam()), cp().size(), worst, kTolerance);
   }
 }
 
@@ -147,8 +151,10 @@ TEST_P(ContextAttentionTest, WorkCounterShowsTheBalance) {
     cp().all_reduce(work)->wait();
     const double max = work.max().item<double>(), mean = work.to(torch::kDouble).mean().item<double>();
     if (cp().rank() == 0) {
-      std::cout << to_string(GetParam()) << " cp " << C << (load_balance ? " balanced" : " contiguous")
-                << ": work per rank " << work.reshape({1, C}) << " max/mean " << max / mean << '\n';
+      std::string per_rank;
+      for (int rank = 0; rank < C; ++rank) per_rank += " " + std::to_string(work[rank].item<std::int64_t>());
+      parallax_test::print_figure("%s, cp = %d, %s split: scores per rank%s, max/mean %.3f\n", to_string(GetParam()),
+                                  C, load_balance ? "balanced" : "contiguous", per_rank.c_str(), max / mean);
     }
     if (load_balance || GetParam() == AttentionMethod::kAllToAll) {
       EXPECT_EQ(work.min().item<std::int64_t>(), work.max().item<std::int64_t>());

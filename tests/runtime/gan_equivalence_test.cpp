@@ -16,6 +16,7 @@
 #include "parallax/core/config_loader.h"
 #include "parallax/core/mesh.h"
 #include "parallax/runtime/parallax.h"
+#include "parallax/runtime/plan_options.h"
 #include "parallax/zero/sharded_model.h"
 #include "proto/plan.pb.h"
 
@@ -139,14 +140,11 @@ void PrintTo(const Case& c, std::ostream* out) {
 
 Config config_for(const Case& c) {
   ConfigSources sources;
-  sources.overrides = {"train.global_batch_size=" + std::to_string(kGlobalBatch),
-                       "train.grad_accum=1",
-                       "logging.every=0",
-                       "zero.stage=" + std::to_string(c.stage),
+  sources.overrides = {"train.global_batch_size=" + std::to_string(kGlobalBatch), "train.grad_accum=1",
+                       "logging.every=0", "zero.stage=" + std::to_string(c.stage),
                        "offload.optimizer=\"" + std::string(c.offload) + "\"",
                        // one ZeRO-3 unit per Linear, and several buckets below stage 3
-                       "zero.bucket_mb=0.001",
-                       "zero.wrap_min_params=1"};
+                       "zero.bucket_mb=0.001", "zero.wrap_min_params=1"};
   return load_config(sources);
 }
 
@@ -262,8 +260,11 @@ namespace {
 // built from the run's options instead of their tables (the stage checks).
 TEST(GanPerEngineOptions, AZero3GeneratorOfItsOwnAccumulationBesideAReplicatedDiscriminator) {
   ConfigSources sources;
-  sources.overrides = {"train.global_batch_size=" + std::to_string(kGlobalBatch), "train.grad_accum=1",
-                       "logging.every=0", "zero.wrap_min_params=1", "engine.generator.zero.stage=3",
+  sources.overrides = {"train.global_batch_size=" + std::to_string(kGlobalBatch),
+                       "train.grad_accum=1",
+                       "logging.every=0",
+                       "zero.wrap_min_params=1",
+                       "engine.generator.zero.stage=3",
                        "engine.generator.grad_accum=2"};
   const std::vector<std::string> names{"generator", "discriminator"};
   InitOptions init{{}, /*print_summary=*/false};
@@ -274,8 +275,8 @@ TEST(GanPerEngineOptions, AZero3GeneratorOfItsOwnAccumulationBesideAReplicatedDi
   EXPECT_EQ(engines.g_stage, 3);
   EXPECT_EQ(engines.d_stage, 0);
   EXPECT_EQ(engines.g_accum, 2);
-  EXPECT_EQ(rt.engine_plan("generator").batch().global_batch_size(), 2 * kGlobalBatch);
-  EXPECT_EQ(rt.engine_plan("discriminator").batch().global_batch_size(), kGlobalBatch);
+  EXPECT_EQ(batch_options(rt.engine_plan("generator")).global_batch_size, 2 * kGlobalBatch);
+  EXPECT_EQ(batch_options(rt.engine_plan("discriminator")).global_batch_size, kGlobalBatch);
   const auto [worst_loss, worst_param] = compare(engines, train_reference(ranks, false, /*g_accum=*/2));
   parallax_test::print_figure("%d rank(s): max loss difference %.2g, max parameter difference %.2g\n", ranks,
                               worst_loss, worst_param);
