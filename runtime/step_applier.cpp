@@ -16,6 +16,7 @@
 #include "parallax/runtime/plan_options.h"
 #include "parallax/runtime/runtime.h"
 #include "parallax/runtime/step_telemetry.h"
+#include "parallax/runtime/strategy_steps.h"
 #include "parallax/tensor_parallel/vocab_parallel.h"
 #include "parallax/zero/deferred_construction.h"
 #include "parallax/zero/loss_scaler.h"
@@ -57,48 +58,6 @@ void check_beside_other_engines(Runtime& runtime, const std::string& name, const
   }
 }
 
-// Before the first collective that depends on the model: every rank must hold the same
-// parameters and buffers (count, shapes, dtypes), or the broadcasts would mismatch.
-void check_same_structure(Communicator& comm,
-                          const std::vector<torch::Tensor>& params,
-                          const std::vector<torch::Tensor>& buffers) {
-  std::uint64_t hash = 1469598103934665603ULL;  // FNV-1a over (dtype, shape) of each tensor
-  auto mix = [&hash](std::int64_t value) {
-    hash ^= static_cast<std::uint64_t>(value);
-    hash *= 1099511628211ULL;
-  };
-  for (const auto* list : {&params, &buffers}) {
-    mix(static_cast<std::int64_t>(list->size()));
-    for (const auto& t : *list) {
-      mix(static_cast<std::int64_t>(t.scalar_type()));
-      for (auto size : t.sizes()) mix(size);
-    }
-  }
-  const std::vector<int> differing = ranks_differing_from_root(comm, hash);
-  PARALLAX_CHECK(differing.empty(), UsageError, "the model differs across ranks of group '", comm.name(), "': rank(s) ",
-                 format_rank_set(differing), " hold other parameter or buffer shapes than rank 0 (", params.size(),
-                 " parameters, ", buffers.size(), " buffers here); build the model from the same config on every rank");
-}
-
-// Rank 0 of `comm`'s parameters and buffers, on every rank of it (exact, in place).
-void broadcast_from_first(Communicator& comm,
-                          const std::vector<torch::Tensor>& params,
-                          const std::vector<torch::Tensor>& buffers) {
-  torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> aliases;
-  for (const auto& t : params) aliases.push_back(t.detach());
-  for (const auto& t : buffers) {
-    // MPI has no bool type: a bool buffer (a mask) travels as its bytes.
-    aliases.push_back(t.scalar_type() == torch::kBool ? t.detach().view(torch::kUInt8) : t.detach());
-  }
-  std::vector<WorkPtr> pending;
-  for (auto& t : aliases) {
-    PARALLAX_CHECK(t.is_contiguous(), UsageError, "model tensors must be contiguous to broadcast");
-    pending.push_back(comm.broadcast(t, 0));
-  }
-  for (auto& w : pending) w->wait();
-}
-
 torch::ScalarType compute_dtype_for(Dtype dtype) {
   switch (dtype) {
     case Dtype::kFp32:
@@ -119,13 +78,6 @@ zero::LossScalerOptions loss_scaler_options(const PrecisionOptions& precision) {
       .min_scale(precision.loss_scale_min);
 }
 
-// Rank 0 of the tensor-parallel group says how the model was split.
-void describe_split(Runtime& runtime, const proto::Plan& plan, const tensor_parallel::ParallelizedModel& split) {
-  runtime.logger().summary("# tensor parallel: tp = ", plan.degrees().tp(), ", sequence parallel ",
-                           tensor_parallel_options(plan).sequence_parallel ? "on" : "off");
-  for (const std::string& line : split.describe()) runtime.logger().summary("#   ", line);
-}
-
 // Every rank of a tensor-parallel group computes on the same micro-batch: a trainer that
 // indexes its data by world rank instead of mesh().coord().dp would train garbage.
 void check_same_input(Communicator& tp, const torch::Tensor& input) {
@@ -137,51 +89,6 @@ void check_same_input(Communicator& tp, const torch::Tensor& input) {
   PARALLAX_CHECK(differing.empty(), UsageError, "the first forward's input differs across tensor-parallel group '",
                  tp.name(), "': rank(s) ", format_rank_set(differing),
                  " got other data than its rank 0; index the data by mesh().coord().dp, not by world rank");
-}
-
-// A pipeline stage's layers split by the plan. The stages agree on the outcome (one
-// stage's ConfigError fails every stage, so none waits in a later collective), and each
-// rule must match a module on some stage.
-// Splits `model` by the plan on every rank of `world` together: a plan that does not fit
-// fails on every rank with its own message. Without the agreement a rank that finished its
-// broadcasts first would exit on the error while another still waited in one, and that one
-// would report only the first rank's failure (or be killed by the launcher before it spoke).
-std::unique_ptr<tensor_parallel::ParallelizedModel> split_everywhere(Communicator& world,
-                                                                     torch::nn::Module& model,
-                                                                     const TensorParallelOptions& options,
-                                                                     Communicator& tp,
-                                                                     const tensor_parallel::ParallelizeOptions& how) {
-  std::unique_ptr<tensor_parallel::ParallelizedModel> split;
-  try {
-    run_everywhere(world, "[tensor_parallel.plan]",
-                   [&] { split = std::make_unique<tensor_parallel::ParallelizedModel>(model, options, tp, how); });
-  } catch (const UsageError& e) {
-    throw ConfigError(e.detail());  // the plan failed on another rank (another stage's part)
-  }
-  return split;
-}
-
-std::unique_ptr<tensor_parallel::ParallelizedModel> split_pipeline_stage(
-    torch::nn::Module& stage,
-    const TensorParallelOptions& options,
-    Communicator& world,
-    Communicator& tp,
-    Communicator& pp,
-    const std::function<std::string(const std::string&)>& plan_path) {
-  std::unique_ptr<tensor_parallel::ParallelizedModel> split =
-      split_everywhere(world, stage, options, tp, tensor_parallel::ParallelizeOptions{plan_path, true});
-  // Per rule: the stages it matched on.
-  const std::vector<bool> matched = split->rules_matched();
-  torch::Tensor counts = torch::zeros({static_cast<std::int64_t>(matched.size())}, torch::kLong);
-  for (std::size_t i = 0; i < matched.size(); ++i) counts[static_cast<std::int64_t>(i)] = matched[i] ? 1 : 0;
-  pp.all_reduce(counts, {ReduceOp::kSum})->wait();
-  const auto* count = counts.data_ptr<std::int64_t>();
-  for (std::size_t i = 0; i < options.plan.size(); ++i) {
-    const TpPlanRule& rule = options.plan[i];
-    PARALLAX_CHECK(count[i] > 0, ConfigError, "[tensor_parallel.plan] \"", rule.pattern, "\"", rule.position,
-                   " matches no Linear or Embedding on any of the ", pp.size(), " pipeline stages");
-  }
-  return split;
 }
 
 }  // namespace
@@ -228,53 +135,13 @@ StepApplier::StepApplier(Runtime& runtime,
     }
     model_->to(device_);
   }
-  if (plan.degrees().tp() > 1) {
-    // A plan slices the dense model each rank holds: make them the same one first.
-    Communicator& tp = runtime.mesh().tp();
-    const TensorParallelOptions tp_options = tensor_parallel_options(plan);
-    if (!tp_options.plan.empty()) {
-      // A plan slices whole weights: a model built under DeferredConstruction is
-      // materialized first (each rank then holds the dense model once, briefly).
-      for (const auto& p : unique) {
-        if (zero::is_deferred(p)) zero::materialize(p);
-      }
-      check_same_structure(tp, unique, model_->buffers());
-      broadcast_from_first(tp, unique, model_->buffers());
-    }
-    Communicator& world = runtime.mesh().world();
-    if (stage == nullptr) {
-      split_ = split_everywhere(world, *model_, tp_options, tp, {});
-    } else {
-      split_ = split_pipeline_stage(*model_, tp_options, world, tp, runtime.mesh().pp(), stage->plan_path);
-    }
-    describe_split(runtime, plan, *split_);
-  }
-  check_same_structure(dp, unique, model_->buffers());
-
-  // Parameters built under zero::DeferredConstruction hold no data yet. Stage 3 gives
-  // each its data unit by unit while sharding; the other stages hold every parameter
-  // anyway. Either way they are identical on every rank (same seed), so not broadcast.
-  std::unordered_set<const void*> deferred;
-  for (const auto& p : unique) {
-    if (zero::is_deferred(p)) deferred.insert(p.unsafeGetTensorImpl());
-  }
-  if (!deferred.empty()) {
-    PARALLAX_CHECK(zero_stage == 3 ? dtype_ == torch::kFloat32 : true, ConfigError,
-                   "a model built under DeferredConstruction trains in fp32 at zero.stage = 3 in this build "
-                   "(precision.dtype = bf16/fp16 would materialize it whole); build it eagerly or use fp32");
-    if (zero_stage < 3) {
-      for (const auto& p : unique) zero::materialize(p);
-      deferred.clear();
-    }
-  }
-
-  // Every data-parallel rank starts from rank 0's parameters and buffers (fp32, exact).
-  {
-    std::vector<torch::Tensor> present;
-    for (const auto& t : unique) {
-      if (!deferred.count(t.unsafeGetTensorImpl())) present.push_back(t);
-    }
-    broadcast_from_first(dp, present, model_->buffers());
+  // The registered strategies, in their order (strategy_steps.h).
+  Preparation preparation{runtime, plan, stage, *model_, unique, dtype_};
+  for (const StepDef& def : strategy_steps()) {
+    if (!def.applies(plan, stage)) continue;
+    steps_.push_back(def.make());
+    steps_.back()->prepare(preparation);
+    if (const auto* split = steps_.back()->tensor_split()) split_ = split;
   }
   if (dtype_ != torch::kFloat32) model_->to(dtype_);
 
@@ -289,29 +156,11 @@ StepApplier::StepApplier(Runtime& runtime,
   }
   PARALLAX_CHECK(!params_.empty(), UsageError, "every parameter of the model is frozen (requires_grad = false)");
   // How the model is split beyond the data-parallel group, for the norm and the
-  // partial (sequence-parallel) gradients.
+  // partial (sequence-parallel) gradients: each step says its part.
   ModelSplit model_split;
-  model_split.partial_backwards = stage != nullptr;  // a pipeline backward covers one chunk
-  if (split_) model_split.norm_groups.push_back(&runtime.mesh().tp());
-  if (stage != nullptr) model_split.norm_groups.push_back(&runtime.mesh().pp());
-  if (!model_split.norm_groups.empty()) {
-    std::unordered_set<const void*> excluded;
-    if (stage != nullptr) {
-      for (const auto& t : stage->norm_excluded) excluded.insert(t.unsafeGetTensorImpl());
-    }
-    for (const auto& p : params_) {
-      const double copies = split_ ? static_cast<double>(split_->copies(p)) : 1.0;
-      model_split.norm_weights.push_back(excluded.count(p.unsafeGetTensorImpl()) ? 0.0 : 1.0 / copies);
-    }
-  }
-  if (split_) {
-    model_split.tp = &runtime.mesh().tp();
-    std::unordered_set<const void*> partial;
-    for (const auto& p : split_->partial_gradient_parameters()) partial.insert(p.unsafeGetTensorImpl());
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      if (partial.count(params_[i].unsafeGetTensorImpl())) model_split.partial.push_back(i);
-    }
-  }
+  model_split.norm_weights.assign(params_.size(), 1.0);
+  for (const auto& step : steps_) step->describe(params_, model_split);
+  if (model_split.norm_groups.empty()) model_split.norm_weights.clear();
   if (precision.dtype == Dtype::kFp16) {
     scaler_ = std::make_unique<zero::LossScaler>(loss_scaler_options(precision));
   }
@@ -356,7 +205,11 @@ ForwardScope StepApplier::forward_scope() {
 }
 
 ModelScope StepApplier::model_scope() const {
-  return ModelScope{reduction_->use_scope(), split_ ? split_->scope() : tensor_parallel::ParallelizedModel::Scope()};
+  ModelScope scope{reduction_->use_scope(), {}};
+  for (const auto& step : steps_) {
+    if (auto opened = step->forward_scope()) scope.steps.push_back(std::move(opened));
+  }
+  return scope;
 }
 
 torch::Tensor StepApplier::prepare_input(const torch::Tensor& input) {

@@ -2,13 +2,12 @@
 // to turn a model into one that trains under the plan, and to apply each optimizer step.
 // Internal to runtime/.
 //
-// Construction (collective over the mesh), in the plan's fixed order:
-//  1. tensor parallelism (parallel.tp > 1): the model is made identical over the
-//     tensor-parallel group and split by the [tensor_parallel.plan] (or as written with
-//     tensor_parallel/ layers); a pipeline stage's rules match the whole model's paths;
-//  2. data parallelism: every rank checks it holds the same structure, parameters and
-//     buffers are broadcast from data-parallel rank 0 (deferred ones are materialized or,
-//     at ZeRO stage 3, sharded unit by unit), the model is cast to the compute dtype;
+// Construction (collective over the mesh):
+//  1. the registered strategy steps the plan asks for, in their order
+//     (strategy_steps.h: tensor parallelism, a pipeline stage's coupling, data
+//     parallelism), each preparing the model; then the model is cast to the compute
+//     dtype;
+//  2. each step says how it splits the trained parameters beyond the data-parallel group;
 //  3. the GradientReduction (replicated buckets or ZeRO, gradient_reduction.h) over the
 //     trainable parameters, told how the model is split beyond the data-parallel group
 //     (the norm's groups and weights, partial sequence-parallel gradients);
@@ -51,6 +50,7 @@ namespace proto {
 class Plan;
 }
 class StepTelemetry;
+class StrategyStep;
 
 /// How a pipeline stage's module couples to the other stages.
 struct StageCoupling {
@@ -62,11 +62,20 @@ struct StageCoupling {
   std::function<std::string(const std::string& path)> plan_path;
 };
 
-/// Held around a model's (or a pipeline chunk's) forward: ZeRO-3 gathering on use and
-/// the tensor-parallel rewrite of planned modules.
+/// Held around a model's (or a pipeline chunk's) forward: ZeRO-3 gathering on use, and
+/// each strategy step's scope (the tensor-parallel rewrite of planned modules), opened
+/// in the steps' order and closed in reverse.
 struct ModelScope {
+  ModelScope(zero::ParameterUseScope gathering, std::vector<std::shared_ptr<void>> steps)
+      : gathering(std::move(gathering)), steps(std::move(steps)) {}
+  ModelScope(ModelScope&&) = default;
+  ModelScope& operator=(ModelScope&&) = delete;
+  ~ModelScope() {
+    while (!steps.empty()) steps.pop_back();
+  }
+
   zero::ParameterUseScope gathering;
-  tensor_parallel::ParallelizedModel::Scope splitting;
+  std::vector<std::shared_ptr<void>> steps;
 };
 
 /// A whole model's forward: the step's trace span around the ModelScope.
@@ -210,7 +219,8 @@ class StepApplier {
   torch::Device device_{torch::kCPU};                          ///< the runtime's: the model and every input go there
   std::vector<torch::Tensor> params_;                          ///< the model's trainable ones (compute dtype)
   std::vector<std::string> param_names_;                       ///< theirs, in the whole model
-  std::unique_ptr<tensor_parallel::ParallelizedModel> split_;  ///< parallel.tp > 1
+  std::vector<std::unique_ptr<StrategyStep>> steps_;           ///< the registered strategies the plan asks for
+  const tensor_parallel::ParallelizedModel* split_ = nullptr;  ///< the tensor-parallel step's (parallel.tp > 1)
   std::unique_ptr<GradientReduction> reduction_;
   std::unique_ptr<Communicator> evaluation_;  ///< zero.stage = 3: agreement before an evaluation forward
   std::unique_ptr<zero::LossScaler> scaler_;  ///< fp16
