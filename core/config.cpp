@@ -17,20 +17,23 @@ std::int64_t multiply(std::int64_t a, std::int64_t b, const char* what) {
 }
 
 void resolve_degrees(ParallelOptions& parallel, int world_size) {
-  PARALLAX_CHECK(parallel.tp >= 1 && parallel.pp >= 1, ConfigError, "parallel.tp = ", parallel.tp,
-                 ", parallel.pp = ", parallel.pp, ": expected integers >= 1");
+  PARALLAX_CHECK(parallel.tp >= 1 && parallel.pp >= 1 && parallel.cp >= 1, ConfigError, "parallel.tp = ", parallel.tp,
+                 ", parallel.pp = ", parallel.pp, ", parallel.cp = ", parallel.cp, ": expected integers >= 1");
   PARALLAX_CHECK(parallel.dp == -1 || parallel.dp >= 1, ConfigError, "parallel.dp = ", parallel.dp,
                  ": expected -1 (the ranks left over) or an integer >= 1");
-  const std::int64_t model_parallel = multiply(parallel.tp, parallel.pp, "parallel.tp × parallel.pp");
+  // "parallel.tp (2) × parallel.pp (1)", with cp where it is not 1.
+  const std::string cp = parallel.cp == 1 ? "" : " × parallel.cp (" + std::to_string(parallel.cp) + ")";
+  const std::int64_t model_parallel =
+      multiply(multiply(parallel.tp, parallel.pp, "parallel.tp × parallel.pp"), parallel.cp, "parallel.tp × pp × cp");
   if (parallel.dp == -1) {
     PARALLAX_CHECK(world_size % model_parallel == 0, ConfigError, "parallel.dp = -1 cannot be inferred: parallel.tp (",
-                   parallel.tp, ") × parallel.pp (", parallel.pp, ") = ", model_parallel,
+                   parallel.tp, ") × parallel.pp (", parallel.pp, ")", cp, " = ", model_parallel,
                    " does not divide the world size (", world_size, " ranks)");
     parallel.dp = static_cast<int>(world_size / model_parallel);
   }
-  const std::int64_t product = multiply(model_parallel, parallel.dp, "parallel.tp × pp × dp");
+  const std::int64_t product = multiply(model_parallel, parallel.dp, "parallel.tp × pp × cp × dp");
   PARALLAX_CHECK(product == world_size, ConfigError, "parallel.tp (", parallel.tp, ") × parallel.pp (", parallel.pp,
-                 ") × parallel.dp (", parallel.dp, ") = ", product, ", but the world size is ", world_size,
+                 ")", cp, " × parallel.dp (", parallel.dp, ") = ", product, ", but the world size is ", world_size,
                  " ranks; the product must equal the number of ranks");
 }
 
@@ -87,9 +90,17 @@ void resolve_batch(TrainOptions& train, int dp) {
 }  // namespace
 
 const std::vector<std::string>& Config::plannable_keys() {
-  static const std::vector<std::string> keys{
-      "train.micro_batch_size", "train.grad_accum", "parallel.tp", "parallel.pp", "parallel.dp", "zero.stage",
-      "offload.optimizer", "offload.param", "pipeline.schedule", "pipeline.virtual_stages", "pipeline.recompute"};
+  static const std::vector<std::string> keys{"train.micro_batch_size",
+                                             "train.grad_accum",
+                                             "parallel.tp",
+                                             "parallel.pp",
+                                             "parallel.dp",
+                                             "zero.stage",
+                                             "offload.optimizer",
+                                             "offload.param",
+                                             "pipeline.schedule",
+                                             "pipeline.virtual_stages",
+                                             "pipeline.recompute"};
   return keys;
 }
 

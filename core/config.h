@@ -135,7 +135,10 @@ struct ParallelOptions {
   int tp = 1;
   /// Pipeline-parallel degree. Default: 1.
   int pp = 1;
-  /// Data-parallel degree; -1 = world size / (tp × pp). Default: -1.
+  /// Context-parallel degree: ranks each sequence is split over ([context_parallel]);
+  /// the axis after tp, inside a node. Default: 1.
+  int cp = 1;
+  /// Data-parallel degree; -1 = world size / (tp × pp × cp). Default: -1.
   int dp = -1;
   /// Mesh axes innermost first: "tp-dp-pp" puts pipeline stages across nodes first,
   /// "tp-pp-dp" data-parallel replicas. Default: "tp-dp-pp".
@@ -263,6 +266,23 @@ struct TensorParallelOptions {
   /// Linear and Embedding must be matched by exactly one rule. Empty: the model is
   /// written with tensor_parallel/ layers. Default: empty.
   std::vector<TpPlanRule> plan;
+};
+
+/// How attention crosses the context-parallel group ([context_parallel] method).
+enum class ContextMethod { kRing, kAllToAll };
+
+/// [context_parallel]: how each sequence is split over the parallel.cp ranks.
+struct ContextParallelOptions {
+  /// ring: key/value blocks circulate around the group (any head count); all_to_all:
+  /// activations exchanged from a sequence split to a head split around attention (heads
+  /// must divide by cp). Default: ring.
+  ContextMethod method = ContextMethod::kRing;
+  /// Each rank holds chunks r and 2·cp − 1 − r of the 2·cp chunks, so causal attention
+  /// costs every rank the same; false: one contiguous range each. Default: true.
+  bool load_balance = true;
+  /// The sequence dimension of the batch's tensors (inputs and targets), e.g. 1 for
+  /// [batch, seq]; Engine::local_batch splits it. Default: 1.
+  std::int64_t sequence_dim = 1;
 };
 
 enum class PipelineSchedule { kGPipe, k1F1B, kInterleaved, kZbH1 };
@@ -453,6 +473,7 @@ struct Config {
   ZeroOptions zero;
   OffloadOptions offload;
   TensorParallelOptions tensor_parallel;
+  ContextParallelOptions context_parallel;
   PipelineOptions pipeline;
   TopologyOptions topology;
   ThreadOptions threads;

@@ -129,6 +129,7 @@ const char* to_string(Recompute recompute);
 const char* to_string(Dtype dtype);
 const char* to_string(ParallelMode mode);
 const char* to_string(AxisOrder order);
+const char* to_string(ContextMethod method);
 const char* to_string(OffloadTarget target);
 const char* to_string(TpStyle style);
 const char* to_string(CommBackend backend);

@@ -17,16 +17,17 @@ namespace {
 
 // ---- Enum spellings (also used by to_string) ----------------------------------------
 
-constexpr EnumName<OptimizerType> kOptimizerNames[] = {
-    {OptimizerType::kSgd, "sgd"},
-    {OptimizerType::kAdam, "adam"},
-    {OptimizerType::kAdamW, "adamw"},
-    {OptimizerType::kRmsprop, "rmsprop"},
-    {OptimizerType::kAdagrad, "adagrad"}};
+constexpr EnumName<OptimizerType> kOptimizerNames[] = {{OptimizerType::kSgd, "sgd"},
+                                                       {OptimizerType::kAdam, "adam"},
+                                                       {OptimizerType::kAdamW, "adamw"},
+                                                       {OptimizerType::kRmsprop, "rmsprop"},
+                                                       {OptimizerType::kAdagrad, "adagrad"}};
 constexpr EnumName<SchedulerType> kSchedulerNames[] = {
     {SchedulerType::kConstant, "constant"}, {SchedulerType::kLinear, "linear"}, {SchedulerType::kCosine, "cosine"}};
 constexpr EnumName<Dtype> kDtypeNames[] = {{Dtype::kFp32, "fp32"}, {Dtype::kBf16, "bf16"}, {Dtype::kFp16, "fp16"}};
 constexpr EnumName<ParallelMode> kModeNames[] = {{ParallelMode::kManual, "manual"}, {ParallelMode::kAuto, "auto"}};
+constexpr EnumName<ContextMethod> kContextMethodNames[] = {{ContextMethod::kRing, "ring"},
+                                                           {ContextMethod::kAllToAll, "all_to_all"}};
 constexpr EnumName<AxisOrder> kAxisOrderNames[] = {{AxisOrder::kTpDpPp, "tp-dp-pp"}, {AxisOrder::kTpPpDp, "tp-pp-dp"}};
 constexpr EnumName<OffloadTarget> kOffloadNames[] = {
     {OffloadTarget::kNone, "none"}, {OffloadTarget::kCpu, "cpu"}, {OffloadTarget::kNvme, "nvme"}};
@@ -109,7 +110,8 @@ void optimizer_fields(FieldVisitor& v, Config& c) {
   v.boolean("amsgrad", c.optimizer.amsgrad, "Adam, AdamW: keep the running maximum of the second moments.");
   v.number("alpha", c.optimizer.alpha, kUnitInterval, "RMSprop: smoothing constant of the squared-gradient average.");
   v.boolean("centered", c.optimizer.centered, "RMSprop: divide by the gradient's variance, not its second moment.");
-  v.number("lr_decay", c.optimizer.lr_decay, kNonNegative, "Adagrad: step k (from 1) uses lr / (1 + (k - 1) x lr_decay).");
+  v.number("lr_decay", c.optimizer.lr_decay, kNonNegative,
+           "Adagrad: step k (from 1) uses lr / (1 + (k - 1) x lr_decay).");
   v.number("initial_accumulator_value", c.optimizer.initial_accumulator_value, kNonNegative,
            "Adagrad: the starting value of the squared-gradient sums.");
   v.number("grad_clip", c.optimizer.grad_clip, kNonNegative,
@@ -145,7 +147,9 @@ void parallel_fields(FieldVisitor& v, Config& c) {
            "or sets to \"auto\" (docs/planner.md).");
   v.integer("tp", c.parallel.tp, kCount, "Tensor-parallel degree: ranks that split each layer (kept inside a node).");
   v.integer("pp", c.parallel.pp, kCount, "Pipeline-parallel degree: stages the model's layers are cut into.");
-  v.integer("dp", c.parallel.dp, kDataDegree, "Data-parallel degree; -1: the world size / (tp x pp).");
+  v.integer("cp", c.parallel.cp, kCount,
+            "Context-parallel degree: ranks each sequence is split over (the axis after tp, inside a node).");
+  v.integer("dp", c.parallel.dp, kDataDegree, "Data-parallel degree; -1: the world size / (tp x pp x cp).");
   v.choice("order", c.parallel.order, kAxisOrderNames,
            "Mesh axes, innermost first: tp-dp-pp puts pipeline stages across nodes first, tp-pp-dp data-parallel "
            "replicas.");
@@ -202,6 +206,16 @@ void tensor_parallel_fields(FieldVisitor& v, Config& c) {
   v.module_plan("plan", c.tensor_parallel.plan,  // last: printed as one inline table
                 "Module path glob -> how its Linear or Embedding is split; every one must match exactly one rule. "
                 "Empty: the model is written with tensor_parallel/ layers.");
+}
+
+void context_parallel_fields(FieldVisitor& v, Config& c) {
+  v.choice("method", c.context_parallel.method, kContextMethodNames,
+           "ring: key/value blocks circulate around the group (any head count); all_to_all: a sequence split "
+           "exchanged for a head split around attention (heads must divide by cp).");
+  v.boolean("load_balance", c.context_parallel.load_balance,
+            "Rank r holds chunks r and 2cp-1-r of 2cp, so causal attention costs every rank the same.");
+  v.integer("sequence_dim", c.context_parallel.sequence_dim, kCountOrZero,
+            "The batch tensors' sequence dimension, which Engine::local_batch splits over cp.");
 }
 
 void pipeline_fields(FieldVisitor& v, Config& c) {
@@ -308,8 +322,7 @@ const std::vector<SectionDef>& sections() {
        "`amsgrad`, `alpha`, `centered`, `lr_decay`, `initial_accumulator_value`) must keep its default under the "
        "others. A trainer that passes its own LibTorch optimizer to the engine supplies these values; the keys set "
        "here override it.",
-       optimizer_fields,
-       optimizer_check},
+       optimizer_fields, optimizer_check},
       {"scheduler", "The learning rate over optimizer steps. `min_lr` must not exceed `optimizer.lr`.",
        scheduler_fields, scheduler_check},
       {"precision",
@@ -334,6 +347,10 @@ const std::vector<SectionDef>& sections() {
        "How each (stage's) model is split over the tensor-parallel group (`parallel.tp` > 1). "
        "`sequence_parallel` needs a `plan`.",
        tensor_parallel_fields, tensor_parallel_check, /*in_plan=*/true},
+      {"context_parallel",
+       "How each sequence is split over `parallel.cp` ranks: the engine's local_batch splits the sequence "
+       "dimension and the model's attention crosses the group (docs/context-parallelism.md).",
+       context_parallel_fields, nullptr, /*in_plan=*/true},
       {"pipeline",
        "How a model given as layer specs runs over `parallel.pp` stages; `train.grad_accum` is the number of "
        "micro-batches per step. `virtual_stages` > 1 goes with `schedule = \"interleaved\"`.",
@@ -373,6 +390,9 @@ const char* to_string(SchedulerType type) {
 }
 const char* to_string(Dtype dtype) {
   return detail::name_of(detail::kDtypeNames, dtype);
+}
+const char* to_string(ContextMethod method) {
+  return detail::name_of(detail::kContextMethodNames, method);
 }
 const char* to_string(AxisOrder order) {
   return detail::name_of(detail::kAxisOrderNames, order);

@@ -215,6 +215,9 @@ class Mesh {
   /// rank's tp and pp; dp() itself while cp = 1). Throws UsageError for another set,
   /// naming the sets the mesh holds.
   Communicator& group(const MeshAxes& axes);
+  /// The ranks that hold the same parameters, each on its own data: dp+cp (dp() itself
+  /// while cp = 1). Gradients reduce, and ZeRO shards model state, over it.
+  Communicator& replicas() { return group({MeshAxis::kDp, MeshAxis::kCp}); }
 
   const MeshLayout& layout() const { return layout_; }
   const Cluster& cluster() const { return cluster_; }

@@ -78,6 +78,30 @@ std::vector<Refusal> strategy_refusals(const Config& c) {
                         "send/recv)",
                         "train.device = \"cpu\", or parallel.pp = 1"});
   }
+  if (c.parallel.cp > 1) {
+    const std::string cp = std::to_string(c.parallel.cp);
+    if (c.parallel.tp > 1) {
+      refusals.push_back({{key(c, "parallel.cp", cp), key(c, "parallel.tp", tp)},
+                          "context parallelism inside tensor-parallel groups (cp × tp with sequence parallelism) is "
+                          "not in this build yet",
+                          "parallel.tp = 1 (cp × dp, with any ZeRO stage)"});
+    }
+    if (c.parallel.pp > 1) {
+      refusals.push_back({{key(c, "parallel.cp", cp), key(c, "parallel.pp", std::to_string(c.parallel.pp))},
+                          "context parallelism inside pipeline stages is not in this build yet",
+                          "parallel.pp = 1 (cp × dp, with any ZeRO stage)"});
+    }
+    if (cuda) {
+      refusals.push_back({{key(c, "parallel.cp", cp), key(c, "train.device", quoted("cuda"))},
+                          "context-parallel attention has not run on a GPU yet",
+                          "train.device = \"cpu\""});
+    }
+    if (c.parallel.mode == ParallelMode::kAuto) {
+      refusals.push_back({{key(c, "parallel.cp", cp), key(c, "parallel.mode", quoted("auto"))},
+                          "the planner does not choose or model context parallelism yet",
+                          "parallel.mode = \"manual\" with the degrees given"});
+    }
+  }
   if (c.parallel.tp > 1 && c.tensor_parallel.sequence_parallel && c.tensor_parallel.plan.empty()) {
     refusals.push_back({{key(c, "tensor_parallel.sequence_parallel", "true"), key(c, "parallel.tp", tp)},
                         "the hand-written tensor_parallel/ layers are not sequence-parallel; only a "

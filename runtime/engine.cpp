@@ -62,7 +62,15 @@ torch::Tensor Engine::local_batch(const torch::Tensor& batch) const {
                  dp_size_, " data-parallel ranks; load dp x train.micro_batch_size = ", dp_size_ * micro_batch_size_,
                  " samples");
   const std::int64_t part = n / dp_size_;
-  return batch.narrow(0, dp_rank_ * part, part);
+  return applier_->local_part(batch.narrow(0, dp_rank_ * part, part));
+}
+
+torch::Tensor Engine::local_sequence(const torch::Tensor& micro_batch) const {
+  return applier_->local_part(micro_batch);
+}
+
+std::shared_ptr<context_parallel::ContextParallel> Engine::context_parallel() const {
+  return applier_->context_parallel();
 }
 
 void Engine::check_micro_batch(const torch::Tensor& input) {

@@ -84,6 +84,9 @@
 #include "parallax/runtime/trainer_optimizer.h"
 
 namespace parallax {
+namespace context_parallel {
+class ContextParallel;
+}  // namespace context_parallel
 
 class Engine {
  public:
@@ -110,9 +113,20 @@ class Engine {
   /// r = this rank's data-parallel coordinate (the ranks of a tensor-parallel group get
   /// the same part). A batch of dp x train.micro_batch_size samples gives each rank its
   /// micro-batch, so the run computes what one process computes on the whole batch.
+  /// With parallel.cp > 1, also this rank's part of the sequence (local_sequence).
   /// Overloads take a std::pair of tensors and a torch::data::Example. Pure, no
   /// communication; throws UsageError when n is not a multiple of dp.
   torch::Tensor local_batch(const torch::Tensor& batch) const;
+  /// This rank's part of a tensor of its own micro-batch ([micro_batch, seq, ...]): with
+  /// parallel.cp > 1 the positions of context_parallel.sequence_dim this rank of the cp
+  /// group holds (load-balanced: chunks r and 2cp − 1 − r of 2cp), the tensor itself
+  /// otherwise. For inputs and targets alike. Pure; throws ConfigError when 2·cp does not
+  /// divide the sequence.
+  torch::Tensor local_sequence(const torch::Tensor& micro_batch) const;
+  /// With parallel.cp > 1, what the model's layers call to run over the context-parallel
+  /// group (its positions and attention: context_parallel/context_parallel.h); null
+  /// otherwise. Shared with the engine, which keeps the group alive.
+  std::shared_ptr<context_parallel::ContextParallel> context_parallel() const;
   template <typename First, typename Second>
   std::pair<First, Second> local_batch(const std::pair<First, Second>& batch) const {
     return {local_batch(batch.first), local_batch(batch.second)};
@@ -311,9 +325,10 @@ std::shared_ptr<ModuleImpl> module_pointer(ModuleImpl& model) {
 
 template <typename Model>
 auto Runtime::engine(Model&& model, const OptimizerSpec& spec, const EngineOptions& options) {
-  static_assert(!std::is_base_of_v<torch::nn::Module, std::remove_reference_t<Model>> || std::is_lvalue_reference_v<Model>,
-                "rt.engine(module, ...): the engine refers to a module held by value, so pass a variable, not a "
-                "temporary");
+  static_assert(
+      !std::is_base_of_v<torch::nn::Module, std::remove_reference_t<Model>> || std::is_lvalue_reference_v<Model>,
+      "rt.engine(module, ...): the engine refers to a module held by value, so pass a variable, not a "
+      "temporary");
   auto pointer = detail::module_pointer(model);
   using ModuleImpl = typename decltype(pointer)::element_type;
   return ModuleEngine<ModuleImpl>(*this, std::move(pointer), spec, options);

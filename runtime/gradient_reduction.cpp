@@ -63,10 +63,10 @@ class ReplicatedReduction final : public GradientReduction {
     const ZeroOptions zero = zero_options(plan);
     // bf16/fp16 gradients accumulate and are reduced in fp32, straight into the masters' grads.
     const bool keep_masters = dtype != torch::kFloat32;
-    dp_rank_ = runtime.mesh().dp().rank();
-    dp_size_ = runtime.mesh().dp().size();
+    dp_rank_ = runtime.mesh().replicas().rank();
+    dp_size_ = runtime.mesh().replicas().size();
     buckets_ = std::make_unique<GradientBuckets>(
-        params_, zero.bucket_bytes(), runtime.mesh().dp(), runtime.tracer(), zero.overlap_comm,
+        params_, zero.bucket_bytes(), runtime.mesh().replicas(), runtime.tracer(), zero.overlap_comm,
         keep_masters ? std::optional<torch::ScalarType>(torch::kFloat32) : std::nullopt);
     if (keep_masters) {
       for (std::size_t i = 0; i < params_.size(); ++i) {
@@ -218,7 +218,7 @@ class ShardedReduction final : public GradientReduction {
                    const std::vector<torch::Tensor>& params,
                    const OptimizerOptions& optimizer,
                    const ModelSplit& split)
-      : dp_(&runtime.mesh().dp()), reduce_untouched_(!split.partial_backwards), params_(params) {
+      : dp_(&runtime.mesh().replicas()), reduce_untouched_(!split.partial_backwards), params_(params) {
     const OffloadOptions offload = offload_options(plan);
     sharded_ = std::make_unique<zero::ShardedModel>(model, params, zero_options(plan), offload, optimizer, *dp_,
                                                     runtime.tracer(), [&optimizer](std::vector<torch::Tensor> shards) {

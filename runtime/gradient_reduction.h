@@ -143,7 +143,7 @@ class GradientReduction {
 
 /// Replicated data parallelism at zero.stage = 0, ZeRO (with [offload]) at 1–3, as the
 /// engine's `plan` says, over `params` (the model's trainable parameters, in the compute
-/// dtype `dtype`) and runtime.mesh().dp(). Throws ConfigError for an option ZeRO cannot
+/// dtype `dtype`) and runtime.mesh().replicas() (the data-parallel group, times cp). Throws ConfigError for an option ZeRO cannot
 /// take.
 std::unique_ptr<GradientReduction> make_gradient_reduction(Runtime& runtime,
                                                            const proto::Plan& plan,

@@ -50,7 +50,7 @@ std::string format_range(const CoreShare& share) {
 proto::Plan make_plan(const Config& config, const Cluster& cluster, bool emulated) {
   check_strategy(config);
   const ParallelOptions& p = config.parallel;
-  const MeshLayout layout = MeshLayout::place(cluster, MeshDegrees{p.tp, p.pp, p.dp}, p.order);
+  const MeshLayout layout = MeshLayout::place(cluster, MeshDegrees{p.tp, p.pp, p.dp, p.cp}, p.order);
 
   proto::Plan plan;
   record_strategy(config, plan);
@@ -78,6 +78,8 @@ proto::Plan make_plan(const Config& config, const Cluster& cluster, bool emulate
     placed->set_tp_group(layout.group_name(MeshAxis::kTp, rank));
     placed->set_pp_group(layout.group_name(MeshAxis::kPp, rank));
     placed->set_dp_group(layout.group_name(MeshAxis::kDp, rank));
+    placed->set_cp(coord.cp);
+    placed->set_cp_group(layout.group_name(MeshAxis::kCp, rank));
   }
   return plan;
 }
@@ -85,9 +87,10 @@ proto::Plan make_plan(const Config& config, const Cluster& cluster, bool emulate
 std::string describe_plan(const proto::Plan& plan) {
   std::ostringstream out;
   const proto::Degrees& d = plan.degrees();
-  out << "plan: tp " << d.tp() << " x pp " << d.pp() << " x dp " << d.dp() << " (" << plan.axis_order() << ") on "
-      << plan.ranks_size() << " ranks, " << plan.nodes() << (plan.emulated() ? " emulated" : "") << " node(s); "
-      << plan.placement() << "\n";
+  out << "plan: tp " << d.tp() << " x pp " << d.pp() << " x dp " << d.dp();
+  if (d.cp() > 1) out << " x cp " << d.cp();
+  out << " (" << plan.axis_order() << ") on " << plan.ranks_size() << " ranks, " << plan.nodes()
+      << (plan.emulated() ? " emulated" : "") << " node(s); " << plan.placement() << "\n";
   const Config strategy = recorded_strategy(plan);
   const TrainOptions& batch = strategy.train;
   out << "  zero.stage " << strategy.zero.stage << ", offload optimizer " << to_string(strategy.offload.optimizer)
@@ -104,6 +107,12 @@ std::string describe_plan(const proto::Plan& plan) {
     }
     out << "  pipeline: " << to_string(pipeline.schedule) << ", " << pipeline.virtual_stages
         << " chunk(s) per stage, partition " << partition << ", recompute " << to_string(pipeline.recompute) << "\n";
+  }
+  if (d.cp() > 1) {
+    const ContextParallelOptions& cp = strategy.context_parallel;
+    out << "  context parallel: cp " << d.cp() << ", " << to_string(cp.method) << " attention, "
+        << (cp.load_balance ? "load-balanced" : "contiguous") << " split of batch dimension " << cp.sequence_dim
+        << "; gradients reduced over dp x cp = " << d.dp() * d.cp() << " ranks\n";
   }
   if (d.tp() > 1 && !strategy.tensor_parallel.plan.empty()) {
     const TensorParallelOptions& tp = strategy.tensor_parallel;

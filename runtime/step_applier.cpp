@@ -115,7 +115,7 @@ StepApplier::StepApplier(Runtime& runtime,
   const PrecisionOptions precision = precision_options(plan);
   const int zero_stage = zero_options(plan).stage;
   dtype_ = compute_dtype_for(precision.dtype);
-  Communicator& dp = runtime.mesh().dp();
+  Communicator& dp = runtime.mesh().replicas();
   // A weight shared by two modules (a tied embedding and LM head) appears twice in
   // parameters(): keep the first, or it would be reduced and stepped twice.
   std::vector<torch::Tensor> unique;
@@ -210,6 +210,19 @@ ModelScope StepApplier::model_scope() const {
     if (auto opened = step->forward_scope()) scope.steps.push_back(std::move(opened));
   }
   return scope;
+}
+
+torch::Tensor StepApplier::local_part(const torch::Tensor& micro_batch) const {
+  torch::Tensor part = micro_batch;
+  for (const auto& step : steps_) part = step->local_part(part);
+  return part;
+}
+
+std::shared_ptr<context_parallel::ContextParallel> StepApplier::context_parallel() const {
+  for (const auto& step : steps_) {
+    if (auto context = step->context()) return context;
+  }
+  return nullptr;
 }
 
 torch::Tensor StepApplier::prepare_input(const torch::Tensor& input) {

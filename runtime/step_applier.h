@@ -39,6 +39,9 @@ namespace checkpoint {
 struct SaveResult;
 class AsyncSaver;
 }  // namespace checkpoint
+namespace context_parallel {
+class ContextParallel;
+}  // namespace context_parallel
 namespace zero {
 class ShardedModel;
 class LossScaler;
@@ -142,6 +145,11 @@ class StepApplier {
   /// precision.dtype, where it was set, the kernel, and the dtype that runs; returns
   /// otherwise, for the caller to rethrow.
   void explain_missing_kernel() const;
+  /// This rank's part of a tensor of its data-parallel micro-batch: each strategy step's
+  /// local_part in order (with cp > 1, the sequence split); the tensor itself otherwise.
+  torch::Tensor local_part(const torch::Tensor& micro_batch) const;
+  /// The context-parallel handle (parallel.cp > 1), else null.
+  std::shared_ptr<context_parallel::ContextParallel> context_parallel() const;
   /// Floating-point inputs cast to the compute dtype. Under tensor parallelism the first
   /// call checks that every rank of the group got the same input (UsageError if not).
   torch::Tensor prepare_input(const torch::Tensor& input);

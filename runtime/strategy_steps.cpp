@@ -2,6 +2,7 @@
 
 #include <unordered_set>
 
+#include "parallax/core/config_loader.h"
 #include "parallax/core/error.h"
 #include "parallax/core/mesh.h"
 #include "parallax/runtime/gradient_reduction.h"
@@ -176,10 +177,31 @@ class PipelineStageStep final : public StrategyStep {
   std::unordered_set<const void*> excluded_;  ///< tied copies another stage counts
 };
 
+class ContextParallelStep final : public StrategyStep {
+ public:
+  void prepare(Preparation& p) override {
+    const ContextParallelOptions options = recorded_strategy(p.plan).context_parallel;
+    context_parallel::AttentionOptions attention;
+    attention.method = options.method == ContextMethod::kAllToAll ? context_parallel::AttentionMethod::kAllToAll
+                                                                  : context_parallel::AttentionMethod::kRing;
+    context_ = std::make_shared<context_parallel::ContextParallel>(p.runtime.mesh().cp(), attention,
+                                                                   options.load_balance, options.sequence_dim);
+    p.runtime.logger().summary("# context parallel: cp = ", context_->size(), ", ", to_string(options.method),
+                               " attention, ", options.load_balance ? "load-balanced" : "contiguous",
+                               " split of the batch's dimension ", options.sequence_dim);
+  }
+
+  std::shared_ptr<context_parallel::ContextParallel> context() const override { return context_; }
+  torch::Tensor local_part(const torch::Tensor& batch) const override { return context_->local_part(batch); }
+
+ private:
+  std::shared_ptr<context_parallel::ContextParallel> context_;
+};
+
 class DataParallelStep final : public StrategyStep {
  public:
   void prepare(Preparation& p) override {
-    Communicator& dp = p.runtime.mesh().dp();
+    Communicator& dp = p.runtime.mesh().replicas();
     check_same_structure(dp, p.unique, p.model.buffers());
     // Parameters built under zero::DeferredConstruction hold no data yet. Stage 3 gives
     // each its data unit by unit while sharding; the other stages hold every parameter
@@ -216,6 +238,9 @@ bool tensor_parallel_applies(const proto::Plan& plan, const StageCoupling*) {
 bool pipeline_stage_applies(const proto::Plan&, const StageCoupling* stage) {
   return stage != nullptr;
 }
+bool context_parallel_applies(const proto::Plan& plan, const StageCoupling*) {
+  return plan.degrees().cp() > 1;
+}
 
 template <typename Step>
 std::unique_ptr<StrategyStep> make() {
@@ -228,6 +253,7 @@ const std::vector<StepDef>& strategy_steps() {
   static const std::vector<StepDef> kSteps = {
       {"tensor parallelism", tensor_parallel_applies, make<TensorParallelStep>},
       {"pipeline stage", pipeline_stage_applies, make<PipelineStageStep>},
+      {"context parallelism", context_parallel_applies, make<ContextParallelStep>},
       {"data parallelism", always, make<DataParallelStep>},
   };
   return kSteps;

@@ -13,9 +13,13 @@
 //     model's paths, and every rule must match on some stage);
 //  2. pipeline stage (a PipelineEngine's stage): the pp group joins the norm, tied copies
 //     after their first holder are not counted, and a backward reaches one chunk;
-//  3. data parallelism (always): the same structure on every replica, parameters and
-//     buffers broadcast from replica 0 (deferred ones materialized, or at ZeRO stage 3
-//     left for sharding unit by unit).
+//  3. context parallelism (parallel.cp > 1): each sequence split over the cp group;
+//     the batch's sequence dimension is cut by the load-balanced split, and the model's
+//     attention crosses the group (Engine::context_parallel()); the parameters are
+//     replicated over cp, so the replicas below are dp × cp;
+//  4. data parallelism (always): the same structure on every replica (dp × cp ranks),
+//     parameters and buffers broadcast from replica 0 (deferred ones materialized, or at
+//     ZeRO stage 3 left for sharding unit by unit).
 #pragma once
 
 #include <torch/nn/module.h>
@@ -24,6 +28,7 @@
 #include <memory>
 #include <vector>
 
+#include "parallax/context_parallel/context_parallel.h"
 #include "parallax/runtime/step_applier.h"
 
 namespace parallax {
@@ -62,6 +67,11 @@ class StrategyStep {
   /// The tensor-parallel split, when this step made one: checkpoints name its parts by
   /// it, the loss reads its split vocabulary and the first input is checked over tp.
   virtual const tensor_parallel::ParallelizedModel* tensor_split() const { return nullptr; }
+  /// The context-parallel handle, when this step made one (Engine::context_parallel()).
+  virtual std::shared_ptr<context_parallel::ContextParallel> context() const { return nullptr; }
+  /// This rank's part of a tensor of the data-parallel rank's micro-batch (after its
+  /// batch dimension was split): the tensor itself unless the strategy splits it further.
+  virtual torch::Tensor local_part(const torch::Tensor& batch) const { return batch; }
 };
 
 /// One registered strategy.

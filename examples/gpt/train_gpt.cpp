@@ -122,15 +122,19 @@ int train(parallax::Runtime& rt) {
   auto [model_options, data, model] = gpt::build_example(config);
   auto engine = rt.engine(model, parallax::OptimizerSpec::from(config));
   engine.set_tokens_per_sample(model_options.block_size);
+  // parallel.cp > 1: each rank holds part of every sequence; attention crosses the group.
+  model->set_context_parallel(engine.context_parallel());
 
   const auto& train = config.train;
   const int dp_rank = rt.mesh().coord().dp;
   const int dp = rt.mesh().degrees().dp;
   auto optimizer_step = [&, &data = data](std::int64_t step) {
     for (std::int64_t micro = 0; micro < train.grad_accum; ++micro) {
-      auto [inputs, targets] =
+      auto [whole_inputs, whole_targets] =
           data.batch(gpt::first_sample(step, micro, dp_rank, dp, train.micro_batch_size, train.grad_accum),
                      train.micro_batch_size);
+      // With cp > 1, this rank's positions of each sequence (and of its targets).
+      const torch::Tensor inputs = engine.local_sequence(whole_inputs), targets = engine.local_sequence(whole_targets);
       // engine.cross_entropy: the vocab-parallel loss when a plan splits the logits.
       auto loss = engine.cross_entropy(engine.forward(inputs), targets);
       engine.backward(loss);

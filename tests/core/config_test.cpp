@@ -234,7 +234,7 @@ TEST_F(ConfigTest, UnknownTableListsKnownAndApplicationTables) {
   EXPECT_CONTAINS(error, "unknown table [optimiser] at " + file + ":1:2; did you mean [optimizer]?");
   EXPECT_CONTAINS(error,
                   "known tables: train, optimizer, scheduler, precision, parallel, zero, offload, tensor_parallel, "
-                  "pipeline, topology, threads, comm, logging");
+                  "context_parallel, pipeline, topology, threads, comm, logging");
   EXPECT_CONTAINS(error, "tables of this application: model, data");
   EXPECT_CONTAINS(load_error("steps = 3\n"), "unknown top-level key 'steps'");
 }

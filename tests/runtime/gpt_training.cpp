@@ -127,6 +127,7 @@ DistributedRun train_distributed(parallax::Config config) {
   // Every rank seeds differently: the engine's broadcast must make them agree.
   gpt::GPT model(options, static_cast<std::uint64_t>(c.train.seed + 1000 * rt.world().rank()));
   auto engine = rt.engine(model, parallax::OptimizerSpec::from(c));
+  model->set_context_parallel(engine.context_parallel());  // parallel.cp > 1
   const int dp_rank = rt.mesh().coord().dp, dp = rt.mesh().degrees().dp;
   DistributedRun run;
   for (std::int64_t step = 0; step < kSteps; ++step) {
@@ -134,7 +135,8 @@ DistributedRun train_distributed(parallax::Config config) {
       auto [inputs, targets] =
           data.batch(gpt::first_sample(step, micro, dp_rank, dp, c.train.micro_batch_size, c.train.grad_accum),
                      c.train.micro_batch_size);
-      engine.backward(engine.cross_entropy(engine.forward(inputs), targets));
+      engine.backward(
+          engine.cross_entropy(engine.forward(engine.local_sequence(inputs)), engine.local_sequence(targets)));
       EXPECT_EQ(engine.step(), micro + 1 == c.train.grad_accum);
     }
     run.trajectory.losses.push_back(engine.last_loss());

@@ -19,6 +19,7 @@ Config every_field_set() {
   config.parallel.tp = 2;
   config.parallel.pp = 2;
   config.parallel.dp = 3;
+  config.parallel.cp = 2;
   config.parallel.order = AxisOrder::kTpPpDp;
   config.train = {48, 2, 4, 77, 99};  // global, micro, grad_accum, steps, seed
   ZeroOptions& z = config.zero;
@@ -55,6 +56,9 @@ Config every_field_set() {
   t.plan.push_back({"wte", TpStyle::kVocabEmbedding, 1, 0, false, ""});
   t.plan.push_back({"blocks.*.proj", TpStyle::kRow, 1, 4, false, ""});
   t.plan.push_back({"ln", TpStyle::kReplicate, 1, 0, false, ""});
+  config.context_parallel.method = ContextMethod::kAllToAll;
+  config.context_parallel.load_balance = false;
+  config.context_parallel.sequence_dim = 2;
   PipelineOptions& pi = config.pipeline;
   pi.schedule = PipelineSchedule::kZbH1;
   pi.virtual_stages = 2;
@@ -80,6 +84,7 @@ TEST(PlanOptions, EveryStrategyFieldSurvivesThePlan) {
   EXPECT_EQ(plan.degrees().tp(), 2);
   EXPECT_EQ(plan.degrees().pp(), 2);
   EXPECT_EQ(plan.degrees().dp(), 3);
+  EXPECT_EQ(plan.degrees().cp(), 2);
   EXPECT_EQ(plan.axis_order(), "tp-pp-dp");
 
   const TrainOptions train = batch_options(plan);
@@ -138,6 +143,11 @@ TEST(PlanOptions, EveryStrategyFieldSurvivesThePlan) {
     EXPECT_EQ(got.position, want.position) << want.pattern;
   }
 
+  const ContextParallelOptions cp = recorded_strategy(plan).context_parallel;
+  EXPECT_EQ(cp.method, ContextMethod::kAllToAll);
+  EXPECT_FALSE(cp.load_balance);
+  EXPECT_EQ(cp.sequence_dim, 2);
+
   const PipelineOptions pipeline = pipeline_options(plan);
   EXPECT_EQ(pipeline.schedule, PipelineSchedule::kZbH1);
   EXPECT_EQ(pipeline.virtual_stages, 2);
@@ -175,7 +185,7 @@ TEST(PlanOptions, DefaultsSurviveThePlan) {
 TEST(PlanOptions, AStrategyThisBuildCannotReadIsRefused) {
   proto::Plan plan = through_the_wire(every_field_set());
   EXPECT_NE(plan.strategy().find("[zero]\nstage = 3\n"), std::string::npos) << plan.strategy();
-  plan.set_strategy(plan.strategy() + "[context_parallel]\n");
+  plan.set_strategy(plan.strategy() + "[expert_parallel]\n");
   EXPECT_NO_THROW(recorded_strategy(plan));  // a section this build does not record is not read
   std::string text = plan.strategy();
   text.insert(text.find("[zero]\n") + 7, "sharding = \"hybrid\"\n");
