@@ -72,6 +72,7 @@ FIGURES = {
     "pp_equivalence": ctest("pp_equivalence"),
     "matrix_equivalence": ctest("matrix_equivalence"),
     "context_attention": ctest("context_attention"),
+    "cp_equivalence": ctest("cp_equivalence"),
     "checkpoint_reshard": ctest("checkpoint_reshard"),
     "checkpoint_export": ctest("checkpoint_export"),
     "checkpoint_faults": ctest("checkpoint_(preemption|crash|manifest_fuzz)"),
