@@ -61,6 +61,7 @@ run zero3-dp4 4 --set zero.stage=3 --set "checkpoint.dir=\"$WORK/zero3-dp4\"" --
 CONFIG=tp.toml run tp2-dp2 4 --set zero.stage=1 --set "checkpoint.dir=\"$WORK/tp2-dp2\"" --set checkpoint.every=5
 run pp2-1f1b 2 --set parallel.pp=2 --set 'pipeline.schedule="1f1b"' --set "checkpoint.dir=\"$WORK/pp2-1f1b\"" \
   --set checkpoint.every=5
+run cp2-dp2 4 --set parallel.cp=2 --set zero.stage=1 --set "checkpoint.dir=\"$WORK/cp2-dp2\"" --set checkpoint.every=5
 step5() { echo "checkpoint.load=\"$WORK/$1/step-000000000005\""; }
 
 # dp 4 ZeRO-3 -> dp 2 replicated, -> pp 2, -> one process.
@@ -94,4 +95,12 @@ CONFIG=tp.toml run tp2-to-tp4 4 --set parallel.tp=4 --set zero.stage=0 --set "$(
 compare tp2-dp2 tp2-to-tp4
 CONFIG=tp.toml run tp2-to-tp2pp2 4 --set parallel.pp=2 --set zero.stage=0 --set "$(step5 tp2-dp2)"
 compare tp2-dp2 tp2-to-tp2pp2
+# cp 2 x dp 2 ZeRO-1 (each sequence over 2 ranks) -> one process, -> cp 4 all-to-all;
+# dp 4 ZeRO-3 -> cp 2 x dp 2 ZeRO-2.
+run cp2-to-single 1 --set zero.stage=0 --set "$(step5 cp2-dp2)"
+compare cp2-dp2 cp2-to-single
+run cp2-to-cp4 4 --set parallel.cp=4 --set 'context_parallel.method="all_to_all"' --set "$(step5 cp2-dp2)"
+compare cp2-dp2 cp2-to-cp4
+run zero3-to-cp2 4 --set parallel.cp=2 --set zero.stage=2 --set "$(step5 zero3-dp4)"
+compare zero3-dp4 zero3-to-cp2
 exit "$failed"

@@ -3,7 +3,7 @@
 // other initial weights, resumed and trained 5 more: the last 5 losses and the final
 // fp32 parameters are bit-identical, in every cell of the strategy matrix this build
 // checkpoints (replicated data parallelism, ZeRO 1–3, fp32 and bf16, gradient
-// accumulation, the optimizer offloaded to the host and to the NVMe tier, tensor parallelism with sequence parallelism,
+// accumulation, the optimizer offloaded to the host and to the NVMe tier, context parallelism, tensor parallelism with sequence parallelism,
 // the pipeline engine under 1F1B with ZeRO-1, interleaved in bf16, GPipe with ZeRO-3 and zb-h1 with ZeRO-2; × dp 2 on 4
 // ranks; tp 2 × pp 2 on 4 ranks). Plus the errors: a checkpoint of another model, a torn one asked for by name.
 //
@@ -62,6 +62,7 @@ Leg train(parallax::Config config, std::int64_t until, bool save_at_end, std::ui
   const gpt::SyntheticTokens data(options.vocab_size, options.block_size, c.train.seed);
   gpt::GPT model(options, seed + 1000 * static_cast<std::uint64_t>(rt.world().rank()));
   auto engine = rt.engine(model, parallax::OptimizerSpec::from(c));
+  model->set_context_parallel(engine.context_parallel());  // parallel.cp > 1
   Leg leg;
   if (auto resumed = engine.resume()) leg.trainer_state = *resumed;
   const int dp_rank = rt.mesh().coord().dp, dp = rt.mesh().degrees().dp;
@@ -70,7 +71,8 @@ Leg train(parallax::Config config, std::int64_t until, bool save_at_end, std::ui
       auto [inputs, targets] =
           data.batch(gpt::first_sample(step, micro, dp_rank, dp, c.train.micro_batch_size, c.train.grad_accum),
                      c.train.micro_batch_size);
-      engine.backward(engine.cross_entropy(engine.forward(inputs), targets));
+      engine.backward(
+          engine.cross_entropy(engine.forward(engine.local_sequence(inputs)), engine.local_sequence(targets)));
       engine.step();
     }
     leg.losses.push_back(engine.last_loss());
@@ -174,6 +176,11 @@ TEST(Resume, Zero3OffloadNvme) {
   // Moments, masters and parameters in the NVMe tier's file (here under /tmp).
   expect_exact_resume(
       {"zero.stage=3", "offload.optimizer=\"nvme\"", "offload.param=\"nvme\"", "offload.nvme_path=\"/tmp\""}, 2);
+}
+
+TEST(Resume, ContextParallelZero1) {
+  // cp 2 (× dp 2 on 4 ranks), ring attention: the replicas dp × cp own the state.
+  expect_exact_resume({"parallel.cp=2", "zero.stage=1"});
 }
 
 TEST(Resume, TensorParallel) {
