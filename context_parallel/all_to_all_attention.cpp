@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "parallax/context_parallel/attention.h"
+#include "parallax/core/autograd_context.h"
 #include "parallax/core/error.h"
 
 namespace parallax::context_parallel {
@@ -53,30 +54,19 @@ torch::Tensor heads_to_sequence(const torch::Tensor& y, Communicator& cp) {
   return exchanged(parts, cp, kToSequenceTag).permute({1, 0, 2, 3, 4}).reshape({B, C * Hc, L, D});
 }
 
-Communicator& recall(AutogradContext* ctx) {
-  return *reinterpret_cast<Communicator*>(static_cast<std::intptr_t>(ctx->saved_data["cp"].toInt()));
-}
-void remember(AutogradContext* ctx, Communicator* cp) {
-  ctx->saved_data["cp"] = static_cast<std::int64_t>(reinterpret_cast<std::intptr_t>(cp));
-}
-
-struct SequenceToHeads : torch::autograd::Function<SequenceToHeads> {
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, Communicator* cp) {
-    remember(ctx, cp);
-    return sequence_to_heads(x, *cp);
+// One exchange as an autograd function: forward moves `x` one way (to the head split,
+// or back to the sequence split), backward moves its gradient the other way.
+struct Exchange : torch::autograd::Function<Exchange> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, Communicator* cp, bool to_heads) {
+    parallax::detail::remember(ctx, *cp);
+    ctx->saved_data["to_heads"] = to_heads;
+    return to_heads ? sequence_to_heads(x, *cp) : heads_to_sequence(x, *cp);
   }
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
-    return {heads_to_sequence(grads[0].contiguous(), recall(ctx)), torch::Tensor()};
-  }
-};
-
-struct HeadsToSequence : torch::autograd::Function<HeadsToSequence> {
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& y, Communicator* cp) {
-    remember(ctx, cp);
-    return heads_to_sequence(y, *cp);
-  }
-  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
-    return {sequence_to_heads(grads[0].contiguous(), recall(ctx)), torch::Tensor()};
+    Communicator& cp = parallax::detail::recall(ctx);
+    const torch::Tensor grad = grads[0].contiguous();
+    return {ctx->saved_data["to_heads"].toBool() ? heads_to_sequence(grad, cp) : sequence_to_heads(grad, cp),
+            torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -95,23 +85,20 @@ torch::Tensor all_to_all_attention(const torch::Tensor& q,
                  ", but the model has ", q.size(1), " query heads and ", k.size(1),
                  " key/value heads; both must be multiples of ", C,
                  ". Use context_parallel.method = \"ring\", which takes any head count, or a cp that divides both");
-  const torch::Tensor qh = SequenceToHeads::apply(q.contiguous(), &cp);
-  torch::Tensor kh = SequenceToHeads::apply(k.contiguous(), &cp);
-  torch::Tensor vh = SequenceToHeads::apply(v.contiguous(), &cp);
+  const torch::Tensor qh = Exchange::apply(q.contiguous(), &cp, /*to_heads=*/true);
+  torch::Tensor kh = Exchange::apply(k.contiguous(), &cp, /*to_heads=*/true);
+  torch::Tensor vh = Exchange::apply(v.contiguous(), &cp, /*to_heads=*/true);
   const std::int64_t group = q.size(1) / k.size(1);
   if (group > 1) {
     kh = kh.repeat_interleave(group, 1);
     vh = vh.repeat_interleave(group, 1);
   }
-  const bool low_precision = q.scalar_type() == torch::kHalf || q.scalar_type() == torch::kBFloat16;
-  const torch::Dtype acc = low_precision ? torch::kFloat : q.scalar_type();
+  const torch::Dtype acc = detail::accumulation_dtype(q);
   torch::Tensor scores =
       torch::matmul(qh.to(acc), kh.to(acc).transpose(-2, -1)) * detail::attention_scale(options, q.size(3));
   if (options.causal) {
     // The exchanged sequence lists every rank's positions, rank by rank.
-    std::vector<torch::Tensor> by_rank;
-    for (int rank = 0; rank < C; ++rank) by_rank.push_back(split.positions(rank));
-    const torch::Tensor positions = torch::cat(by_rank).to(q.device());
+    const torch::Tensor positions = split.positions_in_rank_order().to(q.device());
     const torch::Tensor future = positions.unsqueeze(1) < positions.unsqueeze(0);
     scores = scores.masked_fill(future, -std::numeric_limits<double>::infinity());
   }
@@ -120,7 +107,7 @@ torch::Tensor all_to_all_attention(const torch::Tensor& q,
     ++options.counters->calls;
   }
   const torch::Tensor out = torch::matmul(torch::softmax(scores, -1), vh.to(acc)).to(q.scalar_type());
-  return HeadsToSequence::apply(out, &cp);
+  return Exchange::apply(out, &cp, /*to_heads=*/false);
 }
 
 }  // namespace parallax::context_parallel

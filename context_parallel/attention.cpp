@@ -50,5 +50,9 @@ double attention_scale(const AttentionOptions& options, std::int64_t head_dim) {
   return options.scale != 0 ? options.scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
 }
 
+torch::Dtype accumulation_dtype(const torch::Tensor& t) {
+  return t.scalar_type() == torch::kHalf || t.scalar_type() == torch::kBFloat16 ? torch::kFloat : t.scalar_type();
+}
+
 }  // namespace detail
 }  // namespace parallax::context_parallel

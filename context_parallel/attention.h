@@ -35,6 +35,9 @@ void check_attention_inputs(const char* method,
                             const SequenceSplit& split);
 /// options.scale, or 1/√head_dim when it is 0.
 double attention_scale(const AttentionOptions& options, std::int64_t head_dim);
+/// What scores and merges are computed in for inputs of `t`'s dtype: float32 for
+/// 16-bit inputs, their own dtype otherwise.
+torch::Dtype accumulation_dtype(const torch::Tensor& t);
 }  // namespace detail
 
 }  // namespace parallax::context_parallel

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "parallax/context_parallel/attention.h"
+#include "parallax/core/autograd_context.h"
 #include "parallax/core/error.h"
 
 namespace parallax::context_parallel {
@@ -79,10 +80,6 @@ torch::Tensor scores(const torch::Tensor& q_chunk, const torch::Tensor& keys, co
   return S;
 }
 
-torch::Dtype accumulation_dtype(const torch::Tensor& t) {
-  return t.scalar_type() == torch::kHalf || t.scalar_type() == torch::kBFloat16 ? torch::kFloat : t.scalar_type();
-}
-
 int next_rank(const Communicator& cp) {
   return (cp.rank() + 1) % cp.size();
 }
@@ -120,7 +117,7 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
                                AttentionCounters* counters) {
     const SequenceSplit split = g.split();
     const std::int64_t m = split.chunk_len(), group = q.size(1) / k.size(1);
-    const torch::Dtype acc = accumulation_dtype(q);
+    const torch::Dtype acc = detail::accumulation_dtype(q);
     const int C = cp->size(), r = cp->rank();
     const auto my_chunks = split.chunks_of(r);
     const torch::Tensor qa = q.to(acc);
@@ -158,7 +155,7 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
 
     const torch::Tensor output = torch::cat({out[0], out[1]}, 2);
     ctx->save_for_backward({q, k, v, output, torch::cat({lse[0], lse[1]}, 2)});
-    ctx->saved_data["cp"] = static_cast<std::int64_t>(reinterpret_cast<std::intptr_t>(cp));
+    parallax::detail::remember(ctx, *cp);
     ctx->saved_data["seq_len"] = g.seq_len;
     ctx->saved_data["load_balance"] = g.load_balance;
     ctx->saved_data["causal"] = g.causal;
@@ -167,7 +164,7 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
-    Communicator& cp = *reinterpret_cast<Communicator*>(static_cast<std::intptr_t>(ctx->saved_data["cp"].toInt()));
+    Communicator& cp = parallax::detail::recall(ctx);
     Geometry g;
     g.seq_len = ctx->saved_data["seq_len"].toInt();
     g.cp = cp.size();
@@ -179,7 +176,7 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
 
     const SequenceSplit split = g.split();
     const std::int64_t m = split.chunk_len(), group = q.size(1) / k.size(1);
-    const torch::Dtype acc = accumulation_dtype(q);
+    const torch::Dtype acc = detail::accumulation_dtype(q);
     const int C = cp.size(), r = cp.rank();
     const auto my_chunks = split.chunks_of(r);
     const torch::Tensor qa = q.to(acc), dout = grads[0].to(acc);

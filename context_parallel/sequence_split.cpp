@@ -28,6 +28,12 @@ torch::Tensor SequenceSplit::positions(int rank) const {
                      torch::arange(chunks[1] * m, (chunks[1] + 1) * m, torch::kLong)});
 }
 
+torch::Tensor SequenceSplit::positions_in_rank_order() const {
+  std::vector<torch::Tensor> by_rank;
+  for (int rank = 0; rank < cp_; ++rank) by_rank.push_back(positions(rank));
+  return torch::cat(by_rank);
+}
+
 torch::Tensor SequenceSplit::local_part(const torch::Tensor& whole, int rank, std::int64_t dim) const {
   PARALLAX_CHECK(whole.size(dim) == seq_len_, UsageError, "dimension ", dim, " holds ", whole.size(dim),
                  " positions, but the sequence split is for ", seq_len_);
@@ -37,11 +43,9 @@ torch::Tensor SequenceSplit::local_part(const torch::Tensor& whole, int rank, st
 torch::Tensor SequenceSplit::whole_from_parts(const std::vector<torch::Tensor>& parts, std::int64_t dim) const {
   PARALLAX_CHECK(static_cast<int>(parts.size()) == cp_, UsageError, "joining ", parts.size(),
                  " parts of a sequence split over cp = ", cp_);
-  std::vector<torch::Tensor> positions_by_rank;
-  for (int rank = 0; rank < cp_; ++rank) positions_by_rank.push_back(positions(rank));
   const torch::Tensor joined = torch::cat(parts, dim);
   // The joined tensor lists positions rank by rank; argsort puts them in sequence order.
-  const torch::Tensor order = torch::cat(positions_by_rank).argsort().to(joined.device());
+  const torch::Tensor order = positions_in_rank_order().argsort().to(joined.device());
   return joined.index_select(dim, order);
 }
 

@@ -50,6 +50,9 @@ class SequenceSplit {
   std::array<int, 2> chunks_of(int rank) const;
   /// The global positions `rank` holds, in local order: int64, [local_len()].
   torch::Tensor positions(int rank) const;
+  /// Every rank's positions, rank by rank (positions(0), then positions(1), ...): the
+  /// order of a tensor joined from every rank's part. int64, [seq_len()].
+  torch::Tensor positions_in_rank_order() const;
   /// `rank`'s part of `whole` along `dim` (whose size must be seq_len): a new tensor.
   torch::Tensor local_part(const torch::Tensor& whole, int rank, std::int64_t dim) const;
   /// The inverse: every rank's part (indexed by rank) put back in sequence order along `dim`.

@@ -44,9 +44,10 @@ Engine::Engine(Runtime& runtime,
       logger_(&runtime.logger()),
       dp_rank_(runtime.mesh().coord().dp),
       dp_size_(runtime.mesh().degrees().dp),
-      micro_batch_size_(batch_options(applier_->plan()).micro_batch_size),
-      grad_accum_(batch_options(applier_->plan()).grad_accum),
       loss_sum_(torch::zeros({}, torch::kFloat64)) {
+  const TrainOptions batch = batch_options(applier_->plan());
+  micro_batch_size_ = batch.micro_batch_size;
+  grad_accum_ = batch.grad_accum;
   if (!options.name.empty()) logger_->summary(describe_engine(runtime, options.name, applier_->plan()));
 }
 

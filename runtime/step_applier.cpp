@@ -115,7 +115,6 @@ StepApplier::StepApplier(Runtime& runtime,
   const PrecisionOptions precision = precision_options(plan);
   const int zero_stage = zero_options(plan).stage;
   dtype_ = compute_dtype_for(precision.dtype);
-  Communicator& dp = runtime.mesh().replicas();
   // A weight shared by two modules (a tied embedding and LM head) appears twice in
   // parameters(): keep the first, or it would be reduced and stepped twice.
   std::vector<torch::Tensor> unique;
@@ -169,8 +168,10 @@ StepApplier::StepApplier(Runtime& runtime,
       make_gradient_reduction(runtime, plan, *model_, params_, dtype_, spec_.optimizer, std::move(model_split));
   if (spec_.zero_grad_sentinel.defined()) reduction_->watch_zero_grad(spec_.zero_grad_sentinel);
   if (zero_stage == 3) {
-    evaluation_ = dp.split(
-        0, dp.rank(), "evaluation forward at zero.stage = 3 (under NoGradGuard: every data-parallel rank runs it)");
+    Communicator& replicas = runtime.mesh().replicas();
+    evaluation_ =
+        replicas.split(0, replicas.rank(),
+                       "evaluation forward at zero.stage = 3 (under NoGradGuard: every data-parallel rank runs it)");
   }
   runtime.engines().push_back(this);
   const CheckpointOptions& checkpoints = runtime.config().checkpoint;

@@ -201,8 +201,8 @@ class ContextParallelStep final : public StrategyStep {
 class DataParallelStep final : public StrategyStep {
  public:
   void prepare(Preparation& p) override {
-    Communicator& dp = p.runtime.mesh().replicas();
-    check_same_structure(dp, p.unique, p.model.buffers());
+    Communicator& replicas = p.runtime.mesh().replicas();
+    check_same_structure(replicas, p.unique, p.model.buffers());
     // Parameters built under zero::DeferredConstruction hold no data yet. Stage 3 gives
     // each its data unit by unit while sharding; the other stages hold every parameter
     // anyway. Either way they are identical on every rank (same seed), so not broadcast.
@@ -220,12 +220,12 @@ class DataParallelStep final : public StrategyStep {
         deferred.clear();
       }
     }
-    // Every data-parallel rank starts from rank 0's parameters and buffers (fp32, exact).
+    // Every replica starts from replica 0's parameters and buffers (fp32, exact).
     std::vector<torch::Tensor> present;
     for (const auto& t : p.unique) {
       if (!deferred.count(t.unsafeGetTensorImpl())) present.push_back(t);
     }
-    broadcast_from_first(dp, present, p.model.buffers());
+    broadcast_from_first(replicas, present, p.model.buffers());
   }
 };
 

@@ -6,8 +6,8 @@
 #include <cmath>
 #include <limits>
 
+#include "parallax/core/autograd_context.h"
 #include "parallax/core/error.h"
-#include "parallax/tensor_parallel/autograd_context.h"
 #include "parallax/tensor_parallel/regions.h"
 
 namespace parallax::tensor_parallel {
@@ -28,14 +28,14 @@ struct SumOverCopies : torch::autograd::Function<SumOverCopies> {
                              Communicator* tp,
                              std::int64_t slot,
                              std::int64_t slots) {
-    detail::remember(ctx, *tp);
+    parallax::detail::remember(ctx, *tp);
     ctx->saved_data["slot"] = slot;
     ctx->saved_data["slots"] = slots;
     ctx->saved_data["has_bias"] = bias.defined();
     return {weight.clone(), bias.defined() ? bias.clone() : torch::zeros({0}, weight.options())};
   }
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
-    Communicator& tp = detail::recall(ctx);
+    Communicator& tp = parallax::detail::recall(ctx);
     const std::int64_t slot = ctx->saved_data["slot"].toInt();
     const bool has_bias = ctx->saved_data["has_bias"].toBool();
     const torch::Tensor& weight_grad = grads[0];

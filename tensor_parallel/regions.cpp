@@ -4,8 +4,8 @@
 
 #include <cstdint>
 
+#include "parallax/core/autograd_context.h"
 #include "parallax/core/error.h"
-#include "parallax/tensor_parallel/autograd_context.h"
 
 namespace parallax::tensor_parallel {
 namespace {
@@ -13,8 +13,8 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
-using detail::recall;
-using detail::remember;
+using parallax::detail::recall;
+using parallax::detail::remember;
 
 torch::Tensor summed(const torch::Tensor& x, Communicator& tp) {
   torch::Tensor out = x.contiguous().clone();
