@@ -4,6 +4,9 @@
 #include "parallax/core/error.h"
 
 namespace parallax::context_parallel {
+namespace {
+thread_local const ContextParallel* current_handle = nullptr;
+}  // namespace
 
 ContextParallel::ContextParallel(Communicator& group,
                                  AttentionOptions options,
@@ -25,6 +28,18 @@ torch::Tensor ContextParallel::positions(std::int64_t local_len) const {
 
 torch::Tensor ContextParallel::attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) const {
   return context_attention(q, k, v, *group_, split(q.size(2) * size()), options_);
+}
+
+ContextParallel::Scope::Scope(const ContextParallel& handle) : previous_(current_handle) {
+  current_handle = &handle;
+}
+
+ContextParallel::Scope::~Scope() {
+  current_handle = previous_;
+}
+
+const ContextParallel* current() {
+  return current_handle;
 }
 
 }  // namespace parallax::context_parallel

@@ -1,10 +1,12 @@
 // What a model's layers need to run over a context-parallel group: this rank's part of a
 // sequence, the global positions it holds, and attention across the group. The engine
-// makes one when parallel.cp > 1 (Engine::context_parallel()); a model keeps it and
-// calls it where it would compute over the whole sequence.
+// makes one when parallel.cp > 1 (Engine::context_parallel()) and makes it current for
+// the duration of every forward it runs (engine.forward, each pipeline chunk's forward
+// and its recompute), so a model's layers find it with current() and need no wiring:
 //
-//   auto cp = engine.context_parallel();                        // null at cp = 1
 //   torch::Tensor tokens = engine.local_batch(batch);           // [B, S/cp]
+//   ... inside the model's forward:
+//   const auto* cp = parallax::context_parallel::current();     // null at cp = 1
 //   torch::Tensor pos = cp ? cp->positions(tokens.size(1)) : torch::arange(tokens.size(1));
 //   torch::Tensor y = cp ? cp->attention(q, k, v) : dense_attention(q, k, v);
 #pragma once
@@ -48,6 +50,19 @@ class ContextParallel {
   /// What the attention calls did so far on this rank.
   const AttentionCounters& counters() const { return counters_; }
 
+  /// While alive, current() on this thread is this handle (the one before comes back
+  /// when it ends; scopes nest). The engine holds one around each forward.
+  class Scope {
+   public:
+    explicit Scope(const ContextParallel& handle);
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+    ~Scope();
+
+   private:
+    const ContextParallel* previous_;
+  };
+
  private:
   Communicator* group_;
   AttentionOptions options_;
@@ -55,5 +70,9 @@ class ContextParallel {
   std::int64_t sequence_dim_;
   mutable AttentionCounters counters_;
 };
+
+/// The handle of the innermost open Scope on this thread; null outside every scope (a
+/// forward at cp = 1, or a model run outside the engine).
+const ContextParallel* current();
 
 }  // namespace parallax::context_parallel

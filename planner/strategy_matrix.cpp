@@ -80,25 +80,16 @@ std::vector<Refusal> strategy_refusals(const Config& c) {
   }
   if (c.parallel.cp > 1) {
     const std::string cp = std::to_string(c.parallel.cp);
-    if (c.parallel.tp > 1) {
-      refusals.push_back({{key(c, "parallel.cp", cp), key(c, "parallel.tp", tp)},
-                          "context parallelism inside tensor-parallel groups (cp × tp with sequence parallelism) is "
-                          "not in this build yet",
-                          "parallel.tp = 1 (cp × dp, with any ZeRO stage)"});
-    }
-    if (c.parallel.pp > 1) {
-      refusals.push_back({{key(c, "parallel.cp", cp), key(c, "parallel.pp", std::to_string(c.parallel.pp))},
-                          "context parallelism inside pipeline stages is not in this build yet",
-                          "parallel.pp = 1 (cp × dp, with any ZeRO stage)"});
-    }
     if (cuda) {
       refusals.push_back({{key(c, "parallel.cp", cp), key(c, "train.device", quoted("cuda"))},
                           "context-parallel attention has not run on a GPU yet",
                           "train.device = \"cpu\""});
     }
-    if (c.parallel.mode == ParallelMode::kAuto) {
-      refusals.push_back({{key(c, "parallel.cp", cp), key(c, "parallel.mode", quoted("auto"))},
-                          "the planner does not choose or model context parallelism yet",
+    if (c.parallel.mode == ParallelMode::kAuto || !c.auto_keys.empty()) {
+      std::vector<std::string> keys{key(c, "parallel.cp", cp)};
+      if (c.parallel.mode == ParallelMode::kAuto) keys.push_back(key(c, "parallel.mode", quoted("auto")));
+      for (const std::string& name : c.auto_keys) keys.push_back(key(c, name, quoted("auto")));
+      refusals.push_back({keys, "the planner does not choose or model context parallelism yet",
                           "parallel.mode = \"manual\" with the degrees given"});
     }
   }
@@ -128,31 +119,34 @@ std::string strategy_matrix_markdown() {
   std::vector<std::string> reasons;  // numbered in order of first appearance
   std::ostringstream rows;
   for (int tp : {1, 2}) {
-    for (int pp : {1, 2}) {
-      for (int stage = 0; stage <= 3; ++stage) {
-        rows << "| " << tp << " | " << pp << " | " << stage << " |";
-        for (const std::vector<std::string>& offload : offloads) {
-          ConfigSources sources;
-          sources.overrides = {"parallel.tp=" + std::to_string(tp), "parallel.pp=" + std::to_string(pp),
-                               "parallel.dp=2", "zero.stage=" + std::to_string(stage), "train.micro_batch_size=1"};
-          if (tp > 1) sources.overrides.push_back("tensor_parallel.plan={\"*\"=\"column\"}");
-          sources.overrides.insert(sources.overrides.end(), offload.begin(), offload.end());
-          const std::string verdict = verdict_of(sources, tp * pp * 2);
-          if (verdict.empty()) {
-            rows << " runs |";
-            continue;
+    for (int cp : {1, 2}) {
+      for (int pp : {1, 2}) {
+        for (int stage = 0; stage <= 3; ++stage) {
+          rows << "| " << tp << " | " << cp << " | " << pp << " | " << stage << " |";
+          for (const std::vector<std::string>& offload : offloads) {
+            ConfigSources sources;
+            sources.overrides = {"parallel.tp=" + std::to_string(tp), "parallel.cp=" + std::to_string(cp),
+                                 "parallel.pp=" + std::to_string(pp), "parallel.dp=2",
+                                 "zero.stage=" + std::to_string(stage), "train.micro_batch_size=1"};
+            if (tp > 1) sources.overrides.push_back("tensor_parallel.plan={\"*\"=\"column\"}");
+            sources.overrides.insert(sources.overrides.end(), offload.begin(), offload.end());
+            const std::string verdict = verdict_of(sources, tp * cp * pp * 2);
+            if (verdict.empty()) {
+              rows << " runs |";
+              continue;
+            }
+            auto found = std::find(reasons.begin(), reasons.end(), verdict);
+            if (found == reasons.end()) found = reasons.insert(reasons.end(), verdict);
+            rows << " refused (" << (found - reasons.begin() + 1) << ") |";
           }
-          auto found = std::find(reasons.begin(), reasons.end(), verdict);
-          if (found == reasons.end()) found = reasons.insert(reasons.end(), verdict);
-          rows << " refused (" << (found - reasons.begin() + 1) << ") |";
+          rows << "\n";
         }
-        rows << "\n";
       }
     }
   }
   std::ostringstream out;
-  out << "| tp | pp | zero.stage | no offload | offload.optimizer | offload.optimizer + param |\n"
-      << "|---|---|---|---|---|---|\n"
+  out << "| tp | cp | pp | zero.stage | no offload | offload.optimizer | offload.optimizer + param |\n"
+      << "|---|---|---|---|---|---|---|\n"
       << rows.str() << "\n";
   for (std::size_t i = 0; i < reasons.size(); ++i) out << i + 1 << ". " << escape_bars(reasons[i]) << "\n";
   return out.str();

@@ -1,6 +1,6 @@
-// The strategy matrix: which products of tensor, pipeline and data parallelism, ZeRO
-// stage, offload and the communication backend this build runs, and why the others do
-// not. The one place that decides: parallax::init's plan (plan.h) calls
+// The strategy matrix: which products of tensor, context, pipeline and data parallelism,
+// ZeRO stage, offload and the communication backend this build runs, and why the others
+// do not. The one place that decides: parallax::init's plan (plan.h) calls
 // check_strategy() on every rank before anything is printed or any model is built,
 // and the README's matrix table is printed by strategy_matrix_markdown(), which runs
 // the real loader and this check on every cell.
@@ -38,11 +38,11 @@ std::vector<Refusal> strategy_refusals(const Config& config);
 /// Throws ConfigError listing every refusal of strategy_refusals(config), one per line.
 void check_strategy(const Config& config);
 
-/// The matrix as a Markdown table and its numbered reasons: one row per tp (1, 2) × pp
-/// (1, 2) × ZeRO stage (0–3), one column per offload (none, optimizer, optimizer and
-/// parameters); each cell loaded from its keys by the real config loader, resolved on
-/// tp × pp × 2 ranks and checked by strategy_refusals(): "runs", or "refused (n)" with
-/// reason n below the table. Deterministic.
+/// The matrix as a Markdown table and its numbered reasons: one row per tp (1, 2) × cp
+/// (1, 2) × pp (1, 2) × ZeRO stage (0–3), one column per offload (none, optimizer,
+/// optimizer and parameters); each cell loaded from its keys by the real config loader,
+/// resolved on tp × cp × pp × 2 ranks and checked by strategy_refusals(): "runs", or
+/// "refused (n)" with reason n below the table. Deterministic.
 std::string strategy_matrix_markdown();
 
 }  // namespace parallax

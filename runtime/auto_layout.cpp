@@ -13,6 +13,7 @@
 #include "parallax/core/error.h"
 #include "parallax/core/world.h"
 #include "parallax/planner/plan_search.h"
+#include "parallax/planner/strategy_matrix.h"
 #include "parallax/runtime/layer_profile.h"
 
 namespace parallax {
@@ -153,6 +154,9 @@ void release_free_memory() {
 
 AutoLayout choose_auto_layout(Config& config, World& world) {
   if (config.parallel.mode != ParallelMode::kAuto && config.auto_keys.empty()) return {};
+  // The planner does not model context parallelism: the matrix's refusal, before it
+  // plans a layout without cp's ranks.
+  if (config.parallel.cp > 1) check_strategy(config);
   std::string mode = "parallel.mode = \"auto\"" + config.position_of("parallel.mode");
   if (config.parallel.mode != ParallelMode::kAuto) {
     mode.clear();

@@ -124,8 +124,10 @@ class Engine {
   /// divide the sequence.
   torch::Tensor local_sequence(const torch::Tensor& micro_batch) const;
   /// With parallel.cp > 1, what the model's layers call to run over the context-parallel
-  /// group (its positions and attention: context_parallel/context_parallel.h); null
-  /// otherwise. Shared with the engine, which keeps the group alive.
+  /// group (its positions and attention: context_parallel/context_parallel.h), current on
+  /// this thread during every forward the engine runs (context_parallel::current()); null
+  /// otherwise. Shared with the engine, which keeps the group alive; its counters say
+  /// what attention moved and computed.
   std::shared_ptr<context_parallel::ContextParallel> context_parallel() const;
   template <typename First, typename Second>
   std::pair<First, Second> local_batch(const std::pair<First, Second>& batch) const {

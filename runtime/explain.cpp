@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <sstream>
+#include <vector>
 
 #include "parallax/core/mesh.h"
 #include "parallax/runtime/plan_options.h"
@@ -12,17 +13,19 @@
 namespace parallax {
 namespace {
 
-std::array<Communicator*, 4> groups(Mesh& mesh) {
-  return {&mesh.tp(), &mesh.pp(), &mesh.dp(), &mesh.world()};
+// The groups a rank's traffic is counted in: tp, pp, the replicas (dp, or dp × cp with
+// context parallelism: gradients and ZeRO's shards), cp, and the world.
+constexpr std::size_t kCounted = 4;  // the first four of them
+std::array<Communicator*, kCounted + 1> groups(Mesh& mesh) {
+  return {&mesh.tp(), &mesh.pp(), &mesh.replicas(), &mesh.cp(), &mesh.world()};
 }
 
-// `field` (bytes, or inter-node bytes) of all ops, summed for the tp, pp and dp groups
-// since `start`.
-std::array<std::int64_t, 3> per_group_since(Mesh& mesh,
-                                            const std::array<CommCounters, 4>& start,
-                                            std::int64_t OpCounter::*field) {
-  const std::array<Communicator*, 4> all = groups(mesh);
-  std::array<std::int64_t, 3> bytes{};
+// `field` (bytes, or inter-node bytes) of all ops, summed for the tp, pp, replica and cp
+// groups since `start`.
+GroupBytes per_group_since(Mesh& mesh, const std::array<CommCounters, kCounted + 1>& start,
+                           std::int64_t OpCounter::*field) {
+  const auto all = groups(mesh);
+  GroupBytes bytes{};
   for (std::size_t g = 0; g < bytes.size(); ++g) {
     for (const OpCounter& op : all[g]->counters().since(start[g]).ops) bytes[g] += op.*field;
   }
@@ -32,15 +35,15 @@ std::array<std::int64_t, 3> per_group_since(Mesh& mesh,
 }  // namespace
 
 GroupTraffic::GroupTraffic(Runtime& runtime) : runtime_(&runtime) {
-  const std::array<Communicator*, 4> all = groups(runtime.mesh());
+  const auto all = groups(runtime.mesh());
   for (std::size_t g = 0; g < all.size(); ++g) start_[g] = all[g]->counters();
 }
 
-std::array<std::int64_t, 3> GroupTraffic::bytes_since() const {
+GroupBytes GroupTraffic::bytes_since() const {
   return per_group_since(runtime_->mesh(), start_, &OpCounter::bytes);
 }
 
-std::array<std::int64_t, 3> GroupTraffic::inter_node_bytes_since() const {
+GroupBytes GroupTraffic::inter_node_bytes_since() const {
   return per_group_since(runtime_->mesh(), start_, &OpCounter::inter_node_bytes);
 }
 
@@ -50,44 +53,56 @@ std::string GroupTraffic::report(Runtime& runtime,
                                  std::int64_t padding) const {
   Mesh& mesh = runtime.mesh();
   const proto::Plan& plan = runtime.plan();
+  // ZeRO shards over the replicas: dp × cp ranks.
   const ModelStateBytes formula =
-      model_state_formula(elements, padding, mesh.degrees().dp, zero_options(plan).stage, precision_options(plan).dtype,
-                          optimizer_bytes_per_element(runtime.config().optimizer));
-  const std::array<std::int64_t, 3> moved = bytes_since();
-  const std::array<std::int64_t, 3> across = inter_node_bytes_since();
-  // Each rank's sends within its node and to others: the tp, pp and dp groups and the world.
+      model_state_formula(elements, padding, mesh.replicas().size(), zero_options(plan).stage,
+                          precision_options(plan).dtype, optimizer_bytes_per_element(runtime.config().optimizer));
+  const GroupBytes moved = bytes_since();
+  const GroupBytes across = inter_node_bytes_since();
+  // Each rank's sends within its node and to others: its groups and the world.
   NodeSplit counted;
-  const std::array<Communicator*, 4> all = groups(mesh);
+  const auto all = groups(mesh);
   for (std::size_t g = 0; g < all.size(); ++g) {
     const NodeSplit split = sent_by_node(all[g]->counters().since(start_[g]));
     counted.intra_node_bytes += split.intra_node_bytes;
     counted.inter_node_bytes += split.inter_node_bytes;
   }
-  constexpr int kFields = 14;
-  const std::int64_t mine[kFields] = {held.params, held.grads,        held.optimizer, formula.params,
-                                      formula.grads, formula.optimizer, moved[0],       moved[1],
-                                      moved[2],    across[0],         across[1],      across[2],
-                                      counted.intra_node_bytes, counted.inter_node_bytes};
+  // held and formula (3 each), moved and across (kCounted each), intra- and inter-node.
+  constexpr int kFields = 6 + 2 * static_cast<int>(kCounted) + 2;
+  std::vector<std::int64_t> mine{held.params, held.grads, held.optimizer, formula.params, formula.grads,
+                                 formula.optimizer};
+  mine.insert(mine.end(), moved.begin(), moved.end());
+  mine.insert(mine.end(), across.begin(), across.end());
+  mine.insert(mine.end(), {counted.intra_node_bytes, counted.inter_node_bytes});
   Communicator& telemetry = runtime.telemetry();
   at::Tensor row = at::empty({kFields}, at::kLong);
-  for (int i = 0; i < kFields; ++i) row[i] = mine[i];
+  for (int i = 0; i < kFields; ++i) row[i] = mine[static_cast<std::size_t>(i)];
   at::Tensor rows = at::empty({telemetry.size(), kFields}, at::kLong);
   telemetry.all_gather(rows, row)->wait();
   if (telemetry.rank() != 0) return "";
+  // The cp column only with context parallelism; the replicas are then dp × cp.
+  const bool cp = mesh.degrees().cp > 1;
   std::ostringstream out;
-  char line[320];
+  char line[400];
   out << "model state per rank (bytes; ZeRO formula in parentheses) and bytes each group moved in the step (of them, "
          "to other nodes in parentheses):\n";
-  std::snprintf(line, sizeof(line), "  %-5s %-24s %-24s %-24s %-20s %-20s %s\n", "rank", "params", "grads", "optimizer",
-                "tp group", "pp group", "dp group");
+  // The last column unpadded: the dp group's, or with cp the replicas' and then cp's.
+  auto last_columns = [cp](const std::string& replicas, const std::string& cp_group) {
+    if (!cp) return replicas;
+    return replicas + std::string(replicas.size() < 20 ? 20 - replicas.size() : 0, ' ') + " " + cp_group;
+  };
+  std::snprintf(line, sizeof(line), "  %-5s %-24s %-24s %-24s %-20s %-20s %s\n", "rank", "params", "grads",
+                "optimizer", "tp group", "pp group", last_columns(cp ? "dp x cp group" : "dp group", "cp group").c_str());
   out << line;
   const auto* v = rows.data_ptr<std::int64_t>();
   auto pair = [](std::int64_t a, std::int64_t b) { return std::to_string(a) + " (" + std::to_string(b) + ")"; };
+  constexpr int kMoved = 6, kAcross = kMoved + static_cast<int>(kCounted);
   for (int r = 0; r < telemetry.size(); ++r) {
     const std::int64_t* f = v + static_cast<std::ptrdiff_t>(r) * kFields;
     std::snprintf(line, sizeof(line), "  %-5d %-24s %-24s %-24s %-20s %-20s %s\n", r, pair(f[0], f[3]).c_str(),
-                  pair(f[1], f[4]).c_str(), pair(f[2], f[5]).c_str(), pair(f[6], f[9]).c_str(),
-                  pair(f[7], f[10]).c_str(), pair(f[8], f[11]).c_str());
+                  pair(f[1], f[4]).c_str(), pair(f[2], f[5]).c_str(), pair(f[kMoved], f[kAcross]).c_str(),
+                  pair(f[kMoved + 1], f[kAcross + 1]).c_str(),
+                  last_columns(pair(f[kMoved + 2], f[kAcross + 2]), pair(f[kMoved + 3], f[kAcross + 3])).c_str());
     out << line;
   }
   if (runtime.cluster().num_nodes() > 1) {
@@ -97,8 +112,8 @@ std::string GroupTraffic::report(Runtime& runtime,
     out << line;
     for (int r = 0; r < telemetry.size(); ++r) {
       const std::int64_t* f = v + static_cast<std::ptrdiff_t>(r) * kFields;
-      std::snprintf(line, sizeof(line), "  %-5d %-16lld %lld\n", r, static_cast<long long>(f[12]),
-                    static_cast<long long>(f[13]));
+      std::snprintf(line, sizeof(line), "  %-5d %-16lld %lld\n", r, static_cast<long long>(f[kFields - 2]),
+                    static_cast<long long>(f[kFields - 1]));
       out << line;
     }
   }

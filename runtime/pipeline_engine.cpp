@@ -281,7 +281,9 @@ double PipelineEngine::train_batch(const std::function<pipeline::MicroBatch()>& 
   if (b.stage == 0 || b.stage == b.shape.stages - 1) {
     for (pipeline::MicroBatch& micro : batch) {
       micro = next();
-      for (torch::Tensor& t : micro.inputs) t = applier.prepare_input(t);
+      // With parallel.cp > 1, this rank's part of each sequence (inputs and targets).
+      for (torch::Tensor& t : micro.inputs) t = applier.prepare_input(applier.local_part(t));
+      for (torch::Tensor& t : micro.targets) t = applier.local_part(t);
     }
   }
   pipeline::ExecutorHooks hooks;

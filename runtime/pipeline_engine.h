@@ -45,7 +45,13 @@
 // weight's copies are summed whole (each rank's part of the reduced gradient assembled
 // over dp, summed over the holders, each rank keeping its part).
 //
-// Supported: every cell of tp × pp × dp × ZeRO 0–3 × offload, every schedule,
+// Context parallelism inside the stages (parallel.cp > 1): the first and last stages cut
+// each micro-batch's inputs and targets by the sequence split (`next()` returns the
+// data-parallel rank's whole sequences), activations of a rank's positions travel to the
+// same cp rank of the neighbouring stages, and each chunk's forward (and its recompute)
+// runs with the context-parallel handle current.
+//
+// Supported: every cell of tp × cp × pp × dp × ZeRO 0–3 × offload, every schedule,
 // recompute, fp32/bf16/fp16 (strategy_matrix.h says why any other is refused).
 #pragma once
 

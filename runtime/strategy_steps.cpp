@@ -191,6 +191,9 @@ class ContextParallelStep final : public StrategyStep {
                                " split of the batch's dimension ", options.sequence_dim);
   }
 
+  std::shared_ptr<void> forward_scope() const override {
+    return std::make_shared<context_parallel::ContextParallel::Scope>(*context_);
+  }
   std::shared_ptr<context_parallel::ContextParallel> context() const override { return context_; }
   torch::Tensor local_part(const torch::Tensor& batch) const override { return context_->local_part(batch); }
 

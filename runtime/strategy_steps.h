@@ -14,9 +14,10 @@
 //  2. pipeline stage (a PipelineEngine's stage): the pp group joins the norm, tied copies
 //     after their first holder are not counted, and a backward reaches one chunk;
 //  3. context parallelism (parallel.cp > 1): each sequence split over the cp group;
-//     the batch's sequence dimension is cut by the load-balanced split, and the model's
-//     attention crosses the group (Engine::context_parallel()); the parameters are
-//     replicated over cp, so the replicas below are dp × cp;
+//     the batch's sequence dimension is cut by the load-balanced split, and around each
+//     forward the handle is current (context_parallel::current()), so the model's
+//     attention crosses the group; the parameters are replicated over cp, so the
+//     replicas below are dp × cp;
 //  4. data parallelism (always): the same structure on every replica (dp × cp ranks),
 //     parameters and buffers broadcast from replica 0 (deferred ones materialized, or at
 //     ZeRO stage 3 left for sharding unit by unit).

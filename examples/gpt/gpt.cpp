@@ -62,8 +62,8 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
   auto heads = [&](const torch::Tensor& t) { return t.view({batch, seq, -1, head_dim}).transpose(1, 2); };
   auto q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
   torch::Tensor attended;
-  if (cp_) {
-    attended = cp_->attention(q, k, v);  // x holds this rank's positions of each sequence
+  if (const auto* cp = parallax::context_parallel::current()) {
+    attended = cp->attention(q, k, v);  // x holds this rank's positions of each sequence
   } else {
     auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim));
     auto future = torch::ones({seq, seq}, scores.options().dtype(torch::kBool)).triu(1);
@@ -94,7 +94,8 @@ EmbeddingsImpl::EmbeddingsImpl(const GPTOptions& o) {
 }
 
 torch::Tensor EmbeddingsImpl::forward(const torch::Tensor& tokens) {
-  auto positions = cp_ ? cp_->positions(tokens.size(1)).to(tokens.device())
+  const auto* cp = parallax::context_parallel::current();
+  auto positions = cp ? cp->positions(tokens.size(1)).to(tokens.device())
                        : torch::arange(tokens.size(1), tokens.options().dtype(torch::kLong));
   return token_embedding->forward(tokens) + position_embedding->forward(positions).unsqueeze(0);
 }
@@ -151,11 +152,6 @@ torch::Tensor GPTImpl::forward(const torch::Tensor& tokens) {
   for (const auto& block : *blocks_) x = block->as<BlockImpl>()->forward(x);
   if (options_.tie_embeddings) return output_->forward_with(x, embeddings_->token_embedding->weight);
   return output_->forward(x);
-}
-
-void GPTImpl::set_context_parallel(const std::shared_ptr<parallax::context_parallel::ContextParallel>& cp) {
-  embeddings_->set_context_parallel(cp);
-  for (const auto& block : *blocks_) block->as<BlockImpl>()->set_context_parallel(cp);
 }
 
 torch::Tensor language_model_loss(const torch::Tensor& logits, const torch::Tensor& targets) {

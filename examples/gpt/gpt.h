@@ -22,10 +22,6 @@
 
 #include "parallax/pipeline/layers.h"
 
-namespace parallax::context_parallel {
-class ContextParallel;
-}  // namespace parallax::context_parallel
-
 namespace parallax {
 class AppTable;
 struct Config;
@@ -52,13 +48,9 @@ class BlockImpl : public torch::nn::Module {
  public:
   explicit BlockImpl(const GPTOptions& options);
   torch::Tensor forward(const torch::Tensor& x);
-  /// Attention over a context-parallel group (x then holds this rank's positions), or
-  /// over x's own sequence when null (the default).
-  void set_context_parallel(std::shared_ptr<parallax::context_parallel::ContextParallel> cp) { cp_ = std::move(cp); }
 
  private:
   std::int64_t n_head_;
-  std::shared_ptr<parallax::context_parallel::ContextParallel> cp_;
   torch::nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
   torch::nn::Linear qkv_{nullptr}, attn_proj_{nullptr}, fc_{nullptr}, mlp_proj_{nullptr};
 };
@@ -69,14 +61,8 @@ class EmbeddingsImpl : public torch::nn::Module {
  public:
   explicit EmbeddingsImpl(const GPTOptions& options);
   torch::Tensor forward(const torch::Tensor& tokens);
-  /// Position embeddings at the global positions this rank of a context-parallel group
-  /// holds, or at 0..seq-1 when null (the default).
-  void set_context_parallel(std::shared_ptr<parallax::context_parallel::ContextParallel> cp) { cp_ = std::move(cp); }
 
   torch::nn::Embedding token_embedding{nullptr}, position_embedding{nullptr};
-
- private:
-  std::shared_ptr<parallax::context_parallel::ContextParallel> cp_;
 };
 TORCH_MODULE(Embeddings);
 
@@ -107,13 +93,12 @@ class GPTImpl : public torch::nn::Module {
   /// flat names: token_embedding, position_embedding, blocks.N..., ln_f, head (no head
   /// with tie_embeddings: the token embedding's weight serves both).
   explicit GPTImpl(const GPTOptions& options, std::uint64_t seed = 1234);
-  /// tokens [batch, seq] int64 → logits [batch, seq, vocab].
+  /// tokens [batch, seq] int64 → logits [batch, seq, vocab]. Inside an engine's forward
+  /// with parallel.cp > 1, tokens hold this rank's part of each sequence
+  /// (engine.local_batch): the position embeddings take the global positions it holds and
+  /// attention crosses the group (context_parallel::current()).
   torch::Tensor forward(const torch::Tensor& tokens);
   const GPTOptions& options() const { return options_; }
-  /// With parallel.cp > 1: tokens hold this rank's part of each sequence
-  /// (engine.local_batch), and the embeddings and every block's attention use `cp`
-  /// (engine.context_parallel()). Null: the whole sequence is local.
-  void set_context_parallel(const std::shared_ptr<parallax::context_parallel::ContextParallel>& cp);
 
  private:
   GPTOptions options_;

@@ -122,8 +122,6 @@ int train(parallax::Runtime& rt) {
   auto [model_options, data, model] = gpt::build_example(config);
   auto engine = rt.engine(model, parallax::OptimizerSpec::from(config));
   engine.set_tokens_per_sample(model_options.block_size);
-  // parallel.cp > 1: each rank holds part of every sequence; attention crosses the group.
-  model->set_context_parallel(engine.context_parallel());
 
   const auto& train = config.train;
   const int dp_rank = rt.mesh().coord().dp;

@@ -62,7 +62,6 @@ Leg train(parallax::Config config, std::int64_t until, bool save_at_end, std::ui
   const gpt::SyntheticTokens data(options.vocab_size, options.block_size, c.train.seed);
   gpt::GPT model(options, seed + 1000 * static_cast<std::uint64_t>(rt.world().rank()));
   auto engine = rt.engine(model, parallax::OptimizerSpec::from(c));
-  model->set_context_parallel(engine.context_parallel());  // parallel.cp > 1
   Leg leg;
   if (auto resumed = engine.resume()) leg.trainer_state = *resumed;
   const int dp_rank = rt.mesh().coord().dp, dp = rt.mesh().degrees().dp;

@@ -29,4 +29,18 @@ rows=$(grep -cE "^  [0-7] +([0-9]+) \(\1\) +([0-9]+) \(\2\) +([0-9]+) \(\3\) +[1
   fail "expected 8 model-state rows equal to the formula, traffic in every group, only the pipeline's crossing nodes; got $rows"
 grep -q "^bytes each rank sent in the step within its node and to other nodes" <<<"$output" ||
   fail "no table of the bytes sent within and across nodes"
-echo "ok: the plan and one step's model state, traffic per group and by node"
+
+# Context parallelism (cp 2 x dp 2, ZeRO-1): the plan names cp's coordinate and group, the
+# state is sharded over the 4 replicas (dp x cp) as ZeRO's formula says, and the replicas
+# and the cp group (the ring's key/value blocks) both moved bytes.
+output=$(timeout 300 "$mpiexec" --oversubscribe --bind-to none -np 4 "$train" --config "$configs/dp.toml" \
+           --set parallel.cp=2 --set zero.stage=1 --explain 2>"$errors")
+rc=$?
+[ "$rc" -eq 0 ] || fail "cp: exit status $rc"
+grep -q "^  context parallel: cp 2, ring attention, load-balanced split of batch dimension 1; gradients reduced over dp x cp = 4 ranks" \
+  <<<"$output" || fail "cp: no context-parallel line"
+grep -qE "^  3 +0 +0 +1 +1 +.* +cp\[tp=0,pp=0,dp=1\]$" <<<"$output" || fail "cp: rank 3's row"
+rows=$(grep -cE "^  [0-3] +([0-9]+) \(\1\) +([0-9]+) \(\2\) +([0-9]+) \(\3\) +0 \(0\) +0 \(0\) +[1-9][0-9]* \(0\) +[1-9][0-9]* \(0\)$" \
+       <<<"$output")
+[ "$rows" -eq 4 ] || fail "cp: expected 4 model-state rows equal to the formula over dp x cp, traffic in the replicas and cp; got $rows"
+echo "ok: the plan and one step's model state, traffic per group and by node, with and without cp"

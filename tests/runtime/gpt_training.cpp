@@ -12,6 +12,7 @@
 #include "gpt.h"
 #include "parallax/core/config_loader.h"
 #include "parallax/core/mesh.h"
+#include "parallax/core/mpi_communicator.h"
 #include "parallax/runtime/parallax.h"
 
 namespace equivalence {
@@ -127,7 +128,6 @@ DistributedRun train_distributed(parallax::Config config) {
   // Every rank seeds differently: the engine's broadcast must make them agree.
   gpt::GPT model(options, static_cast<std::uint64_t>(c.train.seed + 1000 * rt.world().rank()));
   auto engine = rt.engine(model, parallax::OptimizerSpec::from(c));
-  model->set_context_parallel(engine.context_parallel());  // parallel.cp > 1
   const int dp_rank = rt.mesh().coord().dp, dp = rt.mesh().degrees().dp;
   DistributedRun run;
   for (std::int64_t step = 0; step < kSteps; ++step) {
@@ -211,6 +211,32 @@ void expect_equivalent(const Trajectory& got, const Trajectory& want, double los
   // The figures the closing notes quote.
   parallax_test::print_figure("max per-step loss relative difference %.3g, max final parameter difference %.3g\n",
                               worst_loss, worst_param);
+}
+
+DistributedRun expect_tp_matches_reference(const parallax::Config& config, int tp) {
+  const auto world = parallax::create_mpi_world_communicator();
+  const Trajectory reference = train_reference(config);
+  const DistributedRun run = train_distributed(config);
+
+  // Each rank holds its part of every split parameter.
+  const int tp_rank = world->rank() % tp;
+  Trajectory want = reference;
+  want.params = planned_parts(config, reference.params, tp_rank, tp);
+  std::vector<torch::Tensor> replicated;
+  for (std::size_t i = 0; i < want.params.size(); ++i) {
+    if (want.params[i].numel() == reference.params[i].numel()) replicated.push_back(run.trajectory.params[i].flatten());
+  }
+  expect_equivalent(run.trajectory, want, kFp32LossTolerance, kFp32ParameterTolerance);
+
+  // Replicated parameters (LayerNorms, row biases, the position embedding) are the same
+  // bits on every rank of a tensor-parallel group.
+  const torch::Tensor mine = torch::cat(replicated);
+  torch::Tensor all = torch::empty({world->size(), mine.numel()});
+  world->all_gather(all, mine)->wait();
+  for (int r = 0; r < world->size(); ++r) {
+    EXPECT_TRUE(torch::equal(all[r], all[r - r % tp])) << "rank " << r << " vs rank " << r - r % tp;
+  }
+  return run;
 }
 
 }  // namespace equivalence

@@ -76,4 +76,10 @@ double expect_losses_match(const std::vector<double>& got,
 /// `param_tolerance` (absolute); prints the worst of each as "[ figures  ]".
 void expect_equivalent(const Trajectory& got, const Trajectory& want, double loss_tolerance, double param_tolerance);
 
+/// The engine's run of `config` under configs/tp.toml's plan at `tp` (tp innermost in the
+/// mesh, as one node lays it out), against the reference: each rank's part of every
+/// parameter and the per-step losses within the fp32 bounds, and replicated parameters
+/// bit-identical across the tensor-parallel group. Returns the run.
+DistributedRun expect_tp_matches_reference(const parallax::Config& config, int tp);
+
 }  // namespace equivalence

@@ -65,8 +65,10 @@ PipelineRun train_pipeline(parallax::Config config) {
   }
   // Parameters are read through the masters below: at ZeRO-3 a released one holds no data.
   run.held = engine.model_state_bytes();
+  // ZeRO shards over the replicas: dp × cp ranks.
   run.formula =
-      parallax::model_state_formula(engine.gradient_bytes() / 4, engine.gradient_padding_bytes() / 4, dp, c.zero.stage,
+      parallax::model_state_formula(engine.gradient_bytes() / 4, engine.gradient_padding_bytes() / 4,
+                                    rt.mesh().replicas().size(), c.zero.stage,
                                     c.precision.dtype, parallax::optimizer_bytes_per_element(c.optimizer));
   const auto layers = static_cast<std::int64_t>(gpt::layer_specs(options).size());
   // The optimizer's view (fp32 masters under bf16), in the stage's parameter order with

@@ -14,6 +14,7 @@
 #include "parallax/core/config.h"
 #include "parallax/core/metrics.h"
 #include "parallax/pipeline/schedule.h"
+#include "parallax/runtime/explain.h"
 #include "parallax/runtime/pipeline_engine.h"
 
 namespace equivalence {
@@ -34,7 +35,7 @@ struct PipelineRun {
   bool tp_group_in_one_node = true;           ///< every member of this rank's tp group is on its node
   int pp_group_nodes = 1;                     ///< distinct nodes this rank's pp group spans
   int dp_group_nodes = 1;                     ///< distinct nodes this rank's dp group spans
-  std::array<std::int64_t, 3> group_bytes{};  ///< bytes this rank's tp, pp, dp groups moved in training
+  parallax::GroupBytes group_bytes{};  ///< bytes this rank's tp, pp, replica, cp groups moved in training
   std::string explain;                        ///< Runtime::explain()
   parallax::ModelStateBytes held;             ///< this rank's, after training
   parallax::ModelStateBytes formula;          ///< parallax::model_state_formula for this rank

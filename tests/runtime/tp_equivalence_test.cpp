@@ -44,35 +44,6 @@ class TpEquivalence : public ::testing::TestWithParam<std::tuple<int, bool, std:
   }
 };
 
-// Each rank's part of every parameter, and the per-step losses, within the fp32 bounds
-// (gpt_training.h); replicated parameters bit-identical across the tensor-parallel group.
-// Returns the run.
-DistributedRun expect_tp_matches_reference(const parallax::Config& c, int tp) {
-  const auto world = parallax::create_mpi_world_communicator();
-  const Trajectory reference = train_reference(c);
-  const DistributedRun run = train_distributed(c);
-
-  // Each rank holds its part of every split parameter.
-  const int tp_rank = world->rank() % tp;  // the plain layout on one node: tp innermost
-  Trajectory want = reference;
-  want.params = planned_parts(c, reference.params, tp_rank, tp);
-  std::vector<torch::Tensor> replicated;
-  for (std::size_t i = 0; i < want.params.size(); ++i) {
-    if (want.params[i].numel() == reference.params[i].numel()) replicated.push_back(run.trajectory.params[i].flatten());
-  }
-  expect_equivalent(run.trajectory, want, kFp32LossTolerance, kFp32ParameterTolerance);
-
-  // Replicated parameters (LayerNorms, row biases, the position embedding) are the same
-  // bits on every rank of a tensor-parallel group.
-  const torch::Tensor mine = torch::cat(replicated);
-  torch::Tensor all = torch::empty({world->size(), mine.numel()});
-  world->all_gather(all, mine)->wait();
-  for (int r = 0; r < world->size(); ++r) {
-    EXPECT_TRUE(torch::equal(all[r], all[r - r % tp])) << "rank " << r << " vs rank " << r - r % tp;
-  }
-  return run;
-}
-
 TEST_P(TpEquivalence, MatchesSingleProcessFp32) {
   const auto world = parallax::create_mpi_world_communicator();
   if (world->size() % tp() != 0) GTEST_SKIP() << "tp = " << tp() << " does not divide " << world->size() << " ranks";
