@@ -126,8 +126,10 @@ double TransformerShape::model_flops(std::int64_t samples) const {
 std::int64_t TransformerShape::block_activation_bytes(std::int64_t micro_batch,
                                                       int element_bytes,
                                                       int tp,
-                                                      bool sequence_parallel) const {
-  const std::int64_t sb = seq * micro_batch;
+                                                      bool sequence_parallel,
+                                                      const ContextSplit& cp) const {
+  const std::int64_t local_seq = seq / cp.degree;
+  const std::int64_t sb = local_seq * micro_batch;
   const std::int64_t e = element_bytes;
   const std::int64_t mask = dropout ? 1 : 0;
   const std::int64_t kv = kv_width();
@@ -138,22 +140,36 @@ std::int64_t TransformerShape::block_activation_bytes(std::int64_t micro_batch,
   const std::int64_t outside = sb * (2 * e * hidden + e * hidden + e * hidden + 2 * mask * hidden);
   // Inside (split by tensor parallelism): Q and K, V, the softmax's output (and its
   // dropout's mask and output), the projection's input, the MLP's GeLU input and its
-  // second layer's input.
-  const std::int64_t scores = micro_batch * heads * seq * seq;
-  const std::int64_t inside = sb * (e * (hidden + kv) + e * kv + e * hidden + 2 * e * f) + scores * (e + mask * (1 + e));
-  return (sequence_parallel ? outside / tp : outside) + inside / tp;
+  // second layer's input. All-to-all holds the same bytes of Q, K, V split by heads.
+  std::int64_t inside = sb * (e * (hidden + kv) + e * kv + e * hidden + 2 * e * f);
+  // Where the whole sequence's scores are kept, so is their causal mask: one byte per
+  // query-key pair, shared by the heads and the batch (unfused attention, as
+  // examples/gpt's and all-to-all's).
+  std::int64_t causal_mask = seq * seq;
+  if (cp.degree == 1) {
+    inside += micro_batch * heads * seq * seq * (e + mask * (1 + e));
+  } else if (cp.all_to_all) {
+    inside += micro_batch * (heads / cp.degree) * seq * seq * (e + mask * (1 + e));
+  } else {
+    // The ring keeps no scores: its output beside the projection's input, and the
+    // log-sum-exp of each query row in fp32, from which backward recomputes them.
+    inside += sb * e * hidden + micro_batch * heads * local_seq * 4;
+    causal_mask = 0;
+  }
+  return (sequence_parallel ? outside / tp : outside) + inside / tp + causal_mask;
 }
 
 std::int64_t TransformerShape::block_checkpoint_bytes(std::int64_t micro_batch,
                                                       int element_bytes,
                                                       int tp,
-                                                      bool sequence_parallel) const {
-  const std::int64_t input = seq * micro_batch * hidden * element_bytes;
+                                                      bool sequence_parallel,
+                                                      int cp) const {
+  const std::int64_t input = seq / cp * micro_batch * hidden * element_bytes;
   return sequence_parallel ? input / tp : input;
 }
 
-std::int64_t TransformerShape::head_activation_bytes(std::int64_t micro_batch, int tp) const {
-  return 2 * 4 * micro_batch * seq * vocab / tp;
+std::int64_t TransformerShape::head_activation_bytes(std::int64_t micro_batch, int tp, int cp) const {
+  return 2 * 4 * micro_batch * (seq / cp) * vocab / tp;
 }
 
 bool TransformerShape::same_sizes(const TransformerShape& o) const {

@@ -12,7 +12,11 @@
 //     Transformer Models" (MLSys 2023), section 4: sbh(34 + 5as/h) bytes per layer in
 //     16-bit with dropout, sbh(10 + 24/t + 5as/(ht)) with tensor parallelism,
 //     sbh(34 + 5as/h)/t with sequence parallelism, 2sbh (/t) with full recomputation;
-//     written here for any element size, MLP width and key/value heads.
+//     written here for any element size, MLP width and key/value heads; with context
+//     parallelism over cp ranks every s-long term holds s/cp positions, and the as²
+//     scores are the ring's log-sum-exp (as/cp, fp32, beside the kept output) or
+//     all-to-all's (a/cp)s² of whole-sequence scores (context_parallel/); where whole-
+//     sequence scores are kept, so is their s² one-byte causal mask (unfused attention).
 #pragma once
 
 #include <cstdint>
@@ -24,6 +28,11 @@ class AppTable;
 
 namespace parallax::planner {
 
+/// How a block's sequence is split over a context-parallel group (context_parallel/).
+struct ContextSplit {
+  int degree = 1;           ///< cp: the ranks one sequence is split over
+  bool all_to_all = false;  ///< heads exchanged (Ulysses) rather than key/value blocks circulated (ring)
+};
 struct TransformerShape {
   std::int64_t layers = 2;
   std::int64_t hidden = 64;
@@ -69,12 +78,22 @@ struct TransformerShape {
   double model_flops(std::int64_t samples) const;
 
   /// Activation bytes one block keeps for its backward, per micro-batch, with elements
-  /// of `element_bytes`, on one of `tp` ranks, with or without sequence parallelism.
-  std::int64_t block_activation_bytes(std::int64_t micro_batch, int element_bytes, int tp, bool sequence_parallel) const;
+  /// of `element_bytes`, on one of `tp` ranks, with or without sequence parallelism,
+  /// its sequence split as `cp` says.
+  std::int64_t block_activation_bytes(std::int64_t micro_batch,
+                                      int element_bytes,
+                                      int tp,
+                                      bool sequence_parallel,
+                                      const ContextSplit& cp = {}) const;
   /// With full recomputation: the block's input only.
-  std::int64_t block_checkpoint_bytes(std::int64_t micro_batch, int element_bytes, int tp, bool sequence_parallel) const;
-  /// The head's logits and their gradient in fp32 (the loss is computed in fp32).
-  std::int64_t head_activation_bytes(std::int64_t micro_batch, int tp) const;
+  std::int64_t block_checkpoint_bytes(std::int64_t micro_batch,
+                                      int element_bytes,
+                                      int tp,
+                                      bool sequence_parallel,
+                                      int cp = 1) const;
+  /// The head's logits and their gradient in fp32 (the loss is computed in fp32), for
+  /// the seq/cp positions one rank holds.
+  std::int64_t head_activation_bytes(std::int64_t micro_batch, int tp, int cp = 1) const;
 
   /// Whether every size (and tying, dropout) equals `other`'s.
   bool same_sizes(const TransformerShape& other) const;

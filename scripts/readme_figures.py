@@ -73,6 +73,7 @@ FIGURES = {
     "matrix_equivalence": ctest("matrix_equivalence"),
     "context_attention": ctest("context_attention"),
     "cp_equivalence": ctest("cp_equivalence"),
+    "cp_memory": ctest("cp_memory"),
     "checkpoint_reshard": ctest("checkpoint_reshard"),
     "checkpoint_export": ctest("checkpoint_export"),
     "checkpoint_faults": ctest("checkpoint_(preemption|crash|manifest_fuzz)"),

@@ -8,16 +8,13 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <c10/core/CPUAllocator.h>
-#include <torch/version.h>
-
-#include <atomic>
 #include <cstdio>
 #include <tuple>
 
 #include "awkward_model.h"
 #include "figures.h"
 #include "parallax/core/config_loader.h"
+#include "parallax/core/cpu_memory_meter.h"
 #include "parallax/runtime/parallax.h"
 #include "parallax/zero/sharded_model.h"
 
@@ -366,51 +363,6 @@ INSTANTIATE_TEST_SUITE_P(Stages, ZeroFp16, ::testing::Values(0, 1, 2, 3), [](con
 // LibTorch 1.13) stops with a ConfigError naming precision.dtype, where it was set, the
 // kernel and bf16, not with the kernel's stack trace; where the kernel exists, it trains.
 // Mutant caught: the forward's catch removed (a c10::Error escapes).
-// LibTorch's CPU allocator, counted: while installed, every block any thread allocates
-// through it adds its size to live() and subtracts it when freed (blocks allocated
-// before it was installed are not counted).
-class CountingCpuAllocator final : public c10::Allocator {
- public:
-  CountingCpuAllocator() : inner_(c10::GetCPUAllocator()) { c10::SetCPUAllocator(this, kPriority); }
-  ~CountingCpuAllocator() override { c10::SetCPUAllocator(inner_, kPriority); }
-  CountingCpuAllocator(const CountingCpuAllocator&) = delete;
-  CountingCpuAllocator& operator=(const CountingCpuAllocator&) = delete;
-
-#if TORCH_VERSION_MAJOR >= 2
-  c10::DataPtr allocate(std::size_t bytes) override {
-#else
-  c10::DataPtr allocate(std::size_t bytes) const override {
-#endif
-    auto* block = new Block{inner_->allocate(bytes), static_cast<std::int64_t>(bytes), &live_};
-    live_ += block->bytes;
-    void* data = block->data.get();
-    return {data, block, &Block::free, block->data.device()};
-  }
-#if TORCH_VERSION_MAJOR >= 2
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    default_copy_data(dest, src, count);
-  }
-#endif
-  std::int64_t live() const {
-    return live_;
-  }
-
- private:
-  static constexpr std::uint8_t kPriority = 100;
-  struct Block {
-    c10::DataPtr data;
-    std::int64_t bytes;
-    std::atomic<std::int64_t>* live;
-    static void free(void* context) {
-      auto* block = static_cast<Block*>(context);
-      *block->live -= block->bytes;
-      delete block;
-    }
-  };
-  c10::Allocator* inner_;
-  mutable std::atomic<std::int64_t> live_{0};
-};
-
 struct Wide : torch::nn::Module {
   Wide() {
     for (int i = 0; i < 4; ++i)
@@ -442,7 +394,7 @@ TEST(MemoryMeasured, TheAllocatorHoldsWhatTheEngineClaims) {
     if (!offload.empty()) extra.push_back("offload.param=\"" + offload + "\"");
     Runtime rt(awkward_config(stage, 1, extra), kQuiet);
     const torch::Tensor input = torch::ones({rt.config().train.micro_batch_size, 256});
-    CountingCpuAllocator counter;
+    CpuMemoryMeter counter;
     std::int64_t real = 0;
     ModelStateBytes claimed;
     {
@@ -451,7 +403,7 @@ TEST(MemoryMeasured, TheAllocatorHoldsWhatTheEngineClaims) {
       auto engine = rt.engine(model, OptimizerSpec::from(rt.config()));
       engine.backward(engine.forward(input).pow(2).mean());
       ASSERT_TRUE(engine.step());
-      real = counter.live();
+      real = counter.live_bytes();
       claimed = engine.model_state_bytes();
     }
     const std::int64_t claimed_total = claimed.params + claimed.grads + claimed.optimizer + claimed.host;
