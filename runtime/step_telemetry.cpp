@@ -38,7 +38,7 @@ std::string human_rate(double per_second) {
 StepTelemetry::StepTelemetry(Runtime& runtime, const proto::Plan& plan)
     : runtime_(runtime), batch_(batch_options(plan)) {
   Mesh& mesh = runtime.mesh();
-  for (Communicator* c : {&mesh.world(), &mesh.dp(), &mesh.tp(), &mesh.pp()}) {
+  for (Communicator* c : {&mesh.world(), &mesh.dp(), &mesh.tp(), &mesh.pp(), &mesh.cp(), &mesh.replicas()}) {
     if (std::find(training_comms_.begin(), training_comms_.end(), c) == training_comms_.end()) {
       training_comms_.push_back(c);
     }

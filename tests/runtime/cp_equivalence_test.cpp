@@ -66,6 +66,29 @@ INSTANTIATE_TEST_SUITE_P(Cells,
                                            Cell{"ring_zero2_offload", {"zero.stage=2", "offload.optimizer=\"cpu\""}}),
                          [](const ::testing::TestParamInfo<Cell>& info) { return info.param.name; });
 
+// The step metrics count context parallelism's traffic and the gradient reduction over
+// dp × cp, exactly: with the ring at cp = the world (dp 1, ZeRO 0), every rank sends per
+// step and attention layer (4(cp − 1) + 2cp)·B, B the bytes of its K (docs/context-
+// parallelism.md's table), and all-reduces the gradient bytes once. Mutant caught (tried
+// once): the telemetry counting the dp, tp, pp and world groups only (no send, no
+// all-reduce in the metrics).
+TEST(ContextParallelMetrics, EveryStepCountsTheRingAndTheReductionOverTheReplicas) {
+  const int cp = parallax::create_mpi_world_communicator()->size();
+  const auto config = make_config(1, {"parallel.cp=" + std::to_string(cp)});
+  const DistributedRun run = train_distributed(config);
+  const std::int64_t layers = 2, d_model = 32;  // make_config's
+  const std::int64_t block_size = config.app_table("model").get_int("block_size");
+  const std::int64_t key_bytes = kGlobalBatch * (block_size / cp) * d_model * 4;
+  for (const auto& m : run.metrics) {
+    ASSERT_EQ(static_cast<int>(m.comm.size()), cp);
+    for (int r = 0; r < cp; ++r) {
+      EXPECT_EQ(m.comm[r][parallax::CommOp::kSend].bytes, layers * (4 * (cp - 1) + 2 * cp) * key_bytes) << "rank " << r;
+      EXPECT_EQ(m.comm[r][parallax::CommOp::kAllReduce].bytes, run.gradient_bytes + run.padding_bytes)
+          << "rank " << r;
+    }
+  }
+}
+
 // cp × tp on 4 ranks: configs/tp.toml's plan splits each block's heads over tp, and each
 // tensor-parallel rank's heads attend across its own cp group (the ranks of its tp
 // coordinate); with sequence parallelism the tp group further splits this rank's part of
