@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 #include <vector>
@@ -88,8 +89,12 @@ std::string GroupTraffic::report(Runtime& runtime,
          "to other nodes in parentheses):\n";
   // The last column unpadded: the dp group's, or with cp the replicas' and then cp's.
   auto last_columns = [cp](const std::string& replicas, const std::string& cp_group) {
-    if (!cp) return replicas;
-    return replicas + std::string(replicas.size() < 20 ? 20 - replicas.size() : 0, ' ') + " " + cp_group;
+    std::string text = replicas;
+    if (cp) {
+      text.resize(std::max<std::size_t>(text.size(), 20), ' ');
+      text += " " + cp_group;
+    }
+    return text;
   };
   std::snprintf(line, sizeof(line), "  %-5s %-24s %-24s %-24s %-20s %-20s %s\n", "rank", "params", "grads",
                 "optimizer", "tp group", "pp group", last_columns(cp ? "dp x cp group" : "dp group", "cp group").c_str());
