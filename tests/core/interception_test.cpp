@@ -1,7 +1,8 @@
 // The operator interception mechanism (core/operator_interception.h) on its own: a
 // claim refuses a key another library holds, a scope's state reaches exactly the
 // operators of its thread and of the work LibTorch carries its state to, nested scopes
-// restore the outer state, and a paused layer runs operators untouched.
+// restore the outer state, a paused layer runs operators untouched, and open layers
+// meet an operator in their order, each only the operators it routes.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -54,7 +55,7 @@ TEST(OperatorInterception, AClaimRefusesAKeyAnotherLibraryHolds) {
   std::string what;
   {
     auto foreign = c10::Dispatcher::singleton().registerFallback(
-        dispatch_key(Layer::kParameters), c10::KernelFunction::makeFallthrough(), "another library");
+        dispatch_key(), c10::KernelFunction::makeFallthrough(), "another library");
     try {
       claim(Layer::kParameters, &unrelated_fallback);
     } catch (const UsageError& e) {
@@ -111,6 +112,50 @@ TEST(OperatorInterception, NestedScopesRestoreTheOuterStateAndPausedSkipsTheHand
     (void)(x + 1);
   }
   EXPECT_EQ(take_seen(), (std::vector<int>{2, 1}));
+}
+
+// What the attention layer saw: the operators it was handed.
+std::vector<std::string> attention_seen;
+
+void record_attention(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  {
+    std::lock_guard<std::mutex> lock(seen_mutex);
+    attention_seen.push_back(op.operator_name().name);
+  }
+  call_below(Layer::kAttention, op, keys, stack);
+}
+
+// Two layers share the one key: an operator meets the tensor-parallel layer first, and
+// the attention layer (claimed for aten::mul only) after it, through call_below; an
+// operator the attention layer does not route never reaches it, and a layer with no
+// open scope sees nothing. Mutants caught: call_below going straight to the dispatch
+// below the key (the attention layer never sees mul while the other layer is open), an
+// operator list ignored (it would see add).
+TEST(OperatorInterception, OpenLayersMeetAnOperatorInOrderEachOnlyTheOperatorsItRoutes) {
+  claim(Layer::kTensorParallel, &record_tag);
+  claim(Layer::kAttention, &record_attention, {"aten::mul"});
+  const torch::Tensor x = torch::ones({4});
+  take_seen();
+  attention_seen.clear();
+  {
+    Scope attention(Layer::kAttention, nullptr);
+    (void)(x + x);
+    (void)(x * x);
+    EXPECT_EQ(attention_seen, std::vector<std::string>{"aten::mul"});
+    EXPECT_TRUE(take_seen().empty()) << "the tensor-parallel layer is not open";
+    attention_seen.clear();
+    {
+      Scope rewrite(Layer::kTensorParallel, std::make_shared<Tagged>(3));
+      (void)(x + x);
+      (void)(x * x);
+    }
+    EXPECT_EQ(take_seen(), (std::vector<int>{3, 3}));
+    EXPECT_EQ(attention_seen, std::vector<std::string>{"aten::mul"});
+    EXPECT_EQ(current(Layer::kAttention), nullptr);
+  }
+  attention_seen.clear();
+  (void)(x * x);
+  EXPECT_TRUE(attention_seen.empty());
 }
 
 // A second claim with another handler is a programming error, named.
