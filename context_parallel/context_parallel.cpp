@@ -1,6 +1,7 @@
 #include "parallax/context_parallel/context_parallel.h"
 
 #include "parallax/context_parallel/attention.h"
+#include "parallax/context_parallel/sdpa_interception.h"
 #include "parallax/core/error.h"
 
 namespace parallax::context_parallel {
@@ -27,14 +28,27 @@ torch::Tensor ContextParallel::positions(std::int64_t local_len) const {
 }
 
 torch::Tensor ContextParallel::attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) const {
-  return context_attention(q, k, v, *group_, split(q.size(2) * size()), options_);
+  return attention(q, k, v, options_.causal, options_.scale);
 }
 
-ContextParallel::Scope::Scope(const ContextParallel& handle) : previous_(current_handle) {
+torch::Tensor ContextParallel::attention(const torch::Tensor& q,
+                                         const torch::Tensor& k,
+                                         const torch::Tensor& v,
+                                         bool causal,
+                                         double scale) const {
+  AttentionOptions options = options_;
+  options.causal = causal;
+  options.scale = scale;
+  return context_attention(q, k, v, *group_, split(q.size(2) * size()), options);
+}
+
+ContextParallel::Scope::Scope(const ContextParallel& handle)
+    : previous_(current_handle), intercepting_(intercept_sdpa(handle)) {
   current_handle = &handle;
 }
 
 ContextParallel::Scope::~Scope() {
+  intercepting_.reset();
   current_handle = previous_;
 }
 

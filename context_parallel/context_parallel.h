@@ -9,15 +9,26 @@
 //   const auto* cp = parallax::context_parallel::current();     // null at cp = 1
 //   torch::Tensor pos = cp ? cp->positions(tokens.size(1)) : torch::arange(tokens.size(1));
 //   torch::Tensor y = cp ? cp->attention(q, k, v) : dense_attention(q, k, v);
+//
+// On LibTorch 2.x the model need not ask: while a Scope is open, every call of
+// torch::scaled_dot_product_attention on its thread runs as attention() over the group
+// instead (core/operator_interception.h's attention layer), so a model written with SDPA
+// gets context parallelism from the config alone. Its positions must still be this
+// rank's (positions(), or computed from the batch the engine split).
 #pragma once
 
 #include <torch/types.h>
 
 #include <cstdint>
+#include <memory>
 
 #include "parallax/context_parallel/attention_options.h"
 #include "parallax/context_parallel/sequence_split.h"
 #include "parallax/core/communicator.h"
+
+namespace parallax::interception {
+class Scope;
+}  // namespace parallax::interception
 
 namespace parallax::context_parallel {
 
@@ -47,11 +58,19 @@ class ContextParallel {
   /// context_attention over the group of this rank's q, k, v ([batch, heads, local_len,
   /// head_dim]); collective over the group.
   torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) const;
+  /// The same with this call's mask and scale instead of the handle's (`scale` 0 means
+  /// 1/√head_dim): what an intercepted scaled_dot_product_attention runs.
+  torch::Tensor attention(const torch::Tensor& q,
+                          const torch::Tensor& k,
+                          const torch::Tensor& v,
+                          bool causal,
+                          double scale) const;
   /// What the attention calls did so far on this rank.
   const AttentionCounters& counters() const { return counters_; }
 
   /// While alive, current() on this thread is this handle (the one before comes back
-  /// when it ends; scopes nest). The engine holds one around each forward.
+  /// when it ends; scopes nest), and on LibTorch 2.x scaled_dot_product_attention runs
+  /// as this handle's attention. The engine holds one around each forward.
   class Scope {
    public:
     explicit Scope(const ContextParallel& handle);
@@ -61,6 +80,7 @@ class ContextParallel {
 
    private:
     const ContextParallel* previous_;
+    std::unique_ptr<interception::Scope> intercepting_;  ///< null where SDPA does not exist
   };
 
  private:

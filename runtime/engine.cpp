@@ -1,8 +1,11 @@
 #include "parallax/runtime/engine.h"
 
+#include <torch/version.h>
+
 #include <sstream>
 
 #include "parallax/checkpoint/store.h"
+#include "parallax/context_parallel/context_parallel.h"
 #include "parallax/core/config_loader.h"
 #include "parallax/core/error.h"
 #include "parallax/core/mesh.h"
@@ -163,6 +166,22 @@ std::string Engine::load_checkpoint(const std::string& directory) {
 
 ForwardScope Engine::forward_scope() {
   return applier_->forward_scope();
+}
+std::int64_t Engine::context_attention_calls() const {
+  const auto context = context_parallel();
+  return context ? context->counters().calls : 0;
+}
+void Engine::check_context_attention_ran(std::int64_t before) const {
+  const auto context = context_parallel();
+  if (!context) return;
+  PARALLAX_CHECK(context->counters().calls > before, UsageError, "parallel.cp = ", context->size(),
+                 " gives each rank part of every sequence, but the model's forward made no context-parallel "
+                 "attention call: its attention saw this rank's positions only, and training would be silently "
+                 "wrong. Call parallax::context_parallel::current()->attention(q, k, v) in the model",
+                 TORCH_VERSION_MAJOR >= 2 ? ", or torch::scaled_dot_product_attention (the engine runs it over the "
+                                            "cp group)"
+                                          : " (LibTorch 2.x would also intercept scaled_dot_product_attention)",
+                 ", or set parallel.cp = 1");
 }
 void Engine::explain_missing_kernel() const {
   applier_->explain_missing_kernel();

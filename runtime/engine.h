@@ -233,6 +233,14 @@ class Engine {
   /// gathers ZeRO-3 parameters on use and lets planned tensor-parallel modules
   /// communicate. For a trainer that calls its model itself.
   ForwardScope forward_scope();
+  /// With parallel.cp > 1, the context-parallel attention calls this rank made so far
+  /// (explicit or intercepted scaled_dot_product_attention); 0 otherwise.
+  std::int64_t context_attention_calls() const;
+  /// After a whole model's forward (forward() calls it): with parallel.cp > 1, throws
+  /// UsageError when the forward made no context-parallel attention call since `before`,
+  /// for its attention then saw this rank's part of each sequence only and would train
+  /// silently wrong.
+  void check_context_attention_ran(std::int64_t before) const;
   /// Inside a `catch (const c10::Error&)` around the model's forward: a kernel missing in
   /// the compute dtype becomes a ConfigError naming precision.dtype (StepApplier's).
   void explain_missing_kernel() const;
@@ -274,8 +282,11 @@ class ModuleEngine : public Engine {
   auto forward(Args&&... args) {
     check_first_tensor(args...);
     ForwardScope scope = forward_scope();
+    const std::int64_t attended = context_attention_calls();
     try {
-      return model_->forward(cast(std::forward<Args>(args))...);
+      auto output = model_->forward(cast(std::forward<Args>(args))...);
+      check_context_attention_ran(attended);
+      return output;
     } catch (const c10::Error&) {
       explain_missing_kernel();
       throw;

@@ -1,7 +1,10 @@
 #include "gpt.h"
 
+#include <torch/version.h>
+
 #include <cmath>
 #include <optional>
+#include <string>
 
 #include "parallax/context_parallel/context_parallel.h"
 #include "parallax/core/config.h"
@@ -26,7 +29,8 @@ double unit(std::uint64_t h) {
 }  // namespace
 
 GPTOptions GPTOptions::from_table(const parallax::AppTable& table) {
-  table.expect_only({"vocab_size", "block_size", "d_model", "n_layer", "n_head", "d_ff", "tie_embeddings"});
+  table.expect_only(
+      {"vocab_size", "block_size", "d_model", "n_layer", "n_head", "d_ff", "tie_embeddings", "attention"});
   GPTOptions o;
   o.vocab_size = table.get_int("vocab_size", o.vocab_size);
   o.block_size = table.get_int("block_size", o.block_size);
@@ -35,6 +39,12 @@ GPTOptions GPTOptions::from_table(const parallax::AppTable& table) {
   o.n_head = table.get_int("n_head", o.n_head);
   o.d_ff = table.get_int("d_ff", o.d_ff);
   o.tie_embeddings = table.get_bool("tie_embeddings", o.tie_embeddings);
+  const std::string attention = table.get_string("attention", "explicit");
+  PARALLAX_CHECK(attention == "explicit" || attention == "sdpa", ConfigError, "model.attention = \"", attention,
+                 "\": allowed are \"explicit\" and \"sdpa\"");
+  o.sdpa = attention == "sdpa";
+  PARALLAX_CHECK(!o.sdpa || TORCH_VERSION_MAJOR >= 2, ConfigError, "model.attention = \"sdpa\" needs LibTorch 2.x ",
+                 "(scaled_dot_product_attention); this build has LibTorch ", TORCH_VERSION, ": use \"explicit\"");
   PARALLAX_CHECK(o.vocab_size >= 2 && o.block_size >= 1 && o.d_model >= 1 && o.n_layer >= 1 && o.n_head >= 1,
                  ConfigError, "[model]: vocab_size >= 2, block_size, d_model, n_layer, n_head >= 1 expected");
   PARALLAX_CHECK(o.d_model % o.n_head == 0, ConfigError, "model.n_head = ", o.n_head,
@@ -42,7 +52,7 @@ GPTOptions GPTOptions::from_table(const parallax::AppTable& table) {
   return o;
 }
 
-BlockImpl::BlockImpl(const GPTOptions& o) : n_head_(o.n_head) {
+BlockImpl::BlockImpl(const GPTOptions& o) : n_head_(o.n_head), sdpa_(o.sdpa) {
   const std::int64_t d_ff = o.d_ff > 0 ? o.d_ff : 4 * o.d_model;
   ln1_ = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.d_model})));
   qkv_ = register_module("qkv", torch::nn::Linear(o.d_model, 3 * o.d_model));
@@ -62,7 +72,11 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
   auto heads = [&](const torch::Tensor& t) { return t.view({batch, seq, -1, head_dim}).transpose(1, 2); };
   auto q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
   torch::Tensor attended;
-  if (const auto* cp = parallax::context_parallel::current()) {
+  if (sdpa_) {
+#if TORCH_VERSION_MAJOR >= 2
+    attended = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
+#endif
+  } else if (const auto* cp = parallax::context_parallel::current()) {
     attended = cp->attention(q, k, v);  // x holds this rank's positions of each sequence
   } else {
     auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim));

@@ -38,9 +38,14 @@ struct GPTOptions {
   std::int64_t d_ff = 0;    ///< MLP hidden size; 0 = 4 × d_model
   /// The LM head reuses the token embedding's weight. Default: false.
   bool tie_embeddings = false;
+  /// Attention through torch::scaled_dot_product_attention (LibTorch 2.x), as a model
+  /// unaware of Parallax writes it; under parallel.cp > 1 the engine intercepts it.
+  /// Otherwise ("explicit") scores and softmax written out, or context_parallel::
+  /// current()->attention(). Default: false.
+  bool sdpa = false;
 
   /// The [model] table: vocab_size, block_size, d_model, n_layer, n_head, d_ff,
-  /// tie_embeddings.
+  /// tie_embeddings, attention ("explicit" or "sdpa").
   static GPTOptions from_table(const parallax::AppTable& table);
 };
 
@@ -51,6 +56,7 @@ class BlockImpl : public torch::nn::Module {
 
  private:
   std::int64_t n_head_;
+  bool sdpa_;
   torch::nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
   torch::nn::Linear qkv_{nullptr}, attn_proj_{nullptr}, fc_{nullptr}, mlp_proj_{nullptr};
 };
