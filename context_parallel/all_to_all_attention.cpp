@@ -1,6 +1,7 @@
 #include "parallax/context_parallel/all_to_all_attention.h"
 
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/version.h>
 
 #include <limits>
 #include <vector>
@@ -8,6 +9,7 @@
 #include "parallax/context_parallel/attention.h"
 #include "parallax/core/autograd_context.h"
 #include "parallax/core/error.h"
+#include "parallax/core/operator_interception.h"
 
 namespace parallax::context_parallel {
 namespace {
@@ -70,6 +72,37 @@ struct Exchange : torch::autograd::Function<Exchange> {
   }
 };
 
+// Attention of this rank's heads over the whole sequence, whose positions (in the
+// exchanged order) are `positions`. LibTorch 2.x: its fused kernel
+// (scaled_dot_product_attention: no scores kept for backward), in position order for the
+// causal mask; 1.13: scores, the mask built from the positions, softmax, in the
+// accumulation dtype.
+torch::Tensor whole_sequence_attention(const torch::Tensor& qh,
+                                       const torch::Tensor& kh,
+                                       const torch::Tensor& vh,
+                                       const torch::Tensor& positions,
+                                       bool causal,
+                                       double scale) {
+#if TORCH_VERSION_MAJOR >= 2
+  // The engine's interception of this operator must not see the call it serves.
+  const interception::Paused not_intercepted(interception::Layer::kAttention);
+  const bool in_order = !causal || positions.equal(torch::arange(positions.size(0), positions.options()));
+  if (in_order) return at::scaled_dot_product_attention(qh, kh, vh, {}, 0.0, causal, scale);
+  const torch::Tensor order = positions.argsort();  // position p's index in the exchanged order
+  auto sorted = [&](const torch::Tensor& t) { return t.index_select(2, order); };
+  return at::scaled_dot_product_attention(sorted(qh), sorted(kh), sorted(vh), {}, 0.0, true, scale)
+      .index_select(2, positions);
+#else
+  const torch::Dtype acc = detail::accumulation_dtype(qh);
+  torch::Tensor scores = torch::matmul(qh.to(acc), kh.to(acc).transpose(-2, -1)) * scale;
+  if (causal) {
+    const torch::Tensor future = positions.unsqueeze(1) < positions.unsqueeze(0);
+    scores = scores.masked_fill(future, -std::numeric_limits<double>::infinity());
+  }
+  return torch::matmul(torch::softmax(scores, -1), vh.to(acc)).to(qh.scalar_type());
+#endif
+}
+
 }  // namespace
 
 torch::Tensor all_to_all_attention(const torch::Tensor& q,
@@ -93,20 +126,14 @@ torch::Tensor all_to_all_attention(const torch::Tensor& q,
     kh = kh.repeat_interleave(group, 1);
     vh = vh.repeat_interleave(group, 1);
   }
-  const torch::Dtype acc = detail::accumulation_dtype(q);
-  torch::Tensor scores =
-      torch::matmul(qh.to(acc), kh.to(acc).transpose(-2, -1)) * detail::attention_scale(options, q.size(3));
-  if (options.causal) {
-    // The exchanged sequence lists every rank's positions, rank by rank.
-    const torch::Tensor positions = split.positions_in_rank_order().to(q.device());
-    const torch::Tensor future = positions.unsqueeze(1) < positions.unsqueeze(0);
-    scores = scores.masked_fill(future, -std::numeric_limits<double>::infinity());
-  }
   if (options.counters != nullptr) {
-    options.counters->score_elements += scores.numel();
+    options.counters->score_elements += qh.size(0) * qh.size(1) * qh.size(2) * kh.size(2);
     ++options.counters->calls;
   }
-  const torch::Tensor out = torch::matmul(torch::softmax(scores, -1), vh.to(acc)).to(q.scalar_type());
+  const double scale = detail::attention_scale(options, q.size(3));
+  // The exchanged sequence lists every rank's positions, rank by rank.
+  const torch::Tensor positions = split.positions_in_rank_order().to(q.device());
+  const torch::Tensor out = whole_sequence_attention(qh, kh, vh, positions, options.causal, scale);
   return Exchange::apply(out, &cp, /*to_heads=*/false);
 }
 

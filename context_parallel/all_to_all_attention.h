@@ -9,9 +9,10 @@
 //      [j·H/C, (j+1)·H/C)) to rank j and receives head group r of every rank's
 //      positions. Three exchanges; each sends (C − 1)/C of the tensor.
 //   b. Attention runs on the whole sequence for this rank's H/C heads (K/V heads
-//      Hkv/C), the causal mask built from the global positions, so the split's order
-//      (load-balanced or not) needs no reordering. Every rank computes the same number
-//      of scores: balance is built in.
+//      Hkv/C). On LibTorch 2.x by the fused kernel (scaled_dot_product_attention, which
+//      keeps no scores for backward), the sequence put in position order for its causal
+//      mask and back; on 1.13 by scores, a causal mask built from the global positions
+//      and softmax. Every rank computes the same number of scores: balance is built in.
 //   c. The output is exchanged back: the fourth exchange.
 //   Backward: the same four exchanges in reverse (the output's gradient to heads; the
 //   gradients of q, k and v back to the sequence split).

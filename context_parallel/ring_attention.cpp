@@ -1,7 +1,9 @@
 #include "parallax/context_parallel/ring_attention.h"
 
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/version.h>
 
+#include <array>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -51,13 +53,11 @@ Selection select(int query_chunk, const std::array<int, 2>& block_chunks, bool c
   return s;
 }
 
-// The selected chunks of a block's [B, Hkv, 2m, D] tensor, joined along the sequence,
-// with its heads repeated for the `group` query heads that share each.
-torch::Tensor gathered(const torch::Tensor& block, const Selection& s, std::int64_t m, std::int64_t group) {
-  std::vector<torch::Tensor> parts;
-  for (int j : s.parts) parts.push_back(block.narrow(2, j * m, m));
-  torch::Tensor joined = parts.size() == 1 ? parts[0] : torch::cat(parts, 2);
-  return group == 1 ? joined : joined.repeat_interleave(group, 1);
+// Chunk `part` (0 or 1) of a block's [B, Hkv, 2m, D] tensor, its heads repeated for the
+// `group` query heads that share each.
+torch::Tensor chunk_of(const torch::Tensor& block, int part, std::int64_t m, std::int64_t group) {
+  const torch::Tensor chunk = block.narrow(2, part * m, m);
+  return group == 1 ? chunk : chunk.repeat_interleave(group, 1);
 }
 
 // [B, H, ...] summed over the `group` query heads of each key/value head: [B, Hkv, ...].
@@ -69,15 +69,57 @@ torch::Tensor summed_over_group(const torch::Tensor& x, std::int64_t group) {
   return x.reshape(sizes).sum(2);
 }
 
-// Scores of one query chunk against the selected keys, the diagonal chunk masked.
-torch::Tensor scores(const torch::Tensor& q_chunk, const torch::Tensor& keys, const Selection& s, double scale) {
-  torch::Tensor S = torch::matmul(q_chunk, keys.transpose(-2, -1)) * scale;
-  if (s.diagonal_part >= 0) {
-    const std::int64_t m = q_chunk.size(2);
-    const torch::Tensor future = torch::ones({m, m}, S.options().dtype(torch::kBool)).triu(1);
-    S.narrow(-1, s.diagonal_part * m, m).masked_fill_(future, -std::numeric_limits<double>::infinity());
+// One query chunk's attention to one key chunk: its output and the log-sum-exp of each
+// query row's scores, in the accumulation dtype; `diagonal`: the query's own chunk (the
+// triangular mask). LibTorch 2.x: the fused CPU kernel (no score matrix); 1.13: scores
+// and softmax written out.
+struct Partial {
+  torch::Tensor out, lse;
+};
+
+Partial attend_chunk(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, bool diagonal,
+                     double scale) {
+  const torch::Dtype acc = detail::accumulation_dtype(q);
+#if TORCH_VERSION_MAJOR >= 2
+  const auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, diagonal, {}, scale);
+  return {out.to(acc), lse.to(acc)};
+#else
+  torch::Tensor S = torch::matmul(q.to(acc), k.to(acc).transpose(-2, -1)) * scale;
+  if (diagonal) {
+    const std::int64_t m = q.size(2);
+    S.masked_fill_(torch::ones({m, m}, S.options().dtype(torch::kBool)).triu(1),
+                   -std::numeric_limits<double>::infinity());
   }
-  return S;
+  const torch::Tensor lse = torch::logsumexp(S, -1);
+  return {torch::matmul(torch::exp(S - lse.unsqueeze(-1)), v.to(acc)), lse};
+#endif
+}
+
+// The gradients (dq, dk, dv, accumulation dtype) of one query chunk's attention to one
+// key chunk, from the whole attention's output rows `out` (accumulation dtype) and
+// log-sum-exp rows `lse`, and `correction` = rowsum(dO ∘ O).
+std::array<torch::Tensor, 3> attend_chunk_backward(const torch::Tensor& dout, const torch::Tensor& q,
+                                                   const torch::Tensor& k, const torch::Tensor& v,
+                                                   const torch::Tensor& out, const torch::Tensor& lse,
+                                                   const torch::Tensor& correction, bool diagonal, double scale) {
+  const torch::Dtype acc = detail::accumulation_dtype(q);
+#if TORCH_VERSION_MAJOR >= 2
+  (void)correction;  // the kernel forms it from dout and out
+  const auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
+      dout.to(q.scalar_type()), q, k, v, out.to(q.scalar_type()), lse.to(torch::kFloat), 0.0, diagonal, {}, scale);
+  return {dq.to(acc), dk.to(acc), dv.to(acc)};
+#else
+  const torch::Tensor qa = q.to(acc), ka = k.to(acc), va = v.to(acc);
+  torch::Tensor S = torch::matmul(qa, ka.transpose(-2, -1)) * scale;
+  if (diagonal) {
+    const std::int64_t m = q.size(2);
+    S.masked_fill_(torch::ones({m, m}, S.options().dtype(torch::kBool)).triu(1),
+                   -std::numeric_limits<double>::infinity());
+  }
+  const torch::Tensor P = torch::exp(S - lse.unsqueeze(-1));
+  const torch::Tensor dS = P * (torch::matmul(dout, va.transpose(-2, -1)) - correction.unsqueeze(-1)) * scale;
+  return {torch::matmul(dS, ka), torch::matmul(dS.transpose(-2, -1), qa), torch::matmul(P.transpose(-2, -1), dout)};
+#endif
 }
 
 int next_rank(const Communicator& cp) {
@@ -120,7 +162,6 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
     const torch::Dtype acc = detail::accumulation_dtype(q);
     const int C = cp->size(), r = cp->rank();
     const auto my_chunks = split.chunks_of(r);
-    const torch::Tensor qa = q.to(acc);
 
     std::array<torch::Tensor, 2> out, lse;
     for (int i = 0; i < 2; ++i) {
@@ -132,19 +173,19 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
       const auto block_chunks = split.chunks_of((r - step + C) % C);
       Hop hop;
       if (step + 1 < C) hop = start_hop(*cp, held, kForwardKvTag);
-      const torch::Tensor kb = held[0].to(acc), vb = held[1].to(acc);
       for (int i = 0; i < 2; ++i) {
         const Selection s = select(my_chunks[i], block_chunks, g.causal);
-        if (s.parts.empty()) continue;
-        const torch::Tensor S = scores(qa.narrow(2, i * m, m), gathered(kb, s, m, group), s, g.scale);
-        const torch::Tensor block_lse = torch::logsumexp(S, -1);
-        const torch::Tensor block_out =
-            torch::matmul(torch::exp(S - block_lse.unsqueeze(-1)), gathered(vb, s, m, group));
-        const torch::Tensor merged = torch::logaddexp(lse[i], block_lse);
-        out[i] = out[i] * torch::exp(lse[i] - merged).unsqueeze(-1) +
-                 block_out * torch::exp(block_lse - merged).unsqueeze(-1);
-        lse[i] = merged;
-        if (counters != nullptr) counters->score_elements += S.numel();
+        const torch::Tensor qi = q.narrow(2, i * m, m);
+        for (std::size_t p = 0; p < s.parts.size(); ++p) {
+          const Partial block = attend_chunk(qi, chunk_of(held[0], s.parts[p], m, group),
+                                             chunk_of(held[1], s.parts[p], m, group),
+                                             static_cast<int>(p) == s.diagonal_part, g.scale);
+          const torch::Tensor merged = torch::logaddexp(lse[i], block.lse);
+          out[i] = out[i] * torch::exp(lse[i] - merged).unsqueeze(-1) +
+                   block.out * torch::exp(block.lse - merged).unsqueeze(-1);
+          lse[i] = merged;
+          if (counters != nullptr) counters->score_elements += q.size(0) * q.size(1) * m * m;
+        }
       }
       if (step + 1 < C) {
         hop.wait();
@@ -179,10 +220,10 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
     const torch::Dtype acc = detail::accumulation_dtype(q);
     const int C = cp.size(), r = cp.rank();
     const auto my_chunks = split.chunks_of(r);
-    const torch::Tensor qa = q.to(acc), dout = grads[0].to(acc);
+    const torch::Tensor dout = grads[0].to(acc);
     // D = rowsum(dO ∘ O): the softmax backward's correction, one per query.
     const torch::Tensor correction = (dout * output).sum(-1);
-    torch::Tensor dq = torch::zeros_like(qa);
+    torch::Tensor dq = torch::zeros(q.sizes(), q.options().dtype(acc));
 
     torch::Tensor held = torch::stack({k, v}).contiguous();
     torch::Tensor held_grad = torch::zeros(held.sizes(), held.options().dtype(acc));  // [2, B, Hkv, 2m, D]
@@ -195,22 +236,17 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
         grad_hop.wait();
         held_grad = grad_hop.incoming;
       }
-      const torch::Tensor kb = held[0].to(acc), vb = held[1].to(acc);
       for (int i = 0; i < 2; ++i) {
         const Selection s = select(my_chunks[i], block_chunks, g.causal);
-        if (s.parts.empty()) continue;
-        const torch::Tensor qi = qa.narrow(2, i * m, m), doi = dout.narrow(2, i * m, m);
-        const torch::Tensor keys = gathered(kb, s, m, group), values = gathered(vb, s, m, group);
-        const torch::Tensor P = torch::exp(scores(qi, keys, s, g.scale) - lse_all.narrow(2, i * m, m).unsqueeze(-1));
-        const torch::Tensor dP = torch::matmul(doi, values.transpose(-2, -1));
-        const torch::Tensor dS = P * (dP - correction.narrow(2, i * m, m).unsqueeze(-1)) * g.scale;
-        dq.narrow(2, i * m, m).add_(torch::matmul(dS, keys));
-        const torch::Tensor dk = summed_over_group(torch::matmul(dS.transpose(-2, -1), qi), group);
-        const torch::Tensor dv = summed_over_group(torch::matmul(P.transpose(-2, -1), doi), group);
+        auto rows = [&](const torch::Tensor& t) { return t.narrow(2, i * m, m); };
         for (std::size_t p = 0; p < s.parts.size(); ++p) {
-          const std::int64_t at = static_cast<std::int64_t>(p) * m;
-          held_grad[0].narrow(2, s.parts[p] * m, m).add_(dk.narrow(2, at, m));
-          held_grad[1].narrow(2, s.parts[p] * m, m).add_(dv.narrow(2, at, m));
+          const int part = s.parts[p];
+          const auto [dqi, dk, dv] = attend_chunk_backward(
+              rows(dout), rows(q), chunk_of(held[0], part, m, group), chunk_of(held[1], part, m, group),
+              rows(output), rows(lse_all), rows(correction), static_cast<int>(p) == s.diagonal_part, g.scale);
+          rows(dq).add_(dqi);
+          held_grad[0].narrow(2, part * m, m).add_(summed_over_group(dk, group));
+          held_grad[1].narrow(2, part * m, m).add_(summed_over_group(dv, group));
         }
       }
       // The held block's gradients go on with it; the last hop brings each block's home.

@@ -14,13 +14,17 @@
 //   c. Each of its two query chunks attends to the key chunks of the held block that a
 //      causal mask allows (all of them without one): earlier chunks whole, its own chunk
 //      under the triangular mask, later chunks skipped, so no score is computed that the
-//      mask would discard wholesale.
+//      mask would discard wholesale. One query chunk against one key chunk is one call of
+//      the fused CPU kernel on LibTorch 2.x (_scaled_dot_product_flash_attention_for_cpu:
+//      its output and log-sum-exp, no score matrix), scores and softmax on 1.13.
 //   d. Partial results merge exactly by the log-sum-exp rule (online softmax):
 //      lse = log(e^lse₁ + e^lse₂), out = out₁·e^(lse₁−lse) + out₂·e^(lse₂−lse).
 //   Backward (from the saved output and log-sum-exp; nothing of other ranks is kept)
 //   e. The key/value blocks circulate again, C − 1 hops, as in (b).
 //   f. With each held block the rank adds its queries' share to that block's key and
-//      value gradients, which travel with the block: after attending it sends them to
+//      value gradients (on 2.x the fused kernel's backward, from the whole output and
+//      log-sum-exp rows), and to its own queries' gradient. The block's gradients
+//      travel with the block: after attending it sends them to
 //      rank r + 1 and receives the next block's from rank r − 1. After C such hops every
 //      block's gradients are home: 2C gradient blocks sent per call.
 // Every rank of `cp` must call it with the same shapes, in the same order (its messages

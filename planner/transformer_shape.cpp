@@ -148,11 +148,12 @@ std::int64_t TransformerShape::block_activation_bytes(std::int64_t micro_batch,
   std::int64_t causal_mask = seq * seq;
   if (cp.degree == 1) {
     inside += micro_batch * heads * seq * seq * (e + mask * (1 + e));
-  } else if (cp.all_to_all) {
+  } else if (cp.all_to_all && !cp.fused) {
     inside += micro_batch * (heads / cp.degree) * seq * seq * (e + mask * (1 + e));
   } else {
-    // The ring keeps no scores: its output beside the projection's input, and the
-    // log-sum-exp of each query row in fp32, from which backward recomputes them.
+    // The ring (and a fused kernel) keeps no scores: its output beside the projection's
+    // input, and the log-sum-exp of each query row in fp32, from which backward
+    // recomputes them.
     inside += sb * e * hidden + micro_batch * heads * local_seq * 4;
     causal_mask = 0;
   }

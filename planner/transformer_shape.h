@@ -14,9 +14,10 @@
 //     sbh(34 + 5as/h)/t with sequence parallelism, 2sbh (/t) with full recomputation;
 //     written here for any element size, MLP width and key/value heads; with context
 //     parallelism over cp ranks every s-long term holds s/cp positions, and the as²
-//     scores are the ring's log-sum-exp (as/cp, fp32, beside the kept output) or
-//     all-to-all's (a/cp)s² of whole-sequence scores (context_parallel/); where whole-
-//     sequence scores are kept, so is their s² one-byte causal mask (unfused attention).
+//     scores are the ring's log-sum-exp (as/cp, fp32, beside the kept output), as are
+//     fused all-to-all's, or unfused all-to-all's (a/cp)s² of whole-sequence scores
+//     (context_parallel/); where whole-sequence scores are kept, so is their s² one-byte
+//     causal mask (unfused attention).
 #pragma once
 
 #include <cstdint>
@@ -32,6 +33,9 @@ namespace parallax::planner {
 struct ContextSplit {
   int degree = 1;           ///< cp: the ranks one sequence is split over
   bool all_to_all = false;  ///< heads exchanged (Ulysses) rather than key/value blocks circulated (ring)
+  /// All-to-all's attention by a fused kernel that keeps its output and log-sum-exp, not
+  /// the scores (scaled_dot_product_attention: context_parallel/ on LibTorch 2.x).
+  bool fused = false;
 };
 struct TransformerShape {
   std::int64_t layers = 2;
