@@ -44,6 +44,9 @@ void check_attention_inputs(const char* method,
                  " query heads cannot share ", k.size(1), " key/value heads (they must divide)");
   PARALLAX_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type() && q.is_floating_point(),
                  UsageError, method, " attention: q, k and v must be of one floating dtype");
+  PARALLAX_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(), UsageError, method,
+                 " attention runs on CPU tensors (context parallelism has not run on a GPU yet); got q on ",
+                 q.device());
 }
 
 double attention_scale(const AttentionOptions& options, std::int64_t head_dim) {

@@ -25,8 +25,9 @@ torch::Tensor context_attention(const torch::Tensor& q,
 
 namespace detail {
 /// The checks both methods make: UsageError unless split.cp() == cp.size(), q, k, v are
-/// 4-d of one floating dtype, share batch and head_dim, hold split.local_len()
-/// positions, and the key/value heads divide the query heads. `method` names the caller.
+/// 4-d CPU tensors of one floating dtype, share batch and head_dim, hold
+/// split.local_len() positions, and the key/value heads divide the query heads.
+/// `method` names the caller.
 void check_attention_inputs(const char* method,
                             const torch::Tensor& q,
                             const torch::Tensor& k,

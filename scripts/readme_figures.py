@@ -48,15 +48,19 @@ class Figure:
     ctest: bool = False  # keep only the "[ figures  ]" lines, once each
     env: dict = field(default_factory=dict)
     keep: str = ""  # a regex: keep only the stdout lines that match (empty: all)
+    build: str = ""  # the build directory a ctest figure runs in, if not BUILD_DIR
+
+    def build_dir(self):
+        return ROOT / self.build if self.build else BUILD_DIR
 
     def shown(self):
         words = [f"{k}={v}" for k, v in self.env.items()] + [shlex.quote(word) for word in self.command]
         text = " ".join(words).replace(f"{ROOT}/", "")
-        return f"(cd {BUILD_DIR.name} && {text} | grep figures)" if self.ctest else text
+        return f"(cd {self.build_dir().name} && {text} | grep figures)" if self.ctest else text
 
 
-def ctest(name):
-    return Figure(["ctest", "-R", name, "-V"], ctest=True)
+def ctest(name, build=""):
+    return Figure(["ctest", "-R", name, "-V"], ctest=True, build=build)
 
 
 MPIRUN = ["mpirun", "--oversubscribe", "--bind-to", "none"]
@@ -74,6 +78,7 @@ FIGURES = {
     "context_attention": ctest("context_attention"),
     "cp_equivalence": ctest("cp_equivalence"),
     "cp_memory": ctest("cp_memory"),
+    "cp_memory_fused": ctest("cp_memory", build="build-wheel"),  # LibTorch 2.11: fused attention
     "checkpoint_reshard": ctest("checkpoint_reshard"),
     "checkpoint_export": ctest("checkpoint_export"),
     "checkpoint_faults": ctest("checkpoint_(preemption|crash|manifest_fuzz)"),
@@ -91,7 +96,8 @@ FIGURES = {
     "bench_engine_step": Figure([str(BUILD_DIR / "bench/bench_engine_step")]),
     "bench_plan_accuracy": Figure(["bench/plan_accuracy.sh"], keep=r"^(layout|np\d|median|cluster|malloc|glibc|tcmalloc)"),
     "bench_link_classes": Figure(["bench/link_classes.sh"], keep=r"^(size|\d+[KM]iB)"),
-    "bench_context_attention": Figure(["bench/context_attention.sh"], keep=r"^(causal|method|whole|ring|all-to-all)"),
+    "bench_context_attention": Figure(["bench/context_attention.sh"], env={"TORCH": "wheel"},
+                                      keep=r"^(causal|method|whole|ring|all-to-all|PyTorch|torch|Parallax)"),
     "bench_allreduce": Figure(MPIRUN + ["-np", "4", str(BUILD_DIR / "bench/bench_allreduce"), "--nonblocking"]),
 }
 
@@ -139,7 +145,7 @@ def figures_of_ctest(lines, test_prefix=""):
 
 
 def run(name, figure):
-    cwd = BUILD_DIR if figure.ctest else ROOT
+    cwd = figure.build_dir() if figure.ctest else ROOT
     env = dict(os.environ, **figure.env)
     print(f"# {name}: {figure.shown()}", file=sys.stderr, flush=True)
     # In the environment the project's scripts give a run: Open MPI's settings (as root,
