@@ -48,6 +48,7 @@ void unrelated_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
 }
 
 // Another library's fallback on the key: Parallax refuses at its claim, naming the key
+// (first in this file: any layer's claim registers the key's one fallback)
 // and what needs it, instead of failing inside LibTorch's registration (or sharing the
 // key silently). Mutant caught: a claim without the check (LibTorch's own "multiple
 // backend fallbacks" c10::Error, not a UsageError).
