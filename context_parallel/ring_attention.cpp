@@ -35,29 +35,37 @@ struct Geometry {
   SequenceSplit split() const { return SequenceSplit(seq_len, cp, load_balance); }
 };
 
-// The key chunks (0 or 1 within a block) that query chunk `query_chunk` attends to in a
-// block holding `block_chunks`, and whether one of them is the query's own chunk (the
-// triangular mask). Later chunks under a causal mask are skipped whole.
-struct Selection {
-  std::vector<int> parts;
-  int diagonal_part = -1;  ///< index into parts of the query's own chunk, or -1
+// A run of key chunks of a block that one query chunk attends to in one kernel call:
+// chunks [first, first + count) of the block (0 and 1), the one under the triangular mask
+// when it is the query's own chunk.
+struct Span {
+  int first = 0;
+  int count = 1;
+  bool diagonal = false;
 };
 
-Selection select(int query_chunk, const std::array<int, 2>& block_chunks, bool causal) {
-  Selection s;
+// The spans query chunk `query_chunk` attends to in a block holding `block_chunks`:
+// earlier chunks whole (both in one call when neither is its own), its own chunk under
+// the mask, later chunks skipped whole under a causal mask.
+std::vector<Span> spans_of(int query_chunk, const std::array<int, 2>& block_chunks, bool causal) {
+  std::vector<Span> spans;
   for (int j = 0; j < 2; ++j) {
     if (causal && block_chunks[j] > query_chunk) continue;
-    if (causal && block_chunks[j] == query_chunk) s.diagonal_part = static_cast<int>(s.parts.size());
-    s.parts.push_back(j);
+    const bool diagonal = causal && block_chunks[j] == query_chunk;
+    if (!diagonal && !spans.empty() && !spans.back().diagonal) {
+      ++spans.back().count;
+    } else {
+      spans.push_back(Span{j, 1, diagonal});
+    }
   }
-  return s;
+  return spans;
 }
 
-// Chunk `part` (0 or 1) of a block's [B, Hkv, 2m, D] tensor, its heads repeated for the
-// `group` query heads that share each.
-torch::Tensor chunk_of(const torch::Tensor& block, int part, std::int64_t m, std::int64_t group) {
-  const torch::Tensor chunk = block.narrow(2, part * m, m);
-  return group == 1 ? chunk : chunk.repeat_interleave(group, 1);
+// A span's keys or values out of a block's [B, Hkv, 2m, D] tensor, their heads repeated
+// for the `group` query heads that share each.
+torch::Tensor span_of(const torch::Tensor& block, const Span& span, std::int64_t m, std::int64_t group) {
+  const torch::Tensor keys = block.narrow(2, span.first * m, span.count * m);
+  return group == 1 ? keys : keys.repeat_interleave(group, 1);
 }
 
 // [B, H, ...] summed over the `group` query heads of each key/value head: [B, Hkv, ...].
@@ -69,9 +77,9 @@ torch::Tensor summed_over_group(const torch::Tensor& x, std::int64_t group) {
   return x.reshape(sizes).sum(2);
 }
 
-// One query chunk's attention to one key chunk: its output and the log-sum-exp of each
-// query row's scores, in the accumulation dtype; `diagonal`: the query's own chunk (the
-// triangular mask). LibTorch 2.x: the fused CPU kernel (no score matrix); 1.13: scores
+// One query chunk's attention to a span's keys: its output and the log-sum-exp of each
+// query row's scores, in the accumulation dtype; `diagonal`: the span is the query's own
+// chunk (the triangular mask). LibTorch 2.x: the fused CPU kernel (no score matrix); 1.13: scores
 // and softmax written out.
 struct Partial {
   torch::Tensor out, lse;
@@ -95,8 +103,8 @@ Partial attend_chunk(const torch::Tensor& q, const torch::Tensor& k, const torch
 #endif
 }
 
-// The gradients (dq, dk, dv, accumulation dtype) of one query chunk's attention to one
-// key chunk, from the whole attention's output rows `out` (accumulation dtype) and
+// The gradients (dq, dk, dv, accumulation dtype) of one query chunk's attention to a
+// span's keys, from the whole attention's output rows `out` (accumulation dtype) and
 // log-sum-exp rows `lse`, and `correction` = rowsum(dO ∘ O).
 std::array<torch::Tensor, 3> attend_chunk_backward(const torch::Tensor& dout, const torch::Tensor& q,
                                                    const torch::Tensor& k, const torch::Tensor& v,
@@ -174,17 +182,15 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
       Hop hop;
       if (step + 1 < C) hop = start_hop(*cp, held, kForwardKvTag);
       for (int i = 0; i < 2; ++i) {
-        const Selection s = select(my_chunks[i], block_chunks, g.causal);
         const torch::Tensor qi = q.narrow(2, i * m, m);
-        for (std::size_t p = 0; p < s.parts.size(); ++p) {
-          const Partial block = attend_chunk(qi, chunk_of(held[0], s.parts[p], m, group),
-                                             chunk_of(held[1], s.parts[p], m, group),
-                                             static_cast<int>(p) == s.diagonal_part, g.scale);
+        for (const Span& span : spans_of(my_chunks[i], block_chunks, g.causal)) {
+          const Partial block = attend_chunk(qi, span_of(held[0], span, m, group), span_of(held[1], span, m, group),
+                                             span.diagonal, g.scale);
           const torch::Tensor merged = torch::logaddexp(lse[i], block.lse);
           out[i] = out[i] * torch::exp(lse[i] - merged).unsqueeze(-1) +
                    block.out * torch::exp(block.lse - merged).unsqueeze(-1);
           lse[i] = merged;
-          if (counters != nullptr) counters->score_elements += q.size(0) * q.size(1) * m * m;
+          if (counters != nullptr) counters->score_elements += q.size(0) * q.size(1) * m * span.count * m;
         }
       }
       if (step + 1 < C) {
@@ -237,16 +243,14 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
         held_grad = grad_hop.incoming;
       }
       for (int i = 0; i < 2; ++i) {
-        const Selection s = select(my_chunks[i], block_chunks, g.causal);
         auto rows = [&](const torch::Tensor& t) { return t.narrow(2, i * m, m); };
-        for (std::size_t p = 0; p < s.parts.size(); ++p) {
-          const int part = s.parts[p];
+        for (const Span& span : spans_of(my_chunks[i], block_chunks, g.causal)) {
           const auto [dqi, dk, dv] = attend_chunk_backward(
-              rows(dout), rows(q), chunk_of(held[0], part, m, group), chunk_of(held[1], part, m, group),
-              rows(output), rows(lse_all), rows(correction), static_cast<int>(p) == s.diagonal_part, g.scale);
+              rows(dout), rows(q), span_of(held[0], span, m, group), span_of(held[1], span, m, group), rows(output),
+              rows(lse_all), rows(correction), span.diagonal, g.scale);
           rows(dq).add_(dqi);
-          held_grad[0].narrow(2, part * m, m).add_(summed_over_group(dk, group));
-          held_grad[1].narrow(2, part * m, m).add_(summed_over_group(dv, group));
+          held_grad[0].narrow(2, span.first * m, span.count * m).add_(summed_over_group(dk, group));
+          held_grad[1].narrow(2, span.first * m, span.count * m).add_(summed_over_group(dv, group));
         }
       }
       // The held block's gradients go on with it; the last hop brings each block's home.

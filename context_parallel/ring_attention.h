@@ -14,9 +14,10 @@
 //   c. Each of its two query chunks attends to the key chunks of the held block that a
 //      causal mask allows (all of them without one): earlier chunks whole, its own chunk
 //      under the triangular mask, later chunks skipped, so no score is computed that the
-//      mask would discard wholesale. One query chunk against one key chunk is one call of
-//      the fused CPU kernel on LibTorch 2.x (_scaled_dot_product_flash_attention_for_cpu:
-//      its output and log-sum-exp, no score matrix), scores and softmax on 1.13.
+//      mask would discard wholesale. One query chunk against a block's visible chunks is
+//      one call of the fused CPU kernel on LibTorch 2.x (two when one is its own chunk;
+//      _scaled_dot_product_flash_attention_for_cpu: its output and log-sum-exp, no score
+//      matrix), scores and softmax on 1.13.
 //   d. Partial results merge exactly by the log-sum-exp rule (online softmax):
 //      lse = log(e^lse₁ + e^lse₂), out = out₁·e^(lse₁−lse) + out₂·e^(lse₂−lse).
 //   Backward (from the saved output and log-sum-exp; nothing of other ranks is kept)
