@@ -72,22 +72,23 @@ struct Exchange : torch::autograd::Function<Exchange> {
   }
 };
 
-// Attention of this rank's heads over the whole sequence, whose positions (in the
-// exchanged order) are `positions`. LibTorch 2.x: its fused kernel
-// (scaled_dot_product_attention: no scores kept for backward), in position order for the
-// causal mask; 1.13: scores, the mask built from the positions, softmax, in the
+// Attention of this rank's heads over the whole sequence, listed rank by rank as `split`
+// places it. LibTorch 2.x: its fused kernel (scaled_dot_product_attention: no scores kept
+// for backward), the load-balanced sequence put in position order for the causal mask
+// and back; 1.13: scores, the mask built from the positions, softmax, in the
 // accumulation dtype.
 torch::Tensor whole_sequence_attention(const torch::Tensor& qh,
                                        const torch::Tensor& kh,
                                        const torch::Tensor& vh,
-                                       const torch::Tensor& positions,
+                                       const SequenceSplit& split,
                                        bool causal,
                                        double scale) {
 #if TORCH_VERSION_MAJOR >= 2
   // The engine's interception of this operator must not see the call it serves.
   const interception::Paused not_intercepted(interception::Layer::kAttention);
-  const bool in_order = !causal || positions.equal(torch::arange(positions.size(0), positions.options()));
-  if (in_order) return at::scaled_dot_product_attention(qh, kh, vh, {}, 0.0, causal, scale);
+  // A contiguous split lists the positions in order; without a mask the order is moot.
+  if (!causal || !split.load_balance()) return at::scaled_dot_product_attention(qh, kh, vh, {}, 0.0, causal, scale);
+  const torch::Tensor positions = split.positions_in_rank_order().to(qh.device());
   const torch::Tensor order = positions.argsort();  // position p's index in the exchanged order
   auto sorted = [&](const torch::Tensor& t) { return t.index_select(2, order); };
   return at::scaled_dot_product_attention(sorted(qh), sorted(kh), sorted(vh), {}, 0.0, true, scale)
@@ -96,6 +97,7 @@ torch::Tensor whole_sequence_attention(const torch::Tensor& qh,
   const torch::Dtype acc = detail::accumulation_dtype(qh);
   torch::Tensor scores = torch::matmul(qh.to(acc), kh.to(acc).transpose(-2, -1)) * scale;
   if (causal) {
+    const torch::Tensor positions = split.positions_in_rank_order().to(qh.device());
     const torch::Tensor future = positions.unsqueeze(1) < positions.unsqueeze(0);
     scores = scores.masked_fill(future, -std::numeric_limits<double>::infinity());
   }
@@ -130,10 +132,8 @@ torch::Tensor all_to_all_attention(const torch::Tensor& q,
     options.counters->score_elements += qh.size(0) * qh.size(1) * qh.size(2) * kh.size(2);
     ++options.counters->calls;
   }
-  const double scale = detail::attention_scale(options, q.size(3));
-  // The exchanged sequence lists every rank's positions, rank by rank.
-  const torch::Tensor positions = split.positions_in_rank_order().to(q.device());
-  const torch::Tensor out = whole_sequence_attention(qh, kh, vh, positions, options.causal, scale);
+  const torch::Tensor out =
+      whole_sequence_attention(qh, kh, vh, split, options.causal, detail::attention_scale(options, q.size(3)));
   return Exchange::apply(out, &cp, /*to_heads=*/false);
 }
 

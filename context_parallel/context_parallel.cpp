@@ -48,7 +48,6 @@ ContextParallel::Scope::Scope(const ContextParallel& handle)
 }
 
 ContextParallel::Scope::~Scope() {
-  intercepting_.reset();
   current_handle = previous_;
 }
 

@@ -79,52 +79,61 @@ torch::Tensor summed_over_group(const torch::Tensor& x, std::int64_t group) {
 
 // One query chunk's attention to a span's keys: its output and the log-sum-exp of each
 // query row's scores, in the accumulation dtype; `diagonal`: the span is the query's own
-// chunk (the triangular mask). LibTorch 2.x: the fused CPU kernel (no score matrix); 1.13: scores
-// and softmax written out.
+// chunk (the triangular mask). LibTorch 2.x: the fused CPU kernel (no score matrix);
+// 1.13: scores and softmax written out.
 struct Partial {
   torch::Tensor out, lse;
 };
 
-Partial attend_chunk(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, bool diagonal,
-                     double scale) {
+#if TORCH_VERSION_MAJOR < 2
+// The scaled scores of q against k (accumulation dtype), the triangle above the diagonal
+// masked when `diagonal`.
+torch::Tensor masked_scores(const torch::Tensor& q, const torch::Tensor& k, bool diagonal, double scale) {
   const torch::Dtype acc = detail::accumulation_dtype(q);
-#if TORCH_VERSION_MAJOR >= 2
-  const auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, diagonal, {}, scale);
-  return {out.to(acc), lse.to(acc)};
-#else
   torch::Tensor S = torch::matmul(q.to(acc), k.to(acc).transpose(-2, -1)) * scale;
   if (diagonal) {
     const std::int64_t m = q.size(2);
     S.masked_fill_(torch::ones({m, m}, S.options().dtype(torch::kBool)).triu(1),
                    -std::numeric_limits<double>::infinity());
   }
+  return S;
+}
+#endif
+
+Partial attend_chunk(
+    const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, bool diagonal, double scale) {
+  const torch::Dtype acc = detail::accumulation_dtype(q);
+#if TORCH_VERSION_MAJOR >= 2
+  const auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, diagonal, {}, scale);
+  return {out.to(acc), lse.to(acc)};
+#else
+  const torch::Tensor S = masked_scores(q, k, diagonal, scale);
   const torch::Tensor lse = torch::logsumexp(S, -1);
   return {torch::matmul(torch::exp(S - lse.unsqueeze(-1)), v.to(acc)), lse};
 #endif
 }
 
 // The gradients (dq, dk, dv, accumulation dtype) of one query chunk's attention to a
-// span's keys, from the whole attention's output rows `out` (accumulation dtype) and
-// log-sum-exp rows `lse`, and `correction` = rowsum(dO ∘ O).
-std::array<torch::Tensor, 3> attend_chunk_backward(const torch::Tensor& dout, const torch::Tensor& q,
-                                                   const torch::Tensor& k, const torch::Tensor& v,
-                                                   const torch::Tensor& out, const torch::Tensor& lse,
-                                                   const torch::Tensor& correction, bool diagonal, double scale) {
+// span's keys, from the upstream gradient rows `dout` and the whole attention's output
+// rows `out` and log-sum-exp rows `lse` (accumulation dtype).
+std::array<torch::Tensor, 3> attend_chunk_backward(const torch::Tensor& dout,
+                                                   const torch::Tensor& q,
+                                                   const torch::Tensor& k,
+                                                   const torch::Tensor& v,
+                                                   const torch::Tensor& out,
+                                                   const torch::Tensor& lse,
+                                                   bool diagonal,
+                                                   double scale) {
   const torch::Dtype acc = detail::accumulation_dtype(q);
 #if TORCH_VERSION_MAJOR >= 2
-  (void)correction;  // the kernel forms it from dout and out
   const auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
       dout.to(q.scalar_type()), q, k, v, out.to(q.scalar_type()), lse.to(torch::kFloat), 0.0, diagonal, {}, scale);
   return {dq.to(acc), dk.to(acc), dv.to(acc)};
 #else
   const torch::Tensor qa = q.to(acc), ka = k.to(acc), va = v.to(acc);
-  torch::Tensor S = torch::matmul(qa, ka.transpose(-2, -1)) * scale;
-  if (diagonal) {
-    const std::int64_t m = q.size(2);
-    S.masked_fill_(torch::ones({m, m}, S.options().dtype(torch::kBool)).triu(1),
-                   -std::numeric_limits<double>::infinity());
-  }
-  const torch::Tensor P = torch::exp(S - lse.unsqueeze(-1));
+  const torch::Tensor P = torch::exp(masked_scores(qa, ka, diagonal, scale) - lse.unsqueeze(-1));
+  // D = rowsum(dO ∘ O): the softmax backward's correction, one per query.
+  const torch::Tensor correction = (dout * out).sum(-1);
   const torch::Tensor dS = P * (torch::matmul(dout, va.transpose(-2, -1)) - correction.unsqueeze(-1)) * scale;
   return {torch::matmul(dS, ka), torch::matmul(dS.transpose(-2, -1), qa), torch::matmul(P.transpose(-2, -1), dout)};
 #endif
@@ -227,8 +236,6 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
     const int C = cp.size(), r = cp.rank();
     const auto my_chunks = split.chunks_of(r);
     const torch::Tensor dout = grads[0].to(acc);
-    // D = rowsum(dO ∘ O): the softmax backward's correction, one per query.
-    const torch::Tensor correction = (dout * output).sum(-1);
     torch::Tensor dq = torch::zeros(q.sizes(), q.options().dtype(acc));
 
     torch::Tensor held = torch::stack({k, v}).contiguous();
@@ -245,9 +252,9 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
       for (int i = 0; i < 2; ++i) {
         auto rows = [&](const torch::Tensor& t) { return t.narrow(2, i * m, m); };
         for (const Span& span : spans_of(my_chunks[i], block_chunks, g.causal)) {
-          const auto [dqi, dk, dv] = attend_chunk_backward(
-              rows(dout), rows(q), span_of(held[0], span, m, group), span_of(held[1], span, m, group), rows(output),
-              rows(lse_all), rows(correction), span.diagonal, g.scale);
+          const auto [dqi, dk, dv] = attend_chunk_backward(rows(dout), rows(q), span_of(held[0], span, m, group),
+                                                           span_of(held[1], span, m, group), rows(output),
+                                                           rows(lse_all), span.diagonal, g.scale);
           rows(dq).add_(dqi);
           held_grad[0].narrow(2, span.first * m, span.count * m).add_(summed_over_group(dk, group));
           held_grad[1].narrow(2, span.first * m, span.count * m).add_(summed_over_group(dv, group));

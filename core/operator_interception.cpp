@@ -10,7 +10,7 @@
 namespace parallax::interception {
 namespace {
 
-constexpr std::size_t kLayers = 3;
+constexpr std::size_t kLayers = static_cast<std::size_t>(Layer::kAttention) + 1;  // the last Layer's index + 1
 constexpr c10::DispatchKey kKey = c10::DispatchKey::TESTING_ONLY_GenericMode;
 // The open layers' states ride on one of LibTorch's debug-info slots: one it leaves to
 // tests, as the key is.

@@ -46,7 +46,8 @@
 namespace parallax::interception {
 
 /// The layers, in the order an operator meets them: a ZeRO-3 gather runs before the
-/// tensor-parallel rewrite sees the gathered weight.
+/// tensor-parallel rewrite sees the gathered weight. kAttention stays the last (the
+/// layer count is derived from it).
 enum class Layer { kParameters, kTensorParallel, kAttention };
 
 /// "ZeRO-3 parameter interception", "tensor-parallel rewrite" or "context-parallel

@@ -2,12 +2,12 @@
 
 #include <ATen/ATen.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <sstream>
 #include <vector>
 
 #include "parallax/core/mesh.h"
+#include "parallax/runtime/plan.h"
 #include "parallax/runtime/plan_options.h"
 #include "parallax/runtime/runtime.h"
 
@@ -23,7 +23,8 @@ std::array<Communicator*, kCounted + 1> groups(Mesh& mesh) {
 
 // `field` (bytes, or inter-node bytes) of all ops, summed for the tp, pp, replica and cp
 // groups since `start`.
-GroupBytes per_group_since(Mesh& mesh, const std::array<CommCounters, kCounted + 1>& start,
+GroupBytes per_group_since(Mesh& mesh,
+                           const std::array<CommCounters, kCounted + 1>& start,
                            std::int64_t OpCounter::*field) {
   const auto all = groups(mesh);
   GroupBytes bytes{};
@@ -70,8 +71,8 @@ std::string GroupTraffic::report(Runtime& runtime,
   }
   // held and formula (3 each), moved and across (kCounted each), intra- and inter-node.
   constexpr int kFields = 6 + 2 * static_cast<int>(kCounted) + 2;
-  std::vector<std::int64_t> mine{held.params, held.grads, held.optimizer, formula.params, formula.grads,
-                                 formula.optimizer};
+  std::vector<std::int64_t> mine{held.params,    held.grads,    held.optimizer,
+                                 formula.params, formula.grads, formula.optimizer};
   mine.insert(mine.end(), moved.begin(), moved.end());
   mine.insert(mine.end(), across.begin(), across.end());
   mine.insert(mine.end(), {counted.intra_node_bytes, counted.inter_node_bytes});
@@ -87,27 +88,20 @@ std::string GroupTraffic::report(Runtime& runtime,
   char line[400];
   out << "model state per rank (bytes; ZeRO formula in parentheses) and bytes each group moved in the step (of them, "
          "to other nodes in parentheses):\n";
-  // The last column unpadded: the dp group's, or with cp the replicas' and then cp's.
-  auto last_columns = [cp](const std::string& replicas, const std::string& cp_group) {
-    std::string text = replicas;
-    if (cp) {
-      text.resize(std::max<std::size_t>(text.size(), 20), ' ');
-      text += " " + cp_group;
-    }
-    return text;
-  };
-  std::snprintf(line, sizeof(line), "  %-5s %-24s %-24s %-24s %-20s %-20s %s\n", "rank", "params", "grads",
-                "optimizer", "tp group", "pp group", last_columns(cp ? "dp x cp group" : "dp group", "cp group").c_str());
+  std::snprintf(line, sizeof(line), "  %-5s %-24s %-24s %-24s %-20s %-20s %s\n", "rank", "params", "grads", "optimizer",
+                "tp group", "pp group",
+                trailing_group_columns(cp, cp ? "dp x cp group" : "dp group", "cp group").c_str());
   out << line;
   const auto* v = rows.data_ptr<std::int64_t>();
   auto pair = [](std::int64_t a, std::int64_t b) { return std::to_string(a) + " (" + std::to_string(b) + ")"; };
   constexpr int kMoved = 6, kAcross = kMoved + static_cast<int>(kCounted);
   for (int r = 0; r < telemetry.size(); ++r) {
     const std::int64_t* f = v + static_cast<std::ptrdiff_t>(r) * kFields;
-    std::snprintf(line, sizeof(line), "  %-5d %-24s %-24s %-24s %-20s %-20s %s\n", r, pair(f[0], f[3]).c_str(),
-                  pair(f[1], f[4]).c_str(), pair(f[2], f[5]).c_str(), pair(f[kMoved], f[kAcross]).c_str(),
-                  pair(f[kMoved + 1], f[kAcross + 1]).c_str(),
-                  last_columns(pair(f[kMoved + 2], f[kAcross + 2]), pair(f[kMoved + 3], f[kAcross + 3])).c_str());
+    std::snprintf(
+        line, sizeof(line), "  %-5d %-24s %-24s %-24s %-20s %-20s %s\n", r, pair(f[0], f[3]).c_str(),
+        pair(f[1], f[4]).c_str(), pair(f[2], f[5]).c_str(), pair(f[kMoved], f[kAcross]).c_str(),
+        pair(f[kMoved + 1], f[kAcross + 1]).c_str(),
+        trailing_group_columns(cp, pair(f[kMoved + 2], f[kAcross + 2]), pair(f[kMoved + 3], f[kAcross + 3])).c_str());
     out << line;
   }
   if (runtime.cluster().num_nodes() > 1) {

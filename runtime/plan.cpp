@@ -84,6 +84,15 @@ proto::Plan make_plan(const Config& config, const Cluster& cluster, bool emulate
   return plan;
 }
 
+std::string trailing_group_columns(bool cp, const std::string& replicas_group, const std::string& cp_group) {
+  std::string text = replicas_group;
+  if (cp) {
+    text.resize(std::max<std::size_t>(text.size(), 20), ' ');
+    text += " " + cp_group;
+  }
+  return text;
+}
+
 std::string describe_plan(const proto::Plan& plan) {
   std::ostringstream out;
   const proto::Degrees& d = plan.degrees();
@@ -126,24 +135,15 @@ std::string describe_plan(const proto::Plan& plan) {
   // names are longer then: "tp[pp=0,dp=0,cp=0]").
   const bool cp = d.cp() > 1;
   const int width = cp ? 20 : 16;
-  // The dp group unpadded, or with cp padded to 20 and the cp group after it.
-  auto last_columns = [cp](const std::string& dp_group, const std::string& cp_group) {
-    std::string text = dp_group;
-    if (cp) {
-      text.resize(std::max<std::size_t>(text.size(), 20), ' ');
-      text += " " + cp_group;
-    }
-    return text;
-  };
   char line[320];
   std::snprintf(line, sizeof(line), "  %-5s %-3s %-3s %-3s %s%-16s %-5s %-7s %-4s %-7s %-*s %-*s %s\n", "rank", "tp",
                 "pp", "dp", cp ? "cp  " : "", "node", "local", "cores", "numa", "device", width, "tp group", width,
-                "pp group", last_columns("dp group", "cp group").c_str());
+                "pp group", trailing_group_columns(cp, "dp group", "cp group").c_str());
   out << line;
   for (const proto::RankPlacement& r : plan.ranks()) {
     char cp_coord[16] = "";
     if (cp) std::snprintf(cp_coord, sizeof(cp_coord), "%-3d ", r.cp());
-    const std::string last = last_columns(r.dp_group(), r.cp_group());
+    const std::string last = trailing_group_columns(cp, r.dp_group(), r.cp_group());
     std::snprintf(line, sizeof(line), "  %-5d %-3d %-3d %-3d %s%-16s %-5d %-7s %-4d %-7s %-*s %-*s %s\n", r.rank(),
                   r.tp(), r.pp(), r.dp(), cp_coord, r.host().c_str(), r.local_rank(), r.cores().c_str(), r.numa(),
                   r.device().empty() ? "-" : r.device().c_str(), width, r.tp_group().c_str(), width,

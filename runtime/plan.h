@@ -27,6 +27,10 @@ proto::Plan make_plan(const Config& config, const Cluster& cluster, bool emulate
 ///   rank  tp pp dp  node        local  cores  numa  device  tp group        pp group ...
 std::string describe_plan(const proto::Plan& plan);
 
+/// The trailing group columns of describe_plan's and --explain's rank tables: the
+/// replicas' (dp) group alone, or with cp padded to 20 and the cp group after it.
+std::string trailing_group_columns(bool cp, const std::string& replicas_group, const std::string& cp_group);
+
 /// The synthetic node of world rank `rank` of `world_size` under [topology] emulation:
 /// config.topology.emulate_node named "node<i>", i by emulate_rank_order. Throws
 /// ConfigError when the world size is not a multiple of emulate_nodes, TopologyError
