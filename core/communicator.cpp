@@ -26,6 +26,8 @@ const char* to_string(CommOp op) {
       return "recv";
     case CommOp::kBarrier:
       return "barrier";
+    case CommOp::kAllToAll:
+      return "all_to_all";
   }
   return "?";
 }
@@ -123,6 +125,32 @@ void Communicator::check_shards(
 void Communicator::check_peer(CommOp op, int peer, const char* role) const {
   PARALLAX_CHECK(peer >= 0 && peer < size(), UsageError, error_prefix(op), role, " = ", peer,
                  " is out of range for a group of ", size(), " ranks");
+}
+
+std::int64_t Communicator::check_all_to_all(const at::Tensor& output,
+                                            const std::vector<std::int64_t>& output_rows,
+                                            const at::Tensor& input,
+                                            const std::vector<std::int64_t>& input_rows) const {
+  const CommOp op = CommOp::kAllToAll;
+  check_same_dtype(op, output, input);
+  PARALLAX_CHECK(output.dim() >= 1 && input.dim() >= 1 && output.sizes().slice(1) == input.sizes().slice(1),
+                 UsageError, error_prefix(op), "output ", output.sizes(), " and input ", input.sizes(),
+                 " must be at least 1-d with the same shape past dim 0");
+  auto check_rows = [&](const std::vector<std::int64_t>& rows, const at::Tensor& tensor, const char* role) {
+    PARALLAX_CHECK(static_cast<int>(rows.size()) == size(), UsageError, error_prefix(op), role, " has ", rows.size(),
+                   " row counts; the group has ", size(), " ranks");
+    std::int64_t total = 0;
+    for (std::int64_t n : rows) {
+      PARALLAX_CHECK(n >= 0, UsageError, error_prefix(op), role, " holds a negative row count ", n);
+      total += n;
+    }
+    PARALLAX_CHECK(total == tensor.size(0), UsageError, error_prefix(op), role, " sums to ", total,
+                   " rows but the tensor has ", tensor.size(0));
+  };
+  check_rows(output_rows, output, "output_rows");
+  check_rows(input_rows, input, "input_rows");
+  return input.size(0) == 0 ? (output.size(0) == 0 ? 0 : output.numel() / output.size(0))
+                            : input.numel() / input.size(0);
 }
 
 std::vector<int> ranks_differing_from_root(Communicator& comm, std::uint64_t value) {

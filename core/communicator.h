@@ -41,9 +41,10 @@ namespace parallax {
 enum class ReduceOp { kSum, kAvg, kMax, kMin };
 
 /// The operation kinds, used to index counters. Names match the method names.
-enum class CommOp { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kSend, kRecv, kBarrier };
-constexpr std::size_t kCommOpCount = 7;
-/// "all_reduce", "reduce_scatter", "all_gather", "broadcast", "send", "recv", "barrier".
+enum class CommOp { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kSend, kRecv, kBarrier, kAllToAll };
+constexpr std::size_t kCommOpCount = 8;
+/// "all_reduce", "reduce_scatter", "all_gather", "broadcast", "send", "recv", "barrier",
+/// "all_to_all".
 const char* to_string(CommOp op);
 
 /// Per-call options. A timeout of zero means the communicator's default.
@@ -54,7 +55,8 @@ struct CollectiveOptions {
 
 /// Counters for one op kind. `bytes` is the logical payload: the whole buffer for
 /// all_reduce and broadcast, the unsharded (full) size for reduce_scatter and
-/// all_gather, the message for send/recv, 0 for barrier.
+/// all_gather, the message for send/recv, 0 for barrier, and for all_to_all what this
+/// rank sends to the other ranks (its own chunk stays, and is not counted).
 struct OpCounter {
   std::int64_t calls = 0;
   std::int64_t bytes = 0;
@@ -125,6 +127,18 @@ class Communicator {
 
   virtual WorkPtr barrier(const CollectiveOptions& options = {}) = 0;
 
+  /// Personalized exchange along dim 0 (MPI_Alltoallv; grouped send/receive on NCCL):
+  /// `input`'s rows are size() consecutive chunks, chunk q (input_rows[q] rows) going to
+  /// rank q, and `output` receives rank q's chunk for this rank (output_rows[q] rows) as
+  /// its q-th chunk. Both tensors share dtype and the shape past dim 0; the row counts
+  /// must sum to their first dimensions, and each pair of ranks must agree on what they
+  /// exchange (exchange the counts first, e.g. with an all_to_all of one int64 per rank).
+  virtual WorkPtr all_to_all(at::Tensor& output,
+                             const std::vector<std::int64_t>& output_rows,
+                             const at::Tensor& input,
+                             const std::vector<std::int64_t>& input_rows,
+                             const CollectiveOptions& options = {}) = 0;
+
   /// Collective over this group: ranks passing the same `color` form a new
   /// communicator, ordered by `key` (ties by rank). `name` names the new group.
   virtual std::unique_ptr<Communicator> split(int color, int key, const std::string& name) = 0;
@@ -176,6 +190,12 @@ class Communicator {
       CommOp op, const at::Tensor& full, const char* full_role, const at::Tensor& shard, const char* shard_role) const;
   /// 0 ≤ peer < size().
   void check_peer(CommOp op, int peer, const char* role) const;
+  /// all_to_all's arguments: one row count per rank, none negative, summing to each
+  /// tensor's first dimension; the same dtype and row shape. Returns the elements per row.
+  std::int64_t check_all_to_all(const at::Tensor& output,
+                                const std::vector<std::int64_t>& output_rows,
+                                const at::Tensor& input,
+                                const std::vector<std::int64_t>& input_rows) const;
 
   /// Backends call this once per operation when it completes; `peer` is a send's
   /// destination or a recv's source (group rank), -1 for a collective.

@@ -42,6 +42,13 @@ class DeviceRoutedCommunicator final : public Communicator {
   WorkPtr recv(at::Tensor& tensor, int src, int tag, const CollectiveOptions& options) override {
     return of(tensor).recv(tensor, src, tag, with_timeout(options));
   }
+  WorkPtr all_to_all(at::Tensor& output,
+                     const std::vector<std::int64_t>& output_rows,
+                     const at::Tensor& input,
+                     const std::vector<std::int64_t>& input_rows,
+                     const CollectiveOptions& options) override {
+    return of(input).all_to_all(output, output_rows, input, input_rows, with_timeout(options));
+  }
   WorkPtr barrier(const CollectiveOptions& options) override {
     host_->set_step(step());
     return host_->barrier(with_timeout(options));

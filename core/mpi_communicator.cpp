@@ -215,6 +215,44 @@ class MpiCommunicator final : public Communicator {
     return engine_->submit(std::move(spec));
   }
 
+  WorkPtr all_to_all(at::Tensor& output,
+                     const std::vector<std::int64_t>& output_rows,
+                     const at::Tensor& input,
+                     const std::vector<std::int64_t>& input_rows,
+                     const CollectiveOptions& options) override {
+    const CommOp op = CommOp::kAllToAll;
+    check_tensor(op, output, "output");
+    check_tensor(op, input, "input");
+    const std::int64_t row = check_all_to_all(output, output_rows, input, input_rows);
+    PARALLAX_CHECK(output.numel() == 0 || input.numel() == 0 || !overlaps(output, input), UsageError,
+                   error_prefix(op), "output overlaps input; MPI needs separate buffers");
+    // Counts and displacements in elements; MPI_Alltoallv takes them as int (check_tensor
+    // bounds both tensors by INT_MAX elements).
+    auto counts = std::make_shared<std::vector<int>>(4 * size_);
+    std::int64_t sent_elsewhere = 0;
+    for (int q = 0, in_at = 0, out_at = 0; q < size_; ++q) {
+      (*counts)[q] = static_cast<int>(input_rows[q] * row);
+      (*counts)[size_ + q] = in_at;
+      (*counts)[2 * size_ + q] = static_cast<int>(output_rows[q] * row);
+      (*counts)[3 * size_ + q] = out_at;
+      in_at += (*counts)[q];
+      out_at += (*counts)[2 * size_ + q];
+      if (q != rank_) sent_elsewhere += (*counts)[q];
+    }
+    const void* in = input.data_ptr();
+    void* out = output.data_ptr();
+    const MPI_Datatype type = detail::mpi_datatype(input.scalar_type());
+    const int n = size_;
+    MPI_Comm comm = comm_;
+    detail::MpiOpSpec spec = make_spec(op, input, sent_elsewhere * input.element_size(), options);
+    spec.tensors.push_back(output);
+    spec.start = [=](MPI_Request* request) {
+      const int* c = counts->data();
+      return MPI_Ialltoallv(in, c, c + n, type, out, c + 2 * n, c + 3 * n, type, comm, request);
+    };
+    return engine_->submit(std::move(spec));
+  }
+
   // Protocol: (a) an MPI_Ibarrier queued like any operation, with the default timeout,
   // so a rank that never calls split becomes a CommError; (b) once every rank passed
   // it, MPI_Comm_split runs on the progress thread, which starts nothing else

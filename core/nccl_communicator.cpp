@@ -170,6 +170,47 @@ class NcclCommunicator final : public Communicator {
                   src);
   }
 
+  // One send and one receive per peer with rows to exchange, in one NCCL group (NCCL has
+  // no all-to-all-v of its own).
+  WorkPtr all_to_all(at::Tensor& output,
+                     const std::vector<std::int64_t>& output_rows,
+                     const at::Tensor& input,
+                     const std::vector<std::int64_t>& input_rows,
+                     const CollectiveOptions& options) override {
+    const CommOp op = CommOp::kAllToAll;
+    check_tensor(op, output, "output");
+    check_tensor(op, input, "input");
+    const std::int64_t row = check_all_to_all(output, output_rows, input, input_rows);
+    const auto element = static_cast<std::size_t>(input.element_size());
+    const char* in = static_cast<const char*>(input.data_ptr());
+    char* out = static_cast<char*>(output.data_ptr());
+    const ncclDataType_t type = nccl_datatype(input.scalar_type());
+    std::int64_t sent_elsewhere = 0;
+    for (int q = 0; q < size_; ++q) {
+      if (q != rank_) sent_elsewhere += input_rows[q] * row * static_cast<std::int64_t>(element);
+    }
+    const std::vector<std::int64_t> sends = input_rows;
+    const std::vector<std::int64_t> receives = output_rows;
+    const int ranks = size_;
+    return launch(op, describe_op(op, input, sent_elsewhere), sent_elsewhere, options, {input, output},
+                  [=](ncclComm_t comm, cudaStream_t stream) {
+                    ncclResult_t result = ncclGroupStart();
+                    std::size_t in_at = 0;
+                    std::size_t out_at = 0;
+                    for (int q = 0; q < ranks && result == ncclSuccess; ++q) {
+                      const auto send_count = static_cast<std::size_t>(sends[q] * row);
+                      const auto recv_count = static_cast<std::size_t>(receives[q] * row);
+                      if (send_count > 0) result = ncclSend(in + in_at * element, send_count, type, q, comm, stream);
+                      if (result == ncclSuccess && recv_count > 0)
+                        result = ncclRecv(out + out_at * element, recv_count, type, q, comm, stream);
+                      in_at += send_count;
+                      out_at += recv_count;
+                    }
+                    const ncclResult_t ended = ncclGroupEnd();
+                    return result != ncclSuccess ? result : ended;
+                  });
+  }
+
   WorkPtr barrier(const CollectiveOptions& options) override {
     void* data = barrier_buffer_;
     return launch(CommOp::kBarrier, detail::concat("barrier on group '", name_, "' (", size_, " ranks)", step_suffix()),

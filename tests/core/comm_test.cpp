@@ -181,6 +181,48 @@ TEST_F(CommTest, SendRecvRing) {
   EXPECT_TRUE(same_values(got_b, at::full({128}, 20.0 + prev)));
 }
 
+// Rank r sends q + r + 1 rows to rank q (none to itself on even ranks), each row
+// holding (sender, receiver, row index); every rank finds each sender's rows in order.
+TEST_F(CommTest, AllToAllMovesEachRanksRowsToTheirRank) {
+  const int n = size();
+  const int r = rank();
+  auto rows = [](int from, int to) -> std::int64_t { return from % 2 == 0 && from == to ? 0 : to + from + 1; };
+  std::vector<std::int64_t> send_rows(n), recv_rows(n);
+  for (int q = 0; q < n; ++q) {
+    send_rows[q] = rows(r, q);
+    recv_rows[q] = rows(q, r);
+  }
+  std::vector<double> values;
+  for (int q = 0; q < n; ++q) {
+    for (std::int64_t i = 0; i < send_rows[q]; ++i) values.insert(values.end(), {double(r), double(q), double(i)});
+  }
+  at::Tensor input = at::tensor(values, at::kDouble).view({-1, 3});
+  std::int64_t total = 0;
+  for (std::int64_t k : recv_rows) total += k;
+  at::Tensor output = at::full({total, 3}, -1.0, at::kDouble);
+  world_->all_to_all(output, recv_rows, input, send_rows)->wait();
+  std::int64_t at_row = 0;
+  for (int q = 0; q < n; ++q) {
+    for (std::int64_t i = 0; i < recv_rows[q]; ++i, ++at_row) {
+      const auto row = output[at_row];
+      EXPECT_EQ(row[0].item<double>(), q);
+      EXPECT_EQ(row[1].item<double>(), r);
+      EXPECT_EQ(row[2].item<double>(), i);
+    }
+  }
+  // Counts that do not sum to the rows, or one per rank missing, are refused by name.
+  std::vector<std::int64_t> short_list(n > 1 ? n - 1 : 2, 0);
+  EXPECT_THROW(world_->all_to_all(output, recv_rows, input, short_list), UsageError);
+  std::vector<std::int64_t> too_many = send_rows;
+  too_many[0] += 1;
+  try {
+    world_->all_to_all(output, recv_rows, input, too_many);
+    ADD_FAILURE() << "no throw";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("input_rows sums to"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(CommTest, ManyOpsInFlightWaitedOutOfOrder) {
   // More operations than the engine keeps in flight at once, waited in reverse.
   std::vector<at::Tensor> tensors;
@@ -271,6 +313,11 @@ TEST_F(CommTest, CountersAreExact) {
   world_->recv(inbox, (rank() + n - 1) % n, 0)->wait();
   s->wait();
   for (int i = 0; i < 3; ++i) world_->barrier()->wait();
+  // all_to_all: two float rows of 3 to every rank; only what leaves this rank counts.
+  at::Tensor a2a_in = at::ones({2 * n, 3});
+  at::Tensor a2a_out = at::zeros({2 * n, 3});
+  const std::vector<std::int64_t> two_each(n, 2);
+  world_->all_to_all(a2a_out, two_each, a2a_in, two_each)->wait();
   // Rejected calls are not counted.
   EXPECT_THROW(world_->broadcast(bc, n), UsageError);
 
@@ -289,6 +336,8 @@ TEST_F(CommTest, CountersAreExact) {
   EXPECT_EQ(c[CommOp::kRecv].bytes, 20);
   EXPECT_EQ(c[CommOp::kBarrier].calls, 3);
   EXPECT_EQ(c[CommOp::kBarrier].bytes, 0);
+  EXPECT_EQ(c[CommOp::kAllToAll].calls, 1);
+  EXPECT_EQ(c[CommOp::kAllToAll].bytes, (n - 1) * 2 * 3 * 4);
   for (const OpCounter& op : c.ops) EXPECT_GT(op.nanoseconds, 0);
 
   world_->all_reduce(f32)->wait();
