@@ -35,6 +35,12 @@ void resolve_degrees(ParallelOptions& parallel, int world_size) {
   PARALLAX_CHECK(product == world_size, ConfigError, "parallel.tp (", parallel.tp, ") × parallel.pp (", parallel.pp,
                  ")", cp, " × parallel.dp (", parallel.dp, ") = ", product, ", but the world size is ", world_size,
                  " ranks; the product must equal the number of ranks");
+  const std::int64_t replicas = static_cast<std::int64_t>(parallel.dp) * parallel.cp;
+  PARALLAX_CHECK(parallel.ep >= 1 && replicas % parallel.ep == 0, ConfigError, "parallel.ep = ", parallel.ep,
+                 " must divide parallel.dp (", parallel.dp, ")", cp, " = ", replicas,
+                 ": expert parallelism folds inside the data-parallel replicas (Megatron's folding); e.g. "
+                 "parallel.ep = ",
+                 replicas, " or a divisor of it");
 }
 
 // "train.global_batch_size (32), train.micro_batch_size (omitted), ..., parallel.dp (2)"

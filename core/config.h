@@ -140,6 +140,9 @@ struct ParallelOptions {
   int cp = 1;
   /// Data-parallel degree; -1 = world size / (tp × pp × cp). Default: -1.
   int dp = -1;
+  /// Expert-parallel degree: ranks that share out each mixture-of-experts layer's
+  /// experts, folded inside the dp × cp replicas (must divide dp × cp). Default: 1.
+  int ep = 1;
   /// Mesh axes innermost first: "tp-dp-pp" puts pipeline stages across nodes first,
   /// "tp-pp-dp" data-parallel replicas. Default: "tp-dp-pp".
   AxisOrder order = AxisOrder::kTpDpPp;

@@ -150,6 +150,9 @@ void parallel_fields(FieldVisitor& v, Config& c) {
   v.integer("cp", c.parallel.cp, kCount,
             "Context-parallel degree: ranks each sequence is split over (the axis after tp, inside a node).");
   v.integer("dp", c.parallel.dp, kDataDegree, "Data-parallel degree; -1: the world size / (tp x pp x cp).");
+  v.integer("ep", c.parallel.ep, kCount,
+            "Expert-parallel degree: ranks sharing out each MoE layer's experts, folded inside dp x cp (must divide "
+            "it; docs/expert-parallelism.md).");
   v.choice("order", c.parallel.order, kAxisOrderNames,
            "Mesh axes, innermost first: tp-dp-pp puts pipeline stages across nodes first, tp-pp-dp data-parallel "
            "replicas.");

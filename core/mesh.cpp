@@ -149,6 +149,9 @@ void check_degrees(const MeshDegrees& d, int world_size) {
   PARALLAX_CHECK(product == world_size, ConfigError, "tp × pp × dp", d.cp == 1 ? "" : " × cp",
                  " must equal the world size: tp = ", d.tp, ", pp = ", d.pp, ", dp = ", d.dp, cp, " gives ", product,
                  " ranks but the world has ", world_size);
+  PARALLAX_CHECK(d.ep >= 1 && (d.dp * d.cp) % d.ep == 0, ConfigError, "ep = ", d.ep,
+                 " must divide dp × cp = ", d.dp * d.cp,
+                 ": expert parallelism folds inside the data-parallel replicas");
 }
 
 // --- MeshLayout ---------------------------------------------------------------------------
@@ -361,6 +364,27 @@ Mesh::Mesh(Communicator& world, Cluster cluster, const MeshDegrees& degrees, Axi
   pp_ = split_over(world, cluster_, layout_, MeshAxis::kPp);
   cp_ = split_over(world, cluster_, layout_, MeshAxis::kCp);
   if (degrees.cp > 1) dp_cp_ = split_over(world, cluster_, layout_, {MeshAxis::kDp, MeshAxis::kCp});
+  if (degrees.ep > 1) {
+    Communicator& replica_group = replicas();
+    const std::vector<int> members = layout_.group({MeshAxis::kDp, MeshAxis::kCp}, world.rank());
+    const int i = replica_group.rank();
+    const int ep = degrees.ep;
+    const MeshCoord& c = coord();
+    ep_ = replica_group.split(i / ep, i % ep, detail::concat("ep[tp=", c.tp, ",pp=", c.pp, ",block=", i / ep, "]"));
+    edp_ = replica_group.split(i % ep, i / ep, detail::concat("edp[tp=", c.tp, ",pp=", c.pp, ",ep=", i % ep, "]"));
+    std::vector<int> block, same_place;
+    for (int j = 0; j < static_cast<int>(members.size()); ++j) {
+      if (j / ep == i / ep) block.push_back(members[static_cast<std::size_t>(j)]);
+      if (j % ep == i % ep) same_place.push_back(members[static_cast<std::size_t>(j)]);
+    }
+    ep_->set_member_nodes(nodes_of(cluster_, block));
+    edp_->set_member_nodes(nodes_of(cluster_, same_place));
+  }
+}
+
+Communicator& Mesh::expert() {
+  PARALLAX_CHECK(ep_ != nullptr, UsageError, "the mesh has no expert-parallel group: parallel.ep = 1");
+  return *ep_;
 }
 
 Communicator& Mesh::group(const MeshAxes& axes) {

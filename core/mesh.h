@@ -86,6 +86,10 @@ struct MeshDegrees {
   int pp = 1;  ///< pipeline stages, e.g. 4
   int dp = 1;  ///< data-parallel replicas, e.g. 2
   int cp = 1;  ///< context-parallel ranks per sequence, e.g. 4
+  /// Expert-parallel ranks sharing one mixture-of-experts layer's experts, e.g. 4. Not an
+  /// axis of its own: it folds inside the dp × cp replicas (Megatron's folding), so it must
+  /// divide dp × cp and leaves product() alone.
+  int ep = 1;
 
   /// The degree of `axis`.
   int of(MeshAxis axis) const;
@@ -113,8 +117,9 @@ bool operator!=(const MeshCoord& a, const MeshCoord& b);
 /// or pp and dp for AxisOrder::kTpPpDp.
 std::array<MeshAxis, 4> inner_to_outer(AxisOrder order);
 
-/// Throws ConfigError unless every degree is ≥ 1 and tp × pp × dp × cp == world_size;
-/// the message names tp, pp, dp (cp where it is not 1) and the world size.
+/// Throws ConfigError unless every degree is ≥ 1, tp × pp × dp × cp == world_size and ep
+/// divides dp × cp; the message names tp, pp, dp (cp and ep where they are not 1) and the
+/// world size.
 void check_degrees(const MeshDegrees& degrees, int world_size);
 
 /// Which world rank holds which coordinate. Pure: computed from a Cluster alone, so it
@@ -186,8 +191,9 @@ class Mesh {
  public:
   /// Collective over `world`: every rank must call it with the same cluster and degrees,
   /// and it blocks until all have. Places the ranks (MeshLayout::place) and splits
-  /// `world`, in this order: TP groups, DP groups, PP groups, CP groups, and the dp+cp
-  /// groups when cp > 1 (with cp = 1 they are the DP groups). Labels `world` and every
+  /// `world`, in this order: TP groups, DP groups, PP groups, CP groups, the dp+cp
+  /// groups when cp > 1 (with cp = 1 they are the DP groups), then, when ep > 1, splits
+  /// the replicas into the ep and edp groups. Labels `world` and every
   /// group with their ranks' nodes (Communicator::set_member_nodes), so their counters
   /// split intra- from inter-node bytes. `world` must outlive the Mesh. Throws
   /// UsageError when cluster.world_size() differs from world.size(), ConfigError /
@@ -218,6 +224,15 @@ class Mesh {
   /// The ranks that hold the same parameters, each on its own data: dp+cp (dp() itself
   /// while cp = 1). Gradients reduce, and ZeRO shards model state, over it.
   Communicator& replicas() { return group({MeshAxis::kDp, MeshAxis::kCp}); }
+  /// Expert parallelism (degrees().ep > 1): the replicas cut into blocks of ep consecutive
+  /// ranks (replica index i in block i / ep, at i mod ep), each block sharing out the
+  /// experts of every mixture-of-experts layer; named "ep[tp=T,pp=P,block=B]". Throws
+  /// UsageError while ep = 1.
+  Communicator& expert();
+  /// The ranks holding the same experts: the replicas at the same place i mod ep of every
+  /// block (dp × cp / ep of them), over which expert gradients reduce and ZeRO shards
+  /// expert state; named "edp[tp=T,pp=P,ep=I]". replicas() itself while ep = 1.
+  Communicator& expert_replicas() { return edp_ ? *edp_ : replicas(); }
 
   const MeshLayout& layout() const { return layout_; }
   const Cluster& cluster() const { return cluster_; }
@@ -234,6 +249,8 @@ class Mesh {
   std::unique_ptr<Communicator> pp_;
   std::unique_ptr<Communicator> cp_;
   std::unique_ptr<Communicator> dp_cp_;  ///< null while cp = 1 (dp_ is that group)
+  std::unique_ptr<Communicator> ep_;     ///< null while ep = 1
+  std::unique_ptr<Communicator> edp_;    ///< null while ep = 1 (the replicas are that group)
 };
 
 }  // namespace parallax

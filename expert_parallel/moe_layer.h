@@ -108,6 +108,19 @@ TORCH_MODULE(MoeLayer);
 /// wide (autograd may run backward on another thread); 1 by default.
 void set_aux_loss_gradient_scale(double scale);
 double aux_loss_gradient_scale();
+/// Sets the scale for its lifetime, then restores the one before.
+class AuxLossGradientScale {
+ public:
+  explicit AuxLossGradientScale(double scale) : previous_(aux_loss_gradient_scale()) {
+    set_aux_loss_gradient_scale(scale);
+  }
+  ~AuxLossGradientScale() { set_aux_loss_gradient_scale(previous_); }
+  AuxLossGradientScale(const AuxLossGradientScale&) = delete;
+  AuxLossGradientScale& operator=(const AuxLossGradientScale&) = delete;
+
+ private:
+  double previous_;
+};
 
 /// Every MoeLayer in `model` (children first, in registration order).
 std::vector<MoeLayerImpl*> moe_layers(torch::nn::Module& model);

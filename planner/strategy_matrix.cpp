@@ -93,6 +93,29 @@ std::vector<Refusal> strategy_refusals(const Config& c) {
                           "parallel.mode = \"manual\" with the degrees given"});
     }
   }
+  if (c.parallel.ep > 1) {
+    const std::string ep = std::to_string(c.parallel.ep);
+    if (c.parallel.tp > 1) {
+      refusals.push_back({{key(c, "parallel.ep", ep), key(c, "parallel.tp", tp)},
+                          "experts split over the tensor-parallel group (expert-tensor degree = tp) are not built yet",
+                          "parallel.tp = 1 with parallel.ep = " + ep + ", or parallel.ep = 1"});
+    }
+    if (c.zero.stage == 3) {
+      refusals.push_back({{key(c, "parallel.ep", ep), key(c, "zero.stage", "3")},
+                          "ZeRO-3's gather units do not keep experts apart from dense parameters yet",
+                          "zero.stage = 2 (experts' gradients and optimizer state sharded over their own group)"});
+    }
+    if (cuda) {
+      refusals.push_back({{key(c, "parallel.ep", ep), key(c, "train.device", quoted("cuda"))},
+                          "expert parallelism has not run on a GPU yet",
+                          "train.device = \"cpu\""});
+    }
+    if (c.parallel.mode == ParallelMode::kAuto || !c.auto_keys.empty()) {
+      refusals.push_back({{key(c, "parallel.ep", ep), key(c, "parallel.mode", quoted("auto"))},
+                          "the planner does not choose or model expert parallelism yet",
+                          "parallel.mode = \"manual\" with the degrees given"});
+    }
+  }
   if (c.parallel.tp > 1 && c.tensor_parallel.sequence_parallel && c.tensor_parallel.plan.empty()) {
     refusals.push_back({{key(c, "tensor_parallel.sequence_parallel", "true"), key(c, "parallel.tp", tp)},
                         "the hand-written tensor_parallel/ layers are not sequence-parallel; only a "
@@ -120,33 +143,36 @@ std::string strategy_matrix_markdown() {
   std::ostringstream rows;
   for (int tp : {1, 2}) {
     for (int cp : {1, 2}) {
-      for (int pp : {1, 2}) {
-        for (int stage = 0; stage <= 3; ++stage) {
-          rows << "| " << tp << " | " << cp << " | " << pp << " | " << stage << " |";
-          for (const std::vector<std::string>& offload : offloads) {
-            ConfigSources sources;
-            sources.overrides = {"parallel.tp=" + std::to_string(tp), "parallel.cp=" + std::to_string(cp),
-                                 "parallel.pp=" + std::to_string(pp), "parallel.dp=2",
-                                 "zero.stage=" + std::to_string(stage), "train.micro_batch_size=1"};
-            if (tp > 1) sources.overrides.push_back("tensor_parallel.plan={\"*\"=\"column\"}");
-            sources.overrides.insert(sources.overrides.end(), offload.begin(), offload.end());
-            const std::string verdict = verdict_of(sources, tp * cp * pp * 2);
-            if (verdict.empty()) {
-              rows << " runs |";
-              continue;
+      for (int ep : {1, 2}) {
+        for (int pp : {1, 2}) {
+          for (int stage = 0; stage <= 3; ++stage) {
+            rows << "| " << tp << " | " << cp << " | " << ep << " | " << pp << " | " << stage << " |";
+            for (const std::vector<std::string>& offload : offloads) {
+              ConfigSources sources;
+              sources.overrides = {"parallel.tp=" + std::to_string(tp), "parallel.cp=" + std::to_string(cp),
+                                   "parallel.pp=" + std::to_string(pp), "parallel.dp=2",
+                                   "parallel.ep=" + std::to_string(ep), "zero.stage=" + std::to_string(stage),
+                                   "train.micro_batch_size=1"};
+              if (tp > 1) sources.overrides.push_back("tensor_parallel.plan={\"*\"=\"column\"}");
+              sources.overrides.insert(sources.overrides.end(), offload.begin(), offload.end());
+              const std::string verdict = verdict_of(sources, tp * cp * pp * 2);
+              if (verdict.empty()) {
+                rows << " runs |";
+                continue;
+              }
+              auto found = std::find(reasons.begin(), reasons.end(), verdict);
+              if (found == reasons.end()) found = reasons.insert(reasons.end(), verdict);
+              rows << " refused (" << (found - reasons.begin() + 1) << ") |";
             }
-            auto found = std::find(reasons.begin(), reasons.end(), verdict);
-            if (found == reasons.end()) found = reasons.insert(reasons.end(), verdict);
-            rows << " refused (" << (found - reasons.begin() + 1) << ") |";
+            rows << "\n";
           }
-          rows << "\n";
         }
       }
     }
   }
   std::ostringstream out;
-  out << "| tp | cp | pp | zero.stage | no offload | offload.optimizer | offload.optimizer + param |\n"
-      << "|---|---|---|---|---|---|---|\n"
+  out << "| tp | cp | ep | pp | zero.stage | no offload | offload.optimizer | offload.optimizer + param |\n"
+      << "|---|---|---|---|---|---|---|---|\n"
       << rows.str() << "\n";
   for (std::size_t i = 0; i < reasons.size(); ++i) out << i + 1 << ". " << escape_bars(reasons[i]) << "\n";
   return out.str();

@@ -9,6 +9,7 @@
 #include "parallax/core/config_loader.h"
 #include "parallax/core/error.h"
 #include "parallax/core/mesh.h"
+#include "parallax/expert_parallel/moe_layer.h"
 #include "parallax/runtime/gradient_reduction.h"
 #include "parallax/runtime/plan_options.h"
 #include "parallax/runtime/step_telemetry.h"
@@ -103,6 +104,8 @@ void Engine::backward(const torch::Tensor& loss) {
   // The loss may run through another engine's model (a generator's loss through the
   // discriminator): its ZeRO-3 parameters are gathered on use too.
   const StepApplier::PeerScopes peers = applier_->peer_scopes();
+  // A mixture-of-experts layer's auxiliary loss joins this backward with the loss's weight.
+  const expert_parallel::AuxLossGradientScale aux_scale(scale);
   applier_->reduction().run_backward(last ? pipeline::WeightGradients::kLast : pipeline::WeightGradients::kSome,
                                      [&] { applier_->run_model([&] { (loss * scale).backward(); }); });
 }

@@ -13,18 +13,26 @@ GradientBuckets::GradientBuckets(std::vector<torch::Tensor> params,
                                  Communicator& comm,
                                  Tracer& tracer,
                                  bool overlap,
-                                 std::optional<torch::ScalarType> accumulate_dtype)
+                                 std::optional<torch::ScalarType> accumulate_dtype,
+                                 const zero::OtherReductionGroup& other)
     : params_(std::move(params)),
       bucket_of_param_(params_.size()),
+      comm_of_param_(params_.size(), &comm),
       offset_of_param_(params_.size()),
       comm_(comm),
       tracer_(tracer),
       overlap_(overlap),
       reduces_(comm.size() > 1) {
+  for (std::size_t i : other.members) {
+    PARALLAX_CHECK(other.comm != nullptr && i < params_.size(), UsageError, "gradient buckets: other group member ", i,
+                   " is out of range (", params_.size(), " parameters) or has no communicator");
+    comm_of_param_[i] = other.comm;
+  }
   PARALLAX_CHECK(bucket_bytes > 0, UsageError, "gradient bucket size must be > 0 bytes, got ", bucket_bytes);
   // One bucket is one collective, and MPI counts elements in an int.
   constexpr std::int64_t kMaxBucketElements = std::numeric_limits<int>::max();
-  // (a) Reverse registration order; a new bucket when the dtype changes or it is full.
+  // (a) Reverse registration order; a new bucket when the dtype or the group changes or
+  // it is full.
   std::vector<std::vector<std::size_t>> groups;
   std::int64_t group_bytes = 0;
   for (std::size_t i = params_.size(); i-- > 0;) {
@@ -38,7 +46,8 @@ GradientBuckets::GradientBuckets(std::vector<torch::Tensor> params,
     const std::int64_t bytes = p.numel() * element;
     const std::int64_t cap = std::min(bucket_bytes, kMaxBucketElements * element);
     const bool dtype_change = !groups.empty() && params_[groups.back().front()].scalar_type() != p.scalar_type();
-    if (groups.empty() || dtype_change || (group_bytes > 0 && group_bytes + bytes > cap)) {
+    const bool group_change = !groups.empty() && comm_of_param_[groups.back().front()] != comm_of_param_[i];
+    if (groups.empty() || dtype_change || group_change || (group_bytes > 0 && group_bytes + bytes > cap)) {
       groups.emplace_back();
       group_bytes = 0;
     }
@@ -63,6 +72,7 @@ GradientBuckets::GradientBuckets(std::vector<torch::Tensor> params,
       bucket_of_param_[i] = buckets_.size();
     }
     bucket.params = members;
+    bucket.comm = comm_of_param_[members.front()];
     gradient_bytes_ += payload_bytes(bucket.buffer);
     reduced_bytes_ += payload_bytes(bucket.buffer);
     buffer_bytes_ += payload_bytes(bucket.buffer) + (bucket.staging.defined() ? payload_bytes(bucket.staging) : 0);
@@ -110,8 +120,8 @@ zero::GradientLedger::OwnBackward GradientBuckets::own_backward(bool reduce) {
 void GradientBuckets::absorb_live(std::size_t i) {
   const torch::Tensor live = ledger_->live(i);
   if (!live.defined()) return;
-  PARALLAX_CHECK(live.scalar_type() != torch::kFloat16 || !ledger_->foreign(i), UsageError, "parameter ", i,
-                 " (shape ", params_[i].sizes(),
+  PARALLAX_CHECK(live.scalar_type() != torch::kFloat16 || !ledger_->foreign(i), UsageError, "parameter ", i, " (shape ",
+                 params_[i].sizes(),
                  ") trains in fp16 with loss scaling, and another backward left a gradient in its .grad whose scale "
                  "this engine cannot know; call zero_grad() before this engine's backward, or train in bf16");
   torch::NoGradGuard no_grad;
@@ -167,8 +177,9 @@ void GradientBuckets::launch(Bucket& bucket) {
   // The buffer is the reduction's now: the views leave .grad.
   for (std::size_t i : bucket.params) ledger_->hold(i);
   bucket.launched = true;
+  if (bucket.comm->size() == 1) return;  // experts no other rank holds: nothing to add
   tracer_.record("all_reduce launch", "comm", tracer_.now_us(), 0);
-  bucket.work = comm_.all_reduce(bucket.buffer);
+  bucket.work = bucket.comm->all_reduce(bucket.buffer);
 }
 
 void GradientBuckets::finish() {
@@ -226,7 +237,20 @@ void GradientBuckets::reduce_late_gradients() {
   torch::Tensor sum = torch::cat(flat);
   if (reduces_) {
     ++late_reductions_;
-    comm_.all_reduce(sum)->wait();
+    // One all-reduce per group the late parameters reduce over (the main one, the experts').
+    std::vector<Communicator*> comms;
+    for (std::size_t i : late) {
+      if (std::find(comms.begin(), comms.end(), comm_of_param_[i]) == comms.end()) comms.push_back(comm_of_param_[i]);
+    }
+    for (Communicator* group : comms) {
+      std::vector<torch::Tensor> parts;
+      std::int64_t offset = 0;
+      for (std::size_t i : late) {
+        if (comm_of_param_[i] == group) parts.push_back(sum.narrow(0, offset, params_[i].numel()));
+        offset += params_[i].numel();
+      }
+      if (group->size() > 1) sum_in_place(*group, parts);
+    }
   }
   torch::NoGradGuard no_grad;
   std::int64_t offset = 0;

@@ -22,6 +22,10 @@
 //     forward, or no reducing backward at all), waits, reduces the late gradients in one
 //     more all-reduce, and divides by the group size: each bucket then holds the mean
 //     gradient over the group's global batch.
+//     Expert parallelism: the experts' parameters (`other`) reduce over their own group
+//     (the ranks holding the same experts), in buckets of their own, and are divided by
+//     the same main group size (every token of the global batch reached them through
+//     the all-to-all: dividing by their own group's size would scale them by ep).
 //  d. zero() clears the buffers in place (never re-allocating, which would break the
 //     views) and shows the views again before the next accumulation window.
 // A group of one rank reduces nothing; the rest is the same.
@@ -42,6 +46,7 @@
 #include "parallax/core/communicator.h"
 #include "parallax/core/trace.h"
 #include "parallax/zero/gradient_ledger.h"
+#include "parallax/zero/reduction_group.h"
 
 namespace parallax {
 
@@ -51,14 +56,16 @@ class GradientBuckets {
   /// With `overlap` false (`zero.overlap_comm = false`) nothing is launched during
   /// backward: finish() launches every bucket. With `accumulate_dtype` wider than a
   /// parameter's (fp32 for bf16 parameters), the reduction runs in the wider dtype and
-  /// micro-steps accumulate in it. The communicator and tracer must outlive this object.
-  /// Does not communicate.
+  /// micro-steps accumulate in it. `other`'s members reduce over its communicator
+  /// instead of `comm` (see the protocol). The communicators and tracer must outlive this
+  /// object. Does not communicate.
   GradientBuckets(std::vector<torch::Tensor> params,
                   std::int64_t bucket_bytes,
                   Communicator& comm,
                   Tracer& tracer,
                   bool overlap = true,
-                  std::optional<torch::ScalarType> accumulate_dtype = std::nullopt);
+                  std::optional<torch::ScalarType> accumulate_dtype = std::nullopt,
+                  const zero::OtherReductionGroup& other = {});
   GradientBuckets(const GradientBuckets&) = delete;
   GradientBuckets& operator=(const GradientBuckets&) = delete;
   ~GradientBuckets();
@@ -100,6 +107,7 @@ class GradientBuckets {
     torch::Tensor buffer;             ///< reduced; the accumulate dtype
     torch::Tensor staging;            ///< the parameters' dtype when narrower; else undefined
     std::vector<std::size_t> params;  ///< indices into params_
+    Communicator* comm = nullptr;     ///< the group it reduces over
     std::size_t pending = 0;          ///< gradients not yet ready in this window
     bool launched = false;            ///< its reduction began in this window
     WorkPtr work;
@@ -118,6 +126,7 @@ class GradientBuckets {
 
   std::vector<torch::Tensor> params_;
   std::vector<std::size_t> bucket_of_param_;
+  std::vector<Communicator*> comm_of_param_;
   std::vector<std::int64_t> offset_of_param_;  ///< element offset within its bucket
   std::vector<Bucket> buckets_;
   std::unique_ptr<zero::GradientLedger> ledger_;

@@ -3,6 +3,7 @@
 #include <torch/nn/module.h>
 #include <torch/nn/utils/clip_grad.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -67,7 +68,18 @@ class ReplicatedReduction final : public GradientReduction {
     dp_size_ = runtime.mesh().replicas().size();
     buckets_ = std::make_unique<GradientBuckets>(
         params_, zero.bucket_bytes(), runtime.mesh().replicas(), runtime.tracer(), zero.overlap_comm,
-        keep_masters ? std::optional<torch::ScalarType>(torch::kFloat32) : std::nullopt);
+        keep_masters ? std::optional<torch::ScalarType>(torch::kFloat32) : std::nullopt, split_.expert);
+    // Experts: each rank of the ep group holds others, so the norm sums over it, where
+    // every other (dense) parameter is held ep times.
+    is_expert_.assign(params_.size(), false);
+    for (std::size_t i : split_.expert.members) is_expert_[i] = true;
+    if (split_.experts != nullptr) {
+      if (split_.norm_weights.empty()) split_.norm_weights.assign(params_.size(), 1.0);
+      for (std::size_t i = 0; i < params_.size(); ++i) {
+        if (!is_expert_[i]) split_.norm_weights[i] /= static_cast<double>(split_.experts->size());
+      }
+      split_.norm_groups.push_back(split_.experts);
+    }
     if (keep_masters) {
       for (std::size_t i = 0; i < params_.size(); ++i) {
         torch::Tensor master = params_[i].detach().to(torch::kFloat32).clone().requires_grad_(true);
@@ -152,10 +164,19 @@ class ReplicatedReduction final : public GradientReduction {
 
   // Every rank holds everything; rank r of dp owns the r-th of dp even parts of the
   // parameters laid end to end (ZeRO's shard layout), so the ranks write in parallel.
+  // Experts: the same over the ranks holding them (each expert's name is its global
+  // index, so every expert is written once whole).
   std::vector<StateSlice> state_slices(StateAccess access, bool create_optimizer_state) override {
-    std::vector<std::int64_t> numels;
-    for (const auto& p : optimized()) numels.push_back(p.numel());
-    const zero::ShardLayout owners(numels, dp_size_);
+    std::vector<std::int64_t> dense_numels, expert_numels;
+    std::vector<std::size_t> place(optimized().size());
+    for (std::size_t i = 0; i < optimized().size(); ++i) {
+      auto& numels = is_expert_[i] ? expert_numels : dense_numels;
+      place[i] = numels.size();
+      numels.push_back(optimized()[i].numel());
+    }
+    const zero::ShardLayout owners(dense_numels, dp_size_);
+    const zero::ShardLayout expert_owners(expert_numels, split_.expert.comm ? split_.expert.comm->size() : 1);
+    const int expert_rank = split_.expert.comm ? split_.expert.comm->rank() : 0;
     std::vector<StateSlice> slices;
     for (std::size_t i = 0; i < optimized().size(); ++i) {
       const torch::Tensor& p = optimized()[i];
@@ -164,7 +185,8 @@ class ReplicatedReduction final : public GradientReduction {
       StateSlice slice{i, 0, {}};
       std::int64_t numel = p.numel();
       if (access == StateAccess::kOwned) {
-        const auto part = owners.fragment(i, dp_rank_);
+        const auto part =
+            is_expert_[i] ? expert_owners.fragment(place[i], expert_rank) : owners.fragment(place[i], dp_rank_);
         if (!part) continue;
         slice.offset = part->param_offset;
         numel = part->numel;
@@ -191,6 +213,7 @@ class ReplicatedReduction final : public GradientReduction {
   std::vector<torch::Tensor> params_;   ///< the model's (compute dtype)
   std::vector<torch::Tensor> masters_;  ///< fp32 copies under bf16/fp16; empty under fp32
   ModelSplit split_;
+  std::vector<bool> is_expert_;  ///< per parameter: reduced over split_.expert.comm
   std::unique_ptr<GradientBuckets> buckets_;
   int dp_rank_ = 0;
   int dp_size_ = 1;
@@ -218,13 +241,17 @@ class ShardedReduction final : public GradientReduction {
                    const std::vector<torch::Tensor>& params,
                    const OptimizerOptions& optimizer,
                    const ModelSplit& split)
-      : dp_(&runtime.mesh().replicas()), reduce_untouched_(!split.partial_backwards), params_(params) {
+      : dp_(&runtime.mesh().replicas()),
+        reduce_untouched_(!split.partial_backwards),
+        params_(params),
+        experts_(split.expert.members) {
     const OffloadOptions offload = offload_options(plan);
-    sharded_ = std::make_unique<zero::ShardedModel>(model, params, zero_options(plan), offload, optimizer, *dp_,
-                                                    runtime.tracer(), [&optimizer](std::vector<torch::Tensor> shards) {
-                                                      return make_optimizer(optimizer, std::move(shards),
-                                                                            AdamKernel::kFusedCpu);
-                                                    });
+    sharded_ = std::make_unique<zero::ShardedModel>(
+        model, params, zero_options(plan), offload, optimizer, *dp_, runtime.tracer(),
+        [&optimizer](std::vector<torch::Tensor> shards) {
+          return make_optimizer(optimizer, std::move(shards), AdamKernel::kFusedCpu);
+        },
+        split.expert);
     if (!split.norm_groups.empty()) {
       zero::ModelParallel model_parallel;
       model_parallel.tp = split.tp;
@@ -262,6 +289,12 @@ class ShardedReduction final : public GradientReduction {
   // zero-padded copies assembles them whole on every rank.
   void edit_gradients(const std::vector<std::size_t>& indices,
                       const std::function<void(std::vector<torch::Tensor>&)>& edit) override {
+    for (std::size_t i : indices) {
+      PARALLAX_CHECK(std::find(experts_.begin(), experts_.end(), i) == experts_.end(), UsageError,
+                     "edit_gradients: parameter ", i,
+                     " is an expert's, sharded over its own group; only dense "
+                     "parameters (tied weights) can be edited whole");
+    }
     torch::NoGradGuard no_grad;
     std::int64_t total = 0;
     for (std::size_t i : indices) total += params_.at(i).numel();
@@ -370,6 +403,7 @@ class ShardedReduction final : public GradientReduction {
   Communicator* dp_;
   bool reduce_untouched_;
   std::vector<torch::Tensor> params_;  ///< the model's (shapes stay while stage 3 releases their data)
+  std::vector<std::size_t> experts_;   ///< indices of the experts' parameters (their own group)
   std::unique_ptr<zero::ShardedModel> sharded_;
   /// An offloaded optimizer's state per group, as state_slices(kHeld) gave it out.
   std::vector<std::vector<std::pair<std::string, torch::Tensor>>> offloaded_state_;

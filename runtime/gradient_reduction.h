@@ -68,6 +68,13 @@ struct ModelSplit {
   /// A backward may reach only some parameters (a pipeline chunk's): ZeRO 2–3 then
   /// reduce only the groups it reached. Every rank of dp runs the same backwards.
   bool partial_backwards = false;
+  /// Expert parallelism: the experts' parameters this rank holds (indices, in
+  /// `expert.members`) reduce, and are sharded, over `expert.comm` (the ranks holding
+  /// the same experts) instead of the data-parallel group, averaged by the data-parallel
+  /// group's size all the same; `experts` is the ep group, whose ranks hold the other
+  /// experts (the norm sums over it). Empty and null otherwise.
+  zero::OtherReductionGroup expert;
+  Communicator* experts = nullptr;
 };
 
 /// A run of one trained parameter's fp32 state on this rank: elements [offset, offset +
@@ -143,8 +150,8 @@ class GradientReduction {
 
 /// Replicated data parallelism at zero.stage = 0, ZeRO (with [offload]) at 1–3, as the
 /// engine's `plan` says, over `params` (the model's trainable parameters, in the compute
-/// dtype `dtype`) and runtime.mesh().replicas() (the data-parallel group, times cp). Throws ConfigError for an option ZeRO cannot
-/// take.
+/// dtype `dtype`) and runtime.mesh().replicas() (the data-parallel group, times cp). Throws ConfigError for an option
+/// ZeRO cannot take.
 std::unique_ptr<GradientReduction> make_gradient_reduction(Runtime& runtime,
                                                            const proto::Plan& plan,
                                                            torch::nn::Module& model,

@@ -7,6 +7,7 @@
 #include "parallax/core/error.h"
 #include "parallax/core/mesh.h"
 #include "parallax/core/world.h"
+#include "parallax/expert_parallel/moe_layer.h"
 #include "parallax/pipeline/partition.h"
 #include "parallax/runtime/gradient_reduction.h"
 #include "parallax/runtime/plan_options.h"
@@ -304,6 +305,10 @@ double PipelineEngine::train_batch(const std::function<pipeline::MicroBatch()>& 
     ModelScope scope = applier.model_scope();
     applier.run_model(forward);
   };
+  // A mixture-of-experts layer's auxiliary loss joins each micro-batch's backward with
+  // the loss's weight (the executor's: the loss scale over the micro-batches).
+  const expert_parallel::AuxLossGradientScale aux_scale(applier.loss_scale() /
+                                                        static_cast<double>(b.shape.micro_batches));
   b.executor->run(batch, b.loss, hooks);
   applier.save_if_due();
   return applier.last_metrics().loss;

@@ -50,7 +50,7 @@ std::string format_range(const CoreShare& share) {
 proto::Plan make_plan(const Config& config, const Cluster& cluster, bool emulated) {
   check_strategy(config);
   const ParallelOptions& p = config.parallel;
-  const MeshLayout layout = MeshLayout::place(cluster, MeshDegrees{p.tp, p.pp, p.dp, p.cp}, p.order);
+  const MeshLayout layout = MeshLayout::place(cluster, MeshDegrees{p.tp, p.pp, p.dp, p.cp, p.ep}, p.order);
 
   proto::Plan plan;
   record_strategy(config, plan);
@@ -98,6 +98,7 @@ std::string describe_plan(const proto::Plan& plan) {
   const proto::Degrees& d = plan.degrees();
   out << "plan: tp " << d.tp() << " x pp " << d.pp() << " x dp " << d.dp();
   if (d.cp() > 1) out << " x cp " << d.cp();
+  if (d.ep() > 1) out << " (ep " << d.ep() << " inside dp x cp)";
   out << " (" << plan.axis_order() << ") on " << plan.ranks_size() << " ranks, " << plan.nodes()
       << (plan.emulated() ? " emulated" : "") << " node(s); " << plan.placement() << "\n";
   const Config strategy = recorded_strategy(plan);
@@ -122,6 +123,11 @@ std::string describe_plan(const proto::Plan& plan) {
     out << "  context parallel: cp " << d.cp() << ", " << to_string(cp.method) << " attention, "
         << (cp.load_balance ? "load-balanced" : "contiguous") << " split of batch dimension " << cp.sequence_dim
         << "; gradients reduced over dp x cp = " << d.dp() * d.cp() << " ranks\n";
+  }
+  if (d.ep() > 1) {
+    out << "  expert parallel: ep " << d.ep() << ", each MoE layer's experts shared out over blocks of " << d.ep()
+        << " replicas; expert gradients reduced over dp x cp / ep = " << d.dp() * d.cp() / d.ep()
+        << " ranks, dense ones over dp x cp = " << d.dp() * d.cp() << "\n";
   }
   if (d.tp() > 1 && !strategy.tensor_parallel.plan.empty()) {
     const TensorParallelOptions& tp = strategy.tensor_parallel;

@@ -12,6 +12,7 @@ void record_strategy(const Config& config, proto::Plan& plan) {
   plan.mutable_degrees()->set_pp(p.pp);
   plan.mutable_degrees()->set_dp(p.dp);
   plan.mutable_degrees()->set_cp(p.cp);
+  plan.mutable_degrees()->set_ep(p.ep);
   plan.set_axis_order(to_string(p.order));
   plan.set_comm_backend("mpi");
   plan.set_strategy(strategy_toml(config));

@@ -317,7 +317,7 @@ void Runtime::start(const InitOptions& options) {
     mesh_world = s.device_world.get();
   }
   const ParallelOptions& p = s.config.parallel;
-  s.mesh = std::make_unique<Mesh>(*mesh_world, std::move(cluster), MeshDegrees{p.tp, p.pp, p.dp, p.cp}, p.order);
+  s.mesh = std::make_unique<Mesh>(*mesh_world, std::move(cluster), MeshDegrees{p.tp, p.pp, p.dp, p.cp, p.ep}, p.order);
   // Dropout on split activations draws per tensor-parallel rank (Megatron's seed offset).
   s.rng.add(tensor_parallel::kSplitStream,
             static_cast<std::uint64_t>(s.config.train.seed) + 2718 + static_cast<std::uint64_t>(s.mesh->coord().tp));

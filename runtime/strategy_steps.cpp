@@ -5,6 +5,7 @@
 #include "parallax/core/config_loader.h"
 #include "parallax/core/error.h"
 #include "parallax/core/mesh.h"
+#include "parallax/expert_parallel/moe_layer.h"
 #include "parallax/runtime/gradient_reduction.h"
 #include "parallax/runtime/plan_options.h"
 #include "parallax/runtime/runtime.h"
@@ -232,6 +233,58 @@ class DataParallelStep final : public StrategyStep {
   }
 };
 
+class ExpertParallelStep final : public StrategyStep {
+ public:
+  void prepare(Preparation& p) override {
+    layers_ = expert_parallel::moe_layers(p.model);
+    Mesh& mesh = p.runtime.mesh();
+    const int ep = mesh.degrees().ep;
+    if (mesh.degrees().cp > 1) {
+      for (const auto* layer : layers_) {
+        PARALLAX_CHECK(layer->options().capacity_factor() == 0, ConfigError, "parallel.cp = ", mesh.degrees().cp,
+                       " with a capacity-routed MoE layer (capacity_factor = ", layer->options().capacity_factor(),
+                       "): the capacity rule counts whole sequences, which context parallelism splits; route "
+                       "dropless (capacity_factor = 0) or set parallel.cp = 1");
+      }
+    }
+    if (ep == 1) {
+      // Every expert local; the load-balancing loss still counts the whole batch's choices.
+      for (auto* layer : layers_) layer->set_token_group(&mesh.replicas());
+      return;
+    }
+    PARALLAX_CHECK(!layers_.empty() || p.stage != nullptr, ConfigError, "parallel.ep = ", ep,
+                   " but the model has no expert_parallel::MoeLayer to spread over ranks; set parallel.ep = 1");
+    // Data parallelism (the step before) gave every rank replica 0's experts; each keeps its block.
+    for (auto* layer : layers_) layer->distribute(mesh.expert(), &mesh.replicas());
+    experts_ = &mesh.expert();
+    expert_replicas_ = &mesh.expert_replicas();
+    if (!layers_.empty()) {
+      p.runtime.logger().summary("# expert parallel: ep = ", ep, ", ", layers_.size(), " MoE layer(s) of ",
+                                 layers_.front()->options().n_experts(), " experts, ", layers_.front()->local_experts(),
+                                 " per rank; expert gradients reduced over ", expert_replicas_->size(), " rank(s) ('",
+                                 expert_replicas_->name(), "')");
+    }
+  }
+
+  void describe(const std::vector<torch::Tensor>& trained, ModelSplit& split) const override {
+    if (experts_ == nullptr) return;
+    std::unordered_set<const void*> expert;
+    for (const auto* layer : layers_) {
+      for (const auto& param : layer->expert_parameters()) expert.insert(param.unsafeGetTensorImpl());
+    }
+    for (std::size_t i = 0; i < trained.size(); ++i) {
+      if (expert.count(trained[i].unsafeGetTensorImpl())) split.expert.members.push_back(i);
+    }
+    split.expert.comm = expert_replicas_;
+    split.experts = experts_;
+  }
+
+ private:
+  std::vector<expert_parallel::MoeLayerImpl*> layers_;
+  Communicator* experts_ = nullptr;          ///< the ep group; null while ep = 1
+  Communicator* expert_replicas_ = nullptr;  ///< the ranks holding the same experts
+};
+
 bool always(const proto::Plan&, const StageCoupling*) {
   return true;
 }
@@ -258,6 +311,7 @@ const std::vector<StepDef>& strategy_steps() {
       {"pipeline stage", pipeline_stage_applies, make<PipelineStageStep>},
       {"context parallelism", context_parallel_applies, make<ContextParallelStep>},
       {"data parallelism", always, make<DataParallelStep>},
+      {"expert parallelism", always, make<ExpertParallelStep>},
   };
   return kSteps;
 }

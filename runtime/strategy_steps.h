@@ -20,7 +20,11 @@
 //     replicas below are dp × cp;
 //  4. data parallelism (always): the same structure on every replica (dp × cp ranks),
 //     parameters and buffers broadcast from replica 0 (deferred ones materialized, or at
-//     ZeRO stage 3 left for sharding unit by unit).
+//     ZeRO stage 3 left for sharding unit by unit);
+//  5. expert parallelism (always; a no-op without expert_parallel::MoeLayer): each MoE
+//     layer counts its load-balancing loss over the replicas, and with parallel.ep > 1
+//     keeps this rank's block of experts (every rank holds replica 0's after step 4); the
+//     experts' parameters then reduce over the ranks holding the same experts.
 #pragma once
 
 #include <torch/nn/module.h>

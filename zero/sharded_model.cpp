@@ -47,7 +47,8 @@ ShardedModel::ShardedModel(torch::nn::Module& model,
                            const OptimizerOptions& optimizer,
                            Communicator& dp,
                            Tracer& tracer,
-                           const OptimizerFactory& make_optimizer)
+                           const OptimizerFactory& make_optimizer,
+                           const OtherReductionGroup& other)
     : state_(std::make_unique<State>()), options_(options) {
   State& s = *state_;
   PARALLAX_CHECK(options_.stage >= 1 && options_.stage <= 3, ConfigError, "zero.stage = ", options_.stage,
@@ -64,13 +65,33 @@ ShardedModel::ShardedModel(torch::nn::Module& model,
     PARALLAX_CHECK(p.numel() <= kMaxGroupElements, UsageError, "parameter ", i, " has ", p.numel(),
                    " elements; one collective carries at most ", kMaxGroupElements);
   }
+  std::vector<Communicator*> comm_of_param(s.params.size(), &dp);
+  for (std::size_t i : other.members) {
+    PARALLAX_CHECK(other.comm != nullptr && i < s.params.size(), UsageError, "ShardedModel: other group member ", i,
+                   " is out of range (", s.params.size(), " parameters) or has no communicator");
+    comm_of_param[i] = other.comm;
+  }
   GroupPlan plan = plan_groups(model, s.params, options_);
+  PARALLAX_CHECK(other.members.empty() || plan.units.empty(), UsageError,
+                 "ShardedModel: parameters with their own reduction group (experts) are not sharded at stage 3 yet");
+  // A flat group is sharded over one communicator: a bucket holding both kinds is cut in two.
+  std::vector<std::vector<std::size_t>> buckets;
+  for (const auto& set : plan.replicated) {
+    std::vector<std::size_t> own, others;
+    for (std::size_t i : set) (comm_of_param[i] == &dp ? own : others).push_back(i);
+    for (auto* part : {&own, &others}) {
+      if (!part->empty()) buckets.push_back(std::move(*part));
+    }
+  }
+  plan.replicated = std::move(buckets);
 
   s.group_of_param.assign(s.params.size(), 0);
   s.index_in_group.assign(s.params.size(), 0);
-  const int rank = dp.rank();
-  const int ranks = dp.size();
   auto add_group = [&](const std::vector<std::size_t>& members, Residency residency) {
+    Communicator& comm = *comm_of_param[members.front()];
+    s.group_comm.push_back(&comm);
+    const int rank = comm.rank();
+    const int ranks = comm.size();
     std::vector<torch::Tensor> tensors;
     for (std::size_t k = 0; k < members.size(); ++k) {
       tensors.push_back(s.params[members[k]]);
@@ -302,7 +323,7 @@ void ShardedModel::set_model_parallel(const ModelParallel& model_parallel) {
   s.partial_fragments.clear();
   for (std::size_t i = 0; i < s.params.size(); ++i) {
     const std::size_t g = s.group_of_param[i];
-    const auto fragment = s.groups[g]->layout().fragment(s.index_in_group[i], s.dp->rank());
+    const auto fragment = s.groups[g]->layout().fragment(s.index_in_group[i], s.comm_of(g).rank());
     if (!fragment) continue;
     if (mp.norm_weights[i] != 1.0) s.shared_fragments.push_back({g, *fragment, mp.norm_weights[i]});
     if (mp.partial[i]) {
@@ -315,7 +336,7 @@ void ShardedModel::set_model_parallel(const ModelParallel& model_parallel) {
 std::optional<GradientPart> ShardedModel::gradient_part(std::size_t i) const {
   const State& s = *state_;
   const std::size_t g = s.group_of_param.at(i);
-  const auto fragment = s.groups[g]->layout().fragment(s.index_in_group[i], s.dp->rank());
+  const auto fragment = s.groups[g]->layout().fragment(s.index_in_group[i], s.comm_of(g).rank());
   if (!fragment) return std::nullopt;
   return GradientPart{fragment->param_offset,
                       s.groups[g]->gradient_shard().narrow(0, fragment->shard_offset, fragment->numel)};

@@ -63,6 +63,7 @@
 #include "parallax/core/config.h"
 #include "parallax/core/trace.h"
 #include "parallax/zero/parameter_interception.h"
+#include "parallax/zero/reduction_group.h"
 #include "parallax/zero/shard_layout.h"
 
 namespace parallax::offload {
@@ -122,6 +123,10 @@ class ShardedModel final : private ParameterUseListener {
   /// (a wrap type that matches no module, an NVMe directory that cannot take the
   /// file: then on every rank, so none waits for the failed one). Communicates only
   /// when offloading (one all_reduce over `dp` to agree that every rank is ready).
+  /// `other`'s members (expert parallelism's experts; stages 1–2) are sharded and reduced
+  /// over its communicator in flat groups of their own; step() still scales every
+  /// gradient by `gradient_scale` and sums the norm's squares over `dp`, which counts
+  /// each of their elements once when `other.comm`'s ranks partition dp's by what they hold.
   ShardedModel(torch::nn::Module& model,
                std::vector<torch::Tensor> params,
                const ZeroOptions& options,
@@ -129,7 +134,8 @@ class ShardedModel final : private ParameterUseListener {
                const OptimizerOptions& optimizer,
                Communicator& dp,
                Tracer& tracer,
-               const OptimizerFactory& make_optimizer);
+               const OptimizerFactory& make_optimizer,
+               const OtherReductionGroup& other = {});
   ShardedModel(const ShardedModel&) = delete;
   ShardedModel& operator=(const ShardedModel&) = delete;
   ~ShardedModel() override;

@@ -1,7 +1,7 @@
 // ShardedModel's masters (gathered whole, read and overwritten by checkpoints) and its
 // accounting: what the optimizer is and what this rank holds.
-#include "parallax/core/error.h"
 #include "parallax/zero/sharded_model_state.h"
+#include "parallax/core/error.h"
 
 namespace parallax::zero {
 
@@ -15,13 +15,13 @@ std::vector<torch::Tensor> ShardedModel::gather_masters() {
     torch::Tensor shard;
     if (s.offloaded) {
       full = torch::empty({group.layout().padded_numel()}, torch::kFloat32);
-      shard = full.narrow(0, s.dp->rank() * numel, numel);  // gathered in place
+      shard = full.narrow(0, s.comm_of(g).rank() * numel, numel);  // gathered in place
       s.offloaded->read_master(g, shard);
     } else {
       shard = group.master().detach();
       full = torch::empty({group.layout().padded_numel()}, shard.options());
     }
-    s.dp->all_gather(full, shard)->wait();
+    s.comm_of(g).all_gather(full, shard)->wait();
     full_masters.push_back(full);
   }
   std::vector<torch::Tensor> out;
@@ -43,7 +43,7 @@ std::vector<MasterShard> ShardedModel::master_shards() const {
   }
   for (std::size_t i = 0; i < s.params.size(); ++i) {
     const std::size_t g = s.group_of_param[i];
-    if (const auto fragment = s.groups[g]->layout().fragment(s.index_in_group[i], s.dp->rank())) {
+    if (const auto fragment = s.groups[g]->layout().fragment(s.index_in_group[i], s.comm_of(g).rank())) {
       shards[g].parts.push_back(MasterPart{i, *fragment});
     }
   }

@@ -18,7 +18,11 @@
 namespace parallax::zero {
 
 struct ShardedModel::State {
-  Communicator* dp = nullptr;
+  Communicator* dp = nullptr;  ///< the norm's group, and every flat group's unless group_comm says otherwise
+  /// Per flat group, the group it is sharded and reduced over: dp, or the experts' own
+  /// (OtherReductionGroup).
+  std::vector<Communicator*> group_comm;
+  Communicator& comm_of(std::size_t g) const { return *group_comm[g]; }
   Tracer* tracer = nullptr;
   std::vector<torch::Tensor> params;
   std::vector<std::unique_ptr<FlatGroup>> groups;  ///< reduction (and launch) order
@@ -52,7 +56,7 @@ struct ShardedModel::State {
   /// Stage 3: the units' storages, for the scopes and the watch (null otherwise).
   std::shared_ptr<ParameterRegistry> registry;
 
-  std::mutex mutex;  ///< hooks and parameter uses may come from autograd threads
+  std::mutex mutex;                                         ///< hooks and parameter uses may come from autograd threads
   std::optional<GradientLedger::OwnBackward> own_backward;  ///< from begin_backward to end_backward
   std::int64_t late_reductions = 0;
   bool window_reduced = false;  ///< a backward of this window reduced (stage 1 reduces once)
@@ -71,7 +75,7 @@ struct ShardedModel::State {
   void launch_reductions_locked(bool all, bool untouched = true) {
     while (next_to_reduce < groups.size() && (all || complete[next_to_reduce])) {
       if (untouched || groups[next_to_reduce]->has_gradients()) {
-        reductions[next_to_reduce] = groups[next_to_reduce]->reduce(*dp);
+        reductions[next_to_reduce] = groups[next_to_reduce]->reduce(comm_of(next_to_reduce));
       }
       ++next_to_reduce;
     }
@@ -106,7 +110,7 @@ struct ShardedModel::State {
       } else if (group.shard().defined()) {
         group.set_pending_update(read_master(g, group.shard()));
       }
-      if (group.residency() == Residency::kReplicated) pending.push_back(group.gather_updated(*dp));
+      if (group.residency() == Residency::kReplicated) pending.push_back(group.gather_updated(comm_of(g)));
     }
     for (const auto& work : pending) work->wait();
   }
@@ -131,7 +135,8 @@ struct ShardedModel::State {
       }
       groups[unit_groups[unit]]->release();
     }
-    for (const std::size_t unit : actions.gather) gathers[unit] = groups[unit_groups[unit]]->gather(*dp);
+    for (const std::size_t unit : actions.gather)
+      gathers[unit] = groups[unit_groups[unit]]->gather(comm_of(unit_groups[unit]));
   }
 };
 

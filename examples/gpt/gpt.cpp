@@ -2,6 +2,7 @@
 
 #include <torch/version.h>
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <string>
@@ -29,8 +30,8 @@ double unit(std::uint64_t h) {
 }  // namespace
 
 GPTOptions GPTOptions::from_table(const parallax::AppTable& table) {
-  table.expect_only(
-      {"vocab_size", "block_size", "d_model", "n_layer", "n_head", "d_ff", "tie_embeddings", "attention"});
+  table.expect_only({"vocab_size", "block_size", "d_model", "n_layer", "n_head", "d_ff", "tie_embeddings", "attention",
+                     "n_experts", "moe_every", "top_k", "router", "capacity_factor", "aux_loss_coef", "z_loss_coef"});
   GPTOptions o;
   o.vocab_size = table.get_int("vocab_size", o.vocab_size);
   o.block_size = table.get_int("block_size", o.block_size);
@@ -49,17 +50,40 @@ GPTOptions GPTOptions::from_table(const parallax::AppTable& table) {
                  ConfigError, "[model]: vocab_size >= 2, block_size, d_model, n_layer, n_head >= 1 expected");
   PARALLAX_CHECK(o.d_model % o.n_head == 0, ConfigError, "model.n_head = ", o.n_head,
                  " must divide model.d_model = ", o.d_model);
+  o.n_experts = table.get_int("n_experts", o.n_experts);
+  o.moe_every = table.get_int("moe_every", o.moe_every);
+  const std::int64_t top_k = table.get_int("top_k", 2);
+  PARALLAX_CHECK(o.n_experts >= 0 && o.moe_every >= 1, ConfigError, "model.n_experts = ", o.n_experts,
+                 " (0: no MoE) and model.moe_every = ", o.moe_every, " (>= 1) expected");
+  PARALLAX_CHECK(o.n_experts == 0 || (top_k >= 1 && top_k <= o.n_experts), ConfigError, "model.top_k = ", top_k,
+                 ": expected 1..model.n_experts (", o.n_experts, ")");
+  const std::string router = table.get_string("router", "softmax");
+  PARALLAX_CHECK(router == "softmax" || router == "sigmoid", ConfigError, "model.router = \"", router,
+                 "\": allowed are \"softmax\" and \"sigmoid\"");
+  o.moe = parallax::expert_parallel::MoeOptions(std::max<std::int64_t>(o.n_experts, 1), top_k)
+              .score(router == "sigmoid" ? parallax::expert_parallel::RouterScore::kSigmoid
+                                         : parallax::expert_parallel::RouterScore::kSoftmax)
+              .capacity_factor(table.get_double("capacity_factor", 0.0))
+              .aux_loss_coef(table.get_double("aux_loss_coef", 0.01))
+              .z_loss_coef(table.get_double("z_loss_coef", 0.0));
+  PARALLAX_CHECK(o.moe.capacity_factor() >= 0 && o.moe.aux_loss_coef() >= 0 && o.moe.z_loss_coef() >= 0, ConfigError,
+                 "model.capacity_factor (", o.moe.capacity_factor(), "), aux_loss_coef (", o.moe.aux_loss_coef(),
+                 ") and z_loss_coef (", o.moe.z_loss_coef(), ") must be >= 0");
   return o;
 }
 
-BlockImpl::BlockImpl(const GPTOptions& o) : n_head_(o.n_head), sdpa_(o.sdpa) {
+BlockImpl::BlockImpl(const GPTOptions& o, std::int64_t index) : n_head_(o.n_head), sdpa_(o.sdpa) {
   const std::int64_t d_ff = o.d_ff > 0 ? o.d_ff : 4 * o.d_model;
   ln1_ = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.d_model})));
   qkv_ = register_module("qkv", torch::nn::Linear(o.d_model, 3 * o.d_model));
   attn_proj_ = register_module("attn_proj", torch::nn::Linear(o.d_model, o.d_model));
   ln2_ = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.d_model})));
-  fc_ = register_module("fc", torch::nn::Linear(o.d_model, d_ff));
-  mlp_proj_ = register_module("mlp_proj", torch::nn::Linear(d_ff, o.d_model));
+  if (o.n_experts > 0 && (index + 1) % o.moe_every == 0) {
+    moe_ = register_module("moe", parallax::expert_parallel::MoeLayer(o.d_model, d_ff, o.moe));
+  } else {
+    fc_ = register_module("fc", torch::nn::Linear(o.d_model, d_ff));
+    mlp_proj_ = register_module("mlp_proj", torch::nn::Linear(d_ff, o.d_model));
+  }
 }
 
 // Sizes come from the projections' outputs, not from the options: a tensor-parallel
@@ -85,6 +109,7 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
   }
   auto y = attended.transpose(1, 2).reshape({batch, seq, -1});
   auto h = x + attn_proj_->forward(y);
+  if (moe_) return h + moe_->forward(ln2_->forward(h));
   return h + mlp_proj_->forward(torch::gelu(fc_->forward(ln2_->forward(h))));
 }
 
@@ -110,7 +135,7 @@ EmbeddingsImpl::EmbeddingsImpl(const GPTOptions& o) {
 torch::Tensor EmbeddingsImpl::forward(const torch::Tensor& tokens) {
   const auto* cp = parallax::context_parallel::current();
   auto positions = cp ? cp->positions(tokens.size(1)).to(tokens.device())
-                       : torch::arange(tokens.size(1), tokens.options().dtype(torch::kLong));
+                      : torch::arange(tokens.size(1), tokens.options().dtype(torch::kLong));
   return token_embedding->forward(tokens) + position_embedding->forward(positions).unsqueeze(0);
 }
 
@@ -134,7 +159,7 @@ std::vector<parallax::pipeline::LayerSpec> layer_specs(const GPTOptions& o) {
   specs.push_back(pl::layer<EmbeddingsImpl>("embeddings", [o] { return initialized(Embeddings(o)); }).at(""));
   if (o.tie_embeddings) specs.back().tie("wte", "token_embedding.weight");
   for (std::int64_t i = 0; i < o.n_layer; ++i) {
-    specs.push_back(pl::layer<BlockImpl>("blocks." + std::to_string(i), [o] { return initialized(Block(o)); }));
+    specs.push_back(pl::layer<BlockImpl>("blocks." + std::to_string(i), [o, i] { return initialized(Block(o, i)); }));
   }
   specs.push_back(pl::layer<LmHeadImpl>("head", [o] { return initialized(LmHead(o)); }).at(""));
   if (o.tie_embeddings) specs.back().tie("wte", "head.weight");

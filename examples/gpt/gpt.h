@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "parallax/expert_parallel/moe_layer.h"
 #include "parallax/pipeline/layers.h"
 
 namespace parallax {
@@ -43,15 +44,24 @@ struct GPTOptions {
   /// Otherwise ("explicit") scores and softmax written out, or context_parallel::
   /// current()->attention(). Default: false.
   bool sdpa = false;
+  /// Mixture of experts: 0 = every block has a dense MLP; otherwise every moe_every-th
+  /// block (blocks moe_every − 1, 2·moe_every − 1, ...) has an expert_parallel::MoeLayer
+  /// of n_experts experts of d_ff hidden units instead. Default: 0.
+  std::int64_t n_experts = 0;
+  std::int64_t moe_every = 1;
+  /// The MoE layers' routing (top_k, router, capacity_factor, aux_loss_coef, z_loss_coef).
+  parallax::expert_parallel::MoeOptions moe{1, 2};
 
   /// The [model] table: vocab_size, block_size, d_model, n_layer, n_head, d_ff,
-  /// tie_embeddings, attention ("explicit" or "sdpa").
+  /// tie_embeddings, attention ("explicit" or "sdpa"); n_experts, moe_every, top_k,
+  /// router ("softmax" or "sigmoid"), capacity_factor, aux_loss_coef, z_loss_coef.
   static GPTOptions from_table(const parallax::AppTable& table);
 };
 
 class BlockImpl : public torch::nn::Module {
  public:
-  explicit BlockImpl(const GPTOptions& options);
+  /// Block `index` (0-based), whose MLP is a MoeLayer where GPTOptions says.
+  BlockImpl(const GPTOptions& options, std::int64_t index);
   torch::Tensor forward(const torch::Tensor& x);
 
  private:
@@ -59,6 +69,7 @@ class BlockImpl : public torch::nn::Module {
   bool sdpa_;
   torch::nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
   torch::nn::Linear qkv_{nullptr}, attn_proj_{nullptr}, fc_{nullptr}, mlp_proj_{nullptr};
+  parallax::expert_parallel::MoeLayer moe_{nullptr};
 };
 TORCH_MODULE(Block);
 

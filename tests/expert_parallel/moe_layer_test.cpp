@@ -170,6 +170,43 @@ INSTANTIATE_TEST_SUITE_P(Routings,
                                            Case{"top2_capacity", 2, RouterScore::kSoftmax, 0.75}),
                          [](const auto& info) { return std::string(info.param.name); });
 
+// The auxiliary losses join backward through the output, weighted by the engine's
+// scale: the gate's gradient equals that of a layer without them plus the losses written
+// out here from the routing's definition (moe_options.h). Mutants caught: the carried
+// loss's gradient left out (or not scaled), f_e counted after dropping.
+TEST(MoeLayer, TheAuxiliaryLossesJoinBackwardThroughTheOutput) {
+  const double balance_coef = 0.3, z_coef = 0.05, scale = 0.25;
+  const MoeOptions with = MoeOptions(kExperts, 2).capacity_factor(0.75).aux_loss_coef(balance_coef).z_loss_coef(z_coef);
+  const MoeOptions without = MoeOptions(kExperts, 2).capacity_factor(0.75).aux_loss_coef(0).z_loss_coef(0);
+  torch::manual_seed(3);
+  MoeLayer carried(kHidden, kFfn, with);
+  torch::manual_seed(3);
+  MoeLayer written(kHidden, kFfn, without);
+  carried->to(torch::kFloat64);
+  written->to(torch::kFloat64);
+  torch::manual_seed(5);
+  const torch::Tensor x = torch::randn({2, kSeq, kHidden}, torch::kFloat64);
+  const torch::Tensor upstream = torch::randn({2, kSeq, kHidden}, torch::kFloat64);
+  {
+    const AuxLossGradientScale weight(scale);
+    (carried(x) * upstream).sum().mul(scale).backward();
+  }
+  // The losses by their definitions, on the same logits.
+  const torch::Tensor logits = written->gate(x).reshape({-1, kExperts});
+  const torch::Tensor probability = torch::softmax(logits, -1);
+  const torch::Tensor chosen = std::get<1>(torch::topk(probability, 2, -1));
+  const torch::Tensor fraction =
+      torch::bincount(chosen.reshape({-1}), {}, kExperts).to(torch::kFloat64) / static_cast<double>(chosen.numel());
+  const torch::Tensor balance = kExperts * (fraction * probability.mean(0)).sum();
+  const torch::Tensor z = torch::logsumexp(logits, -1).pow(2).mean();
+  ((written(x) * upstream).sum() + balance_coef * balance + z_coef * z).mul(scale).backward();
+  EXPECT_LT(relative(carried->gate->weight.grad(), written->gate->weight.grad()), kTolerance);
+  const RoutingStats stats = carried->take_stats();
+  EXPECT_NEAR(stats.balance_loss, balance.item<double>(), 1e-12);
+  EXPECT_NEAR(stats.z_loss, z.item<double>(), 1e-12);
+  EXPECT_GT(stats.dropped, 0) << "capacity 0.75 must drop";
+}
+
 TEST(MoeLayer, ExpertsThatDoNotDivideOverTheGroupAreRefusedByName) {
   auto world = create_mpi_world_communicator();
   if (world->size() < 2) GTEST_SKIP();

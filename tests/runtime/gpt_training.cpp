@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <set>
 
 #include "figures.h"
 #include "gpt.h"
@@ -130,6 +131,11 @@ DistributedRun train_distributed(parallax::Config config) {
   auto engine = rt.engine(model, parallax::OptimizerSpec::from(c));
   const int dp_rank = rt.mesh().coord().dp, dp = rt.mesh().degrees().dp;
   DistributedRun run;
+  std::set<const void*> seen;
+  for (const auto& item : model->named_parameters()) {
+    if (item.value().requires_grad() && seen.insert(item.value().unsafeGetTensorImpl()).second)
+      run.names.push_back(item.key());
+  }
   for (std::int64_t step = 0; step < kSteps; ++step) {
     for (std::int64_t micro = 0; micro < c.train.grad_accum; ++micro) {
       auto [inputs, targets] =

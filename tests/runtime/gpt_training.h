@@ -46,6 +46,8 @@ struct DistributedRun {
   std::int64_t padding_bytes = 0;
   std::size_t buckets = 0;
   std::int64_t parameter_elements = 0;  ///< trainable, counted once
+  /// The model's name of each of trajectory.params (experts by global index under ep).
+  std::vector<std::string> names;
 };
 
 /// The engine on every rank of the world (ranks start from different seeds; the
