@@ -61,6 +61,19 @@ std::string to_json_line(const StepMetrics& m) {
     out << "}";
   }
   out << "]";
+  if (m.moe.layers > 0) {
+    out << ",\"moe\":{\"layers\":" << m.moe.layers << ",\"aux_loss\":";
+    write_number(out, m.moe.aux_loss);
+    out << ",\"balance_loss\":";
+    write_number(out, m.moe.balance_loss);
+    out << ",\"z_loss\":";
+    write_number(out, m.moe.z_loss);
+    out << ",\"dropped_fraction\":";
+    write_number(out, m.moe.dropped_fraction);
+    out << ",\"imbalance\":";
+    write_number(out, m.moe.imbalance);
+    out << "}";
+  }
   if (!m.bubble_fraction.empty()) {
     out << ",\"bubble_fraction\":[";
     for (std::size_t r = 0; r < m.bubble_fraction.size(); ++r) {
@@ -114,6 +127,13 @@ std::vector<TensorBoardScalar> tensorboard_scalars(const StepMetrics& m) {
 
   for (std::size_t r = 0; r < m.bubble_fraction.size(); ++r) {
     scalars.push_back({"pipeline/rank" + std::to_string(r) + "_bubble_fraction", m.bubble_fraction[r]});
+  }
+  if (m.moe.layers > 0) {
+    scalars.push_back({"moe/aux_loss", m.moe.aux_loss});
+    scalars.push_back({"moe/balance_loss", m.moe.balance_loss});
+    scalars.push_back({"moe/z_loss", m.moe.z_loss});
+    scalars.push_back({"moe/dropped_fraction", m.moe.dropped_fraction});
+    scalars.push_back({"moe/imbalance", m.moe.imbalance});
   }
   return scalars;
 }

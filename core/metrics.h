@@ -24,6 +24,20 @@
 
 namespace parallax {
 
+/// What a step's mixture-of-experts layers routed, over the global batch.
+struct RoutingMetrics {
+  /// MoE layers in the model (over every pipeline stage); 0: none, and no "moe" in the JSON.
+  std::int64_t layers = 0;
+  /// Mean over the step's layer forwards of aux_loss_coef · balance + z_loss_coef · z:
+  /// what the auxiliary losses added to the loss.
+  double aux_loss = 0.0;
+  double balance_loss = 0.0;      ///< mean unweighted n_experts · Σ f_e·P_e (1: uniform routing)
+  double z_loss = 0.0;            ///< mean unweighted logsumexp(logits)²
+  double dropped_fraction = 0.0;  ///< choices the capacity rule dropped / every choice
+  /// The most imbalanced layer's max / mean tokens per expert (1: balanced).
+  double imbalance = 0.0;
+};
+
 struct StepMetrics {
   std::int64_t step = 0;
   double loss = 0.0;  ///< mean over the global batch
@@ -48,6 +62,8 @@ struct StepMetrics {
   /// all ranks, from its start to its last forward or backward) the rank did not compute;
   /// empty without a pipeline.
   std::vector<double> bubble_fraction;
+  /// Mixture-of-experts routing; moe.layers == 0 without MoE layers.
+  RoutingMetrics moe;
 };
 
 /// The bytes a rank sent within its node and to other nodes: every op's payload but
@@ -63,8 +79,8 @@ std::string to_json_line(const StepMetrics& metrics);
 
 /// The TensorBoard scalars of one step, in this order (ranks r = 0, 1, …):
 ///   train/loss, train/lr, train/grad_norm (only when computed: >= 0 or not finite),
-///   perf/step_ms, perf/predicted_step_ms (only in auto mode), perf/samples_per_s, perf/tokens_per_s (only when tokens_per_sample
-///   is set), memory/rank<r>_bytes (the rank's model state: params + grads + optimizer
+///   perf/step_ms, perf/predicted_step_ms (only in auto mode), perf/samples_per_s, perf/tokens_per_s (only when
+///   tokens_per_sample is set), memory/rank<r>_bytes (the rank's model state: params + grads + optimizer
 ///   + host + nvme), comm/<op>_bytes for every op (the step's logical payload bytes
 ///   summed over all ranks, e.g. comm/all_reduce_bytes), comm/intra_node_bytes and
 ///   comm/inter_node_bytes (the same payload of every op but recv, whose bytes are the

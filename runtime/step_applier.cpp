@@ -12,6 +12,7 @@
 #include "parallax/core/flight_recorder.h"
 #include "parallax/core/mesh.h"
 #include "parallax/core/world.h"
+#include "parallax/expert_parallel/moe_layer.h"
 #include "parallax/runtime/gradient_reduction.h"
 #include "parallax/runtime/plan_options.h"
 #include "parallax/runtime/runtime.h"
@@ -93,6 +94,40 @@ void check_same_input(Communicator& tp, const torch::Tensor& input) {
 
 }  // namespace
 
+namespace {
+
+// The window's routing on this rank; each layer's tokens per expert summed over the
+// replicas (its token group) in one all-reduce, for the imbalance over the global batch.
+StepTelemetry::RoutingActivity routing_activity(const std::vector<expert_parallel::MoeLayerImpl*>& moe_layers,
+                                                Communicator& replicas) {
+  StepTelemetry::RoutingActivity activity;
+  activity.layers = static_cast<std::int64_t>(moe_layers.size());
+  std::vector<expert_parallel::RoutingStats> stats;
+  std::vector<torch::Tensor> counts;
+  for (auto* layer : moe_layers) {
+    stats.push_back(layer->take_stats());
+    const expert_parallel::RoutingStats& s = stats.back();
+    const expert_parallel::MoeOptions& o = layer->options();
+    activity.forwards += s.forwards;
+    activity.aux_loss += o.aux_loss_coef() * s.balance_loss + o.z_loss_coef() * s.z_loss;
+    activity.balance_loss += s.balance_loss;
+    activity.z_loss += s.z_loss;
+    activity.choices += s.choices;
+    activity.dropped += s.dropped;
+    counts.push_back(torch::tensor(s.tokens_per_expert, torch::kInt64));
+  }
+  if (replicas.size() > 1) sum_in_place(replicas, counts);
+  for (const torch::Tensor& layer_counts : counts) {
+    expert_parallel::RoutingStats global;
+    global.tokens_per_expert.assign(layer_counts.data_ptr<std::int64_t>(),
+                                    layer_counts.data_ptr<std::int64_t>() + layer_counts.numel());
+    activity.imbalance = std::max(activity.imbalance, global.imbalance());
+  }
+  return activity;
+}
+
+}  // namespace
+
 StepApplier::StepApplier(Runtime& runtime,
                          const proto::Plan& engine_plan,
                          const std::string& name,
@@ -143,6 +178,7 @@ StepApplier::StepApplier(Runtime& runtime,
     if (const auto* split = steps_.back()->tensor_split()) split_ = split;
   }
   if (dtype_ != torch::kFloat32) model_->to(dtype_);
+  moe_layers_ = expert_parallel::moe_layers(*model_);
 
   // model->to() may have replaced the tensors: collect the trainable ones again, each
   // under the whole model's name (a stage's module paths mapped), for checkpoints.
@@ -257,6 +293,8 @@ void StepApplier::apply_step(double local_loss) {
   }
   ++global_step_;
   FlightRecorder::instance().set_step(global_step_ + 1);
+  if (!moe_layers_.empty())
+    telemetry_->set_routing_activity(routing_activity(moe_layers_, runtime_->mesh().replicas()));
   last_ = telemetry_->end_window(global_step_, local_loss, lr, outcome.grad_norm, model_state_bytes());
 }
 

@@ -42,6 +42,9 @@ class AsyncSaver;
 namespace context_parallel {
 class ContextParallel;
 }  // namespace context_parallel
+namespace expert_parallel {
+class MoeLayerImpl;
+}  // namespace expert_parallel
 namespace zero {
 class ShardedModel;
 class LossScaler;
@@ -226,7 +229,8 @@ class StepApplier {
   torch::ScalarType dtype_ = torch::kFloat32;
   torch::Device device_{torch::kCPU};                          ///< the runtime's: the model and every input go there
   std::vector<torch::Tensor> params_;                          ///< the model's trainable ones (compute dtype)
-  std::vector<std::string> param_names_;                       ///< theirs, in the whole model
+  std::vector<std::string> param_names_;
+  std::vector<expert_parallel::MoeLayerImpl*> moe_layers_;  ///< the model's MoE layers (routing metrics)                       ///< theirs, in the whole model
   std::vector<std::unique_ptr<StrategyStep>> steps_;           ///< the registered strategies the plan asks for
   const tensor_parallel::ParallelizedModel* split_ = nullptr;  ///< the tensor-parallel step's (parallel.tp > 1)
   std::unique_ptr<GradientReduction> reduction_;

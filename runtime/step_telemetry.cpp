@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 
 #include "parallax/core/error.h"
 #include "parallax/core/mesh.h"
@@ -17,9 +18,11 @@
 namespace parallax {
 namespace {
 
-constexpr std::int64_t kStateFields = 8;  // loss, the ModelStateBytes fields, pipeline compute and schedule ms
-constexpr std::int64_t kCommFields = 3;   // per op: calls, bytes, inter-node bytes
-constexpr std::int64_t kFieldsPerRank = kStateFields + kCommFields * static_cast<std::int64_t>(kCommOpCount);
+constexpr std::int64_t kStateFields = 8;    // loss, the ModelStateBytes fields, pipeline compute and schedule ms
+constexpr std::int64_t kCommFields = 3;     // per op: calls, bytes, inter-node bytes
+constexpr std::int64_t kRoutingFields = 8;  // RoutingActivity's
+constexpr std::int64_t kRoutingAt = kStateFields + kCommFields * static_cast<std::int64_t>(kCommOpCount);
+constexpr std::int64_t kFieldsPerRank = kRoutingAt + kRoutingFields;
 
 std::string human_rate(double per_second) {
   char text[32];
@@ -38,11 +41,13 @@ std::string human_rate(double per_second) {
 StepTelemetry::StepTelemetry(Runtime& runtime, const proto::Plan& plan)
     : runtime_(runtime), batch_(batch_options(plan)) {
   Mesh& mesh = runtime.mesh();
-  for (Communicator* c : {&mesh.world(), &mesh.dp(), &mesh.tp(), &mesh.pp(), &mesh.cp(), &mesh.replicas()}) {
+  for (Communicator* c :
+       {&mesh.world(), &mesh.dp(), &mesh.tp(), &mesh.pp(), &mesh.cp(), &mesh.replicas(), &mesh.expert_replicas()}) {
     if (std::find(training_comms_.begin(), training_comms_.end(), c) == training_comms_.end()) {
       training_comms_.push_back(c);
     }
   }
+  if (mesh.degrees().ep > 1) training_comms_.push_back(&mesh.expert());
 }
 
 StepTelemetry::~StepTelemetry() = default;
@@ -81,6 +86,16 @@ StepMetrics StepTelemetry::end_window(
     m[kStateFields + kCommFields * op + 1] = static_cast<double>(delta.ops[op].bytes);
     m[kStateFields + kCommFields * op + 2] = static_cast<double>(delta.ops[op].inter_node_bytes);
   }
+  double* routed = m + kRoutingAt;
+  routed[0] = static_cast<double>(routing_.layers);
+  routed[1] = static_cast<double>(routing_.forwards);
+  routed[2] = routing_.aux_loss;
+  routed[3] = routing_.balance_loss;
+  routed[4] = routing_.z_loss;
+  routed[5] = static_cast<double>(routing_.choices);
+  routed[6] = static_cast<double>(routing_.dropped);
+  routed[7] = routing_.imbalance;
+  routing_ = RoutingActivity();
 
   Communicator& telemetry = runtime_.telemetry();
   telemetry.set_step(step);
@@ -109,6 +124,27 @@ StepMetrics StepTelemetry::end_window(
     metrics.comm.push_back(counters);
   }
   metrics.loss = loss_sum / ranks;
+  // Routing: every rank of a stage holds its layers (tp ranks route the same tokens alike).
+  double layer_sum = 0.0, forwards = 0.0, choices = 0.0, dropped = 0.0;
+  for (int r = 0; r < ranks; ++r) {
+    const double* routed = a + r * kFieldsPerRank + kRoutingAt;
+    layer_sum += routed[0];
+    forwards += routed[1];
+    metrics.moe.aux_loss += routed[2];
+    metrics.moe.balance_loss += routed[3];
+    metrics.moe.z_loss += routed[4];
+    choices += routed[5];
+    dropped += routed[6];
+    metrics.moe.imbalance = std::max(metrics.moe.imbalance, routed[7]);
+  }
+  metrics.moe.layers =
+      std::llround(layer_sum * runtime_.mesh().degrees().pp / static_cast<double>(runtime_.mesh().world().size()));
+  if (forwards > 0) {
+    metrics.moe.aux_loss /= forwards;
+    metrics.moe.balance_loss /= forwards;
+    metrics.moe.z_loss /= forwards;
+  }
+  metrics.moe.dropped_fraction = choices > 0 ? dropped / choices : 0.0;
   double longest_schedule = -1.0;
   for (int r = 0; r < ranks; ++r) longest_schedule = std::max(longest_schedule, a[r * kFieldsPerRank + 7]);
   if (longest_schedule > 0) {
@@ -154,7 +190,15 @@ StepMetrics StepTelemetry::end_window(
     if (timed_windows_ > 0 && total > step) {
       eta = " | ETA " + human_duration(static_cast<double>(total - step) * timed_ms_ / timed_windows_ / 1000.0);
     }
-    runtime_.logger().summary(line, norm, eta);
+    char routing[64] = "";
+    if (metrics.moe.layers > 0) {
+      std::snprintf(routing, sizeof(routing), " | aux %.4f | imbalance %.2f", metrics.moe.aux_loss,
+                    metrics.moe.imbalance);
+      if (metrics.moe.dropped_fraction > 0)
+        std::snprintf(routing + std::strlen(routing), sizeof(routing) - std::strlen(routing), " | dropped %.1f%%",
+                      100.0 * metrics.moe.dropped_fraction);
+    }
+    runtime_.logger().summary(line, norm, routing, eta);
   }
   // Every auto run checks the planner's model: the prediction against the mean of the
   // steps after the first (which builds and warms up).

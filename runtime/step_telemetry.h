@@ -55,6 +55,20 @@ class StepTelemetry {
     compute_ms_ = compute_ms;
     schedule_ms_ = schedule_ms;
   }
+  /// What this rank's MoE layers routed in the window (sums over its layers' forwards,
+  /// and its worst layer's imbalance over the global batch); the next end_window
+  /// combines every rank's into StepMetrics::moe.
+  struct RoutingActivity {
+    std::int64_t layers = 0;  ///< this rank's MoE layers
+    std::int64_t forwards = 0;
+    double aux_loss = 0.0;  ///< sums over forwards
+    double balance_loss = 0.0;
+    double z_loss = 0.0;
+    std::int64_t choices = 0;
+    std::int64_t dropped = 0;
+    double imbalance = 0.0;
+  };
+  void set_routing_activity(const RoutingActivity& activity) { routing_ = activity; }
 
  private:
   CommCounters training_counters() const;
@@ -69,6 +83,7 @@ class StepTelemetry {
   bool first_window_done_ = false;      // the first window (warm-up) is not in the ETA's mean
   double timed_ms_ = 0.0;               // the other windows' total time and count
   std::int64_t timed_windows_ = 0;
+  RoutingActivity routing_;   // this window's (zero without MoE layers)
   double compute_ms_ = -1.0;  // -1: no pipeline activity this window
   double schedule_ms_ = -1.0;
 };

@@ -79,6 +79,7 @@ FIGURES = {
     "cp_equivalence": ctest("cp_equivalence"),
     "cp_memory": ctest("cp_memory"),
     "cp_memory_fused": ctest("cp_memory", build="build-wheel"),  # LibTorch 2.11: fused attention
+    "ep_equivalence": ctest("ep_equivalence"),
     "checkpoint_reshard": ctest("checkpoint_reshard"),
     "checkpoint_export": ctest("checkpoint_export"),
     "checkpoint_faults": ctest("checkpoint_(preemption|crash|manifest_fuzz)"),
@@ -98,6 +99,8 @@ FIGURES = {
     "bench_link_classes": Figure(["bench/link_classes.sh"], keep=r"^(size|\d+[KM]iB)"),
     "bench_context_attention": Figure(["bench/context_attention.sh"], env={"TORCH": "wheel"},
                                       keep=r"^(causal|method|whole|ring|all-to-all|PyTorch|torch|Parallax)"),
+    "bench_moe": Figure(["bench/moe.sh"], env={"TORCH": "wheel"},
+                        keep=r"^(MoE layer|layout|every expert|parallax ep|tokens per|torch|Parallax)"),
     "bench_allreduce": Figure(MPIRUN + ["-np", "4", str(BUILD_DIR / "bench/bench_allreduce"), "--nonblocking"]),
 }
 

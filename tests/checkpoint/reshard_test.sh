@@ -62,6 +62,7 @@ CONFIG=tp.toml run tp2-dp2 4 --set zero.stage=1 --set "checkpoint.dir=\"$WORK/tp
 run pp2-1f1b 2 --set parallel.pp=2 --set 'pipeline.schedule="1f1b"' --set "checkpoint.dir=\"$WORK/pp2-1f1b\"" \
   --set checkpoint.every=5
 run cp2-dp2 4 --set parallel.cp=2 --set zero.stage=1 --set "checkpoint.dir=\"$WORK/cp2-dp2\"" --set checkpoint.every=5
+CONFIG=moe.toml run ep4-dp4 4 --set parallel.ep=4 --set "checkpoint.dir=\"$WORK/ep4-dp4\"" --set checkpoint.every=5
 step5() { echo "checkpoint.load=\"$WORK/$1/step-000000000005\""; }
 
 # dp 4 ZeRO-3 -> dp 2 replicated, -> pp 2, -> one process.
@@ -103,4 +104,10 @@ run cp2-to-cp4 4 --set parallel.cp=4 --set 'context_parallel.method="all_to_all"
 compare cp2-dp2 cp2-to-cp4
 run zero3-to-cp2 4 --set parallel.cp=2 --set zero.stage=2 --set "$(step5 zero3-dp4)"
 compare zero3-dp4 zero3-to-cp2
+# Mixture of experts, saved at ep 4 ZeRO-1 (each expert once, under its global index) ->
+# ep 2 ZeRO-2 (each rank reads its block of experts), -> one process (every expert).
+CONFIG=moe.toml run ep4-to-ep2 4 --set parallel.ep=2 --set zero.stage=2 --set "$(step5 ep4-dp4)"
+compare ep4-dp4 ep4-to-ep2
+CONFIG=moe.toml run ep4-to-single 1 --set parallel.ep=1 --set zero.stage=0 --set "$(step5 ep4-dp4)"
+compare ep4-dp4 ep4-to-single
 exit "$failed"

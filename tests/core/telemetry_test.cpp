@@ -113,8 +113,8 @@ TEST(Metrics, TensorBoardScalarsNameEveryValueOncePerStep) {
       {"comm/all_reduce_bytes", 96}, {"comm/reduce_scatter_bytes", 0},
       {"comm/all_gather_bytes", 0},  {"comm/broadcast_bytes", 0},
       {"comm/send_bytes", 8},        {"comm/recv_bytes", 8},
-      {"comm/barrier_bytes", 0},     {"comm/intra_node_bytes", 8},
-      {"comm/inter_node_bytes", 96}};
+      {"comm/barrier_bytes", 0},     {"comm/all_to_all_bytes", 0},
+      {"comm/intra_node_bytes", 8},  {"comm/inter_node_bytes", 96}};
   EXPECT_EQ(got, want);
 
   m.grad_norm = 1.5;
@@ -127,6 +127,17 @@ TEST(Metrics, TensorBoardScalarsNameEveryValueOncePerStep) {
   EXPECT_EQ(got[2], (std::pair<std::string, double>{"train/grad_norm", 1.5}));
   EXPECT_EQ(got[5], (std::pair<std::string, double>{"perf/tokens_per_s", 12800}));
   EXPECT_EQ(got[got.size() - 1], (std::pair<std::string, double>{"pipeline/rank1_bubble_fraction", 0.5}));
+
+  // A model with MoE layers: the routing, last.
+  m.moe.layers = 2;
+  m.moe.aux_loss = 0.02;
+  m.moe.imbalance = 1.25;
+  got.clear();
+  for (const TensorBoardScalar& s : tensorboard_scalars(m)) got.emplace_back(s.tag, s.value);
+  ASSERT_EQ(got.size(), want.size() + 4 + 5);
+  EXPECT_EQ(got[want.size() + 4], (std::pair<std::string, double>{"moe/aux_loss", 0.02}));
+  EXPECT_EQ(got.back(), (std::pair<std::string, double>{"moe/imbalance", 1.25}));
+  EXPECT_NE(to_json_line(m).find("\"moe\":{\"layers\":2,\"aux_loss\":0.02"), std::string::npos) << to_json_line(m);
 }
 
 TEST(Metrics, HumanDurationForTheEta) {

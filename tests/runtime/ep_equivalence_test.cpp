@@ -22,6 +22,8 @@
 #include "gpt.h"
 #include "gpt_training.h"
 #include "parallax/core/config.h"
+#include "parallax/expert_parallel/moe_layer.h"
+#include "parallax/runtime/parallax.h"
 #include "pipeline_training.h"
 
 namespace {
@@ -119,6 +121,68 @@ TEST(ExpertParallel, OffloadedExpertOptimizerState) {
 TEST(ExpertParallel, WithContextParallelism) {
   // cp 2 (dp = world / 2): ep 2 folds over the cp ranks (and dp at 4 ranks).
   expect_matches_reference(moe_config({"parallel.cp=2", "parallel.ep=2"}), "cp 2, ep 2");
+}
+
+// Each step's routing metrics (StepMetrics::moe) are what one process's layers routed on
+// the same global batch: the dropped fraction and the worst layer's imbalance exactly (the
+// same tokens took the same experts), the auxiliary loss to fp32 rounding; and each rank's
+// all-to-all bytes are what its layers' dispatches counted. Mutants caught: the
+// imbalance taken over this rank's tokens (not summed over the replicas); the ep group's
+// counters left out of the step's (all_to_all bytes 0).
+TEST(ExpertParallel, RoutingMetricsAreTheSingleProcessRouting) {
+  const parallax::Config config =
+      moe_config({"parallel.ep=" + std::to_string(world_size()), "model.top_k=2", "model.capacity_factor=1.0"});
+  // One process, as train_reference trains, reading its layers' routing after each step.
+  const auto options = gpt::GPTOptions::from_table(config.app_table("model"));
+  const gpt::SyntheticTokens data(options.vocab_size, options.block_size, config.train.seed);
+  gpt::GPT model(options, static_cast<std::uint64_t>(config.train.seed));
+  auto spec = parallax::OptimizerSpec::from(config);
+  auto optimizer = parallax::make_optimizer(spec.optimizer, model->parameters());
+  const auto layers = parallax::expert_parallel::moe_layers(*model);
+  ASSERT_EQ(layers.size(), 2u);
+  std::vector<parallax::RoutingMetrics> want;
+  for (std::int64_t step = 0; step < equivalence::kSteps; ++step) {
+    auto [inputs, targets] = data.batch(step * equivalence::kGlobalBatch, equivalence::kGlobalBatch);
+    auto loss = gpt::language_model_loss(model->forward(inputs), targets);
+    optimizer->zero_grad();
+    loss.backward();
+    torch::nn::utils::clip_grad_norm_(model->parameters(), spec.optimizer.grad_clip);
+    parallax::set_learning_rate(*optimizer, parallax::scheduled_lr(spec, step));
+    optimizer->step();
+    parallax::RoutingMetrics m;
+    double choices = 0, dropped = 0;
+    for (auto* layer : layers) {
+      const auto stats = layer->take_stats();
+      m.aux_loss +=
+          (layer->options().aux_loss_coef() * stats.balance_loss + layer->options().z_loss_coef() * stats.z_loss) /
+          layers.size();
+      m.imbalance = std::max(m.imbalance, stats.imbalance());
+      choices += stats.choices;
+      dropped += stats.dropped;
+    }
+    m.dropped_fraction = dropped / choices;
+    want.push_back(m);
+  }
+  const equivalence::DistributedRun got = equivalence::train_distributed(config);
+  ASSERT_EQ(got.metrics.size(), want.size());
+  for (std::size_t s = 0; s < want.size(); ++s) {
+    const parallax::RoutingMetrics& m = got.metrics[s].moe;
+    EXPECT_EQ(m.layers, 2) << "step " << s + 1;
+    EXPECT_DOUBLE_EQ(m.dropped_fraction, want[s].dropped_fraction) << "step " << s + 1;
+    EXPECT_DOUBLE_EQ(m.imbalance, want[s].imbalance) << "step " << s + 1;
+    EXPECT_NEAR(m.aux_loss, want[s].aux_loss, 1e-6 * want[s].aux_loss) << "step " << s + 1;
+    for (const parallax::CommCounters& rank : got.metrics[s].comm)
+      EXPECT_GT(rank[parallax::CommOp::kAllToAll].bytes, 0);
+  }
+  EXPECT_GT(want.front().dropped_fraction, 0.0) << "capacity 1.0 must drop";
+  for (std::size_t s : {std::size_t{0}, want.size() - 1}) {
+    const parallax::StepMetrics& m = got.metrics[s];
+    std::printf(
+        "[ figures  ] ep %d, top-2, capacity 1.0, step %lld: aux loss %.5f (balance %.4f), imbalance %.3f, "
+        "dropped %.2f%%, all-to-all %.1f KiB sent by rank 0\n",
+        world_size(), static_cast<long long>(m.step), m.moe.aux_loss, m.moe.balance_loss, m.moe.imbalance,
+        100 * m.moe.dropped_fraction, m.comm[0][parallax::CommOp::kAllToAll].bytes / 1024.0);
+  }
 }
 
 TEST(ExpertParallel, WithPipelineStages) {
