@@ -95,10 +95,12 @@ std::vector<Refusal> strategy_refusals(const Config& c) {
   }
   if (c.parallel.ep > 1) {
     const std::string ep = std::to_string(c.parallel.ep);
-    if (c.parallel.tp > 1) {
-      refusals.push_back({{key(c, "parallel.ep", ep), key(c, "parallel.tp", tp)},
-                          "experts split over the tensor-parallel group (expert-tensor degree = tp) are not built yet",
-                          "parallel.tp = 1 with parallel.ep = " + ep + ", or parallel.ep = 1"});
+    if (c.parallel.tp > 1 && c.tensor_parallel.sequence_parallel) {
+      refusals.push_back({{key(c, "parallel.ep", ep), key(c, "tensor_parallel.sequence_parallel", "true")},
+                          "under sequence parallelism each tensor-parallel rank routes its own part of the sequence, "
+                          "while the experts' tensor-parallel halves need the same rows on every rank",
+                          "tensor_parallel.sequence_parallel = false (experts split over tp by the plan), or "
+                          "parallel.ep = 1"});
     }
     if (c.zero.stage == 3) {
       refusals.push_back({{key(c, "parallel.ep", ep), key(c, "zero.stage", "3")},

@@ -259,9 +259,21 @@ class ExpertParallelStep final : public StrategyStep {
     experts_ = &mesh.expert();
     expert_replicas_ = &mesh.expert_replicas();
     if (!layers_.empty()) {
+      // What this rank holds: its experts' elements, and the dense ones.
+      std::int64_t expert_elements = 0;
+      for (const auto* layer : layers_) {
+        for (const auto& param : layer->expert_parameters()) expert_elements += param.numel();
+      }
+      std::int64_t all_elements = 0;
+      std::unordered_set<const void*> seen;
+      for (const auto& param : p.model.parameters()) {
+        if (seen.insert(param.unsafeGetTensorImpl()).second) all_elements += param.numel();
+      }
       p.runtime.logger().summary("# expert parallel: ep = ", ep, ", ", layers_.size(), " MoE layer(s) of ",
                                  layers_.front()->options().n_experts(), " experts, ", layers_.front()->local_experts(),
-                                 " per rank; expert gradients reduced over ", expert_replicas_->size(), " rank(s) ('",
+                                 " per rank; per rank ", expert_elements, " expert parameters (its ep group holds ",
+                                 expert_elements * ep, ") and ", all_elements - expert_elements,
+                                 " dense; expert gradients reduced over ", expert_replicas_->size(), " rank(s) ('",
                                  expert_replicas_->name(), "')");
     }
   }

@@ -5,7 +5,7 @@
 // within the fp32 bounds, for ep = the world (every rank holds other experts), ep inside
 // dp (experts replicated over dp × cp / ep ranks), ZeRO 1–2, offloaded expert optimizer
 // state, dropless and capacity routing, top-1 and top-2, softmax and sigmoid routers,
-// context parallelism and pipeline stages.
+// context parallelism, pipeline stages and tensor parallelism (experts split over tp).
 //
 // Mutants these tests catch (each tried once):
 //   - expert gradients averaged over the ranks holding them instead of the whole
@@ -13,6 +13,8 @@
 //   - expert gradients reduced over the data-parallel group (summing other experts);
 //   - the clipping norm without the experts (their weight 0 in the replicated norm, their
 //     flat groups left out of ZeRO's): caught where clipping binds every step.
+//   - dense parameters counted ep times in the replicated norm (their weight not divided
+//     by ep): caught where clipping binds, with and without tp.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -46,7 +48,8 @@ parallax::Config moe_config(std::vector<std::string> extra) {
   return equivalence::make_config(1, overrides);
 }
 
-// Trains `config` both ways and compares every parameter this rank holds, by name.
+// Trains `config` both ways and compares every parameter this rank holds, by name (its
+// tensor-parallel part of it when tp > 1).
 void expect_matches_reference(const parallax::Config& config, const std::string& label) {
   SCOPED_TRACE(label);
   const equivalence::Trajectory want = equivalence::train_reference(config);
@@ -55,7 +58,12 @@ void expect_matches_reference(const parallax::Config& config, const std::string&
   gpt::GPT names_of(options, static_cast<std::uint64_t>(config.train.seed));
   std::map<std::string, torch::Tensor> reference;
   std::size_t index = 0;
-  for (const auto& item : names_of->named_parameters()) reference[item.key()] = want.params.at(index++);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const int tp = config.parallel.tp;
+  for (const auto& item : names_of->named_parameters()) {
+    reference[item.key()] = equivalence::planned_part(item.key(), want.params.at(index++), rank % tp, tp);
+  }
 
   const double worst_loss =
       equivalence::expect_losses_match(got.trajectory.losses, want.losses, kFp32LossTolerance, "expert parallel");
@@ -111,6 +119,24 @@ TEST(ExpertParallel, ExpertsReplicatedOverPartOfTheDataParallelGroup) {
   }
   expect_matches_reference(moe_config({"parallel.ep=2"}), "ep 2 inside dp 4, zero 0");
   expect_matches_reference(moe_config({"parallel.ep=2", "zero.stage=2"}), "ep 2 inside dp 4, zero 2");
+}
+
+// ep × tp: each expert split over the tensor-parallel group by the plan (fc1 by columns,
+// fc2 by rows: the expert-tensor degree is tp), the router replicated, every tp rank
+// routing the same tokens over its own ep group. A clipping bound every step meets holds
+// the norm to counting each part once.
+TEST(ExpertParallel, ExpertsSplitOverTensorParallelism) {
+  if (world_size() < 4) GTEST_SKIP() << "tp 2 × dp 2 needs 4 ranks";
+  const std::string plan =
+      "tensor_parallel.plan={\"token_embedding\"=\"vocab_embedding\", \"position_embedding\"=\"replicate\", "
+      "\"blocks.*.qkv\"={style=\"column\", parts=3, heads=4}, \"blocks.*.attn_proj\"={style=\"row\", heads=4}, "
+      "\"blocks.*.moe.gate\"=\"replicate\", \"blocks.*.moe.experts.*.fc1\"=\"column\", "
+      "\"blocks.*.moe.experts.*.fc2\"=\"row\", \"head\"=\"vocab_output\"}";
+  for (int stage : {0, 1}) {
+    expect_matches_reference(moe_config({"parallel.tp=2", "parallel.ep=2", plan, "optimizer.grad_clip=0.05",
+                                         "zero.stage=" + std::to_string(stage)}),
+                             "tp 2 x dp 2, ep 2, experts split over tp, zero " + std::to_string(stage));
+  }
 }
 
 TEST(ExpertParallel, OffloadedExpertOptimizerState) {

@@ -172,6 +172,9 @@ torch::Tensor planned_part(const std::string& name, const torch::Tensor& dense, 
   }
   if (ends_with("fc.weight") || ends_with("fc.bias")) return chunk(dense, 0);
   if (ends_with("attn_proj.weight") || ends_with("mlp_proj.weight")) return chunk(dense, 1);
+  // A mixture-of-experts block's experts under the MoE plan: fc1 by columns, fc2 by rows.
+  if (ends_with("fc1.weight") || ends_with("fc1.bias")) return chunk(dense, 0);
+  if (ends_with("fc2.weight")) return chunk(dense, 1);
   return dense;  // replicated
 }
 

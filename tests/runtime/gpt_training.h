@@ -55,7 +55,8 @@ struct DistributedRun {
 DistributedRun train_distributed(parallax::Config config);
 
 /// The part of the dense parameter (or gradient) `name` that tensor-parallel rank
-/// `rank` of `size` holds under configs/tp.toml's plan; `dense` itself when replicated.
+/// `rank` of `size` holds under configs/tp.toml's plan (and for a mixture-of-experts
+/// block's experts, fc1 by columns and fc2 by rows); `dense` itself when replicated.
 torch::Tensor planned_part(const std::string& name, const torch::Tensor& dense, int rank, int size);
 
 /// planned_part of every parameter of the GPT `config` describes, `dense` in its
