@@ -28,6 +28,26 @@ ModelStateBytes model_state_formula(
   return bytes;
 }
 
+ModelStateBytes model_state_formula(std::int64_t elements,
+                                    std::int64_t padding,
+                                    int dp,
+                                    std::int64_t expert_elements,
+                                    std::int64_t expert_padding,
+                                    int expert_dp,
+                                    int stage,
+                                    Dtype dtype,
+                                    int optimizer_bytes_per_element) {
+  const ModelStateBytes dense = model_state_formula(elements - expert_elements, padding - expert_padding, dp, stage,
+                                                    dtype, optimizer_bytes_per_element);
+  const ModelStateBytes experts =
+      model_state_formula(expert_elements, expert_padding, expert_dp, stage, dtype, optimizer_bytes_per_element);
+  ModelStateBytes sum;
+  sum.params = dense.params + experts.params;
+  sum.grads = dense.grads + experts.grads;
+  sum.optimizer = dense.optimizer + experts.optimizer;
+  return sum;
+}
+
 ModelStateBytes offloaded_model_state_formula(std::int64_t elements,
                                               std::int64_t padding,
                                               int dp,

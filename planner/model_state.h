@@ -28,6 +28,19 @@ namespace parallax {
 ModelStateBytes model_state_formula(
     std::int64_t elements, std::int64_t padding, int dp, int stage, Dtype dtype, int optimizer_bytes_per_element);
 
+/// Expert parallelism: of the Ψ elements and the padding, `expert_elements` and
+/// `expert_padding` are this rank's experts', sharded over the `expert_dp` ranks holding
+/// them (dp / ep); the rest over `dp`. The sum of model_state_formula over the two parts.
+ModelStateBytes model_state_formula(std::int64_t elements,
+                                    std::int64_t padding,
+                                    int dp,
+                                    std::int64_t expert_elements,
+                                    std::int64_t expert_padding,
+                                    int expert_dp,
+                                    int stage,
+                                    Dtype dtype,
+                                    int optimizer_bytes_per_element);
+
 /// The same with `offload` (ZeRO-Offload / ZeRO-Infinity; stage >= 1, Adam or AdamW),
 /// T = Ψ'/N this rank's shard:
 ///   device: params eΨ' at stages 1–2, eT at stage 3, none with offload.param;

@@ -102,11 +102,6 @@ std::vector<Refusal> strategy_refusals(const Config& c) {
                           "tensor_parallel.sequence_parallel = false (experts split over tp by the plan), or "
                           "parallel.ep = 1"});
     }
-    if (c.zero.stage == 3) {
-      refusals.push_back({{key(c, "parallel.ep", ep), key(c, "zero.stage", "3")},
-                          "ZeRO-3's gather units do not keep experts apart from dense parameters yet",
-                          "zero.stage = 2 (experts' gradients and optimizer state sharded over their own group)"});
-    }
     if (cuda) {
       refusals.push_back({{key(c, "parallel.ep", ep), key(c, "train.device", quoted("cuda"))},
                           "expert parallelism has not run on a GPU yet",

@@ -222,6 +222,12 @@ std::int64_t Engine::gradient_bytes() const {
 std::int64_t Engine::gradient_padding_bytes() const {
   return applier_->reduction().gradient_padding_bytes();
 }
+std::int64_t Engine::expert_gradient_bytes() const {
+  return applier_->reduction().expert_gradient_bytes();
+}
+std::int64_t Engine::expert_gradient_padding_bytes() const {
+  return applier_->reduction().expert_gradient_padding_bytes();
+}
 std::size_t Engine::bucket_count() const {
   return applier_->reduction().bucket_count();
 }

@@ -212,6 +212,10 @@ class Engine {
   /// Gradient payload bytes all-reduced per optimizer step, and bucket padding.
   std::int64_t gradient_bytes() const;
   std::int64_t gradient_padding_bytes() const;
+  /// Of those, the bytes of the experts this rank holds (parallel.ep: they reduce over
+  /// the ranks holding the same experts), and their padding.
+  std::int64_t expert_gradient_bytes() const;
+  std::int64_t expert_gradient_padding_bytes() const;
   std::size_t bucket_count() const;
   /// Windows whose gradients partly came after the reduction began (a backward beyond
   /// the ones the engine foresaw, or another model's backward through this one before

@@ -158,6 +158,13 @@ class ReplicatedReduction final : public GradientReduction {
   }
   std::int64_t gradient_bytes() const override { return buckets_->gradient_bytes(); }
   std::int64_t gradient_padding_bytes() const override { return buckets_->padding_bytes(); }
+  std::int64_t expert_gradient_bytes() const override {
+    std::int64_t bytes = 0;
+    for (std::size_t i : split_.expert.members)
+      bytes += optimized()[i].numel() * (masters_.empty() ? params_[i].element_size() : 4);
+    return bytes;
+  }
+  std::int64_t expert_gradient_padding_bytes() const override { return 0; }  // buckets are packed
   std::size_t bucket_count() const override { return buckets_->bucket_count(); }
   std::int64_t late_reductions() const override { return buckets_->late_reductions(); }
   void watch_zero_grad(torch::Tensor sentinel) override { buckets_->watch_zero_grad(std::move(sentinel)); }
@@ -345,6 +352,12 @@ class ShardedReduction final : public GradientReduction {
     return elements * 4;  // reduced in fp32
   }
   std::int64_t gradient_padding_bytes() const override { return sharded_->padding_elements() * 4; }
+  std::int64_t expert_gradient_bytes() const override {
+    std::int64_t elements = 0;
+    for (std::size_t i : experts_) elements += params_[i].numel();
+    return elements * 4;
+  }
+  std::int64_t expert_gradient_padding_bytes() const override { return sharded_->other_group_padding_elements() * 4; }
   std::size_t bucket_count() const override { return sharded_->group_count(); }
   std::int64_t late_reductions() const override { return sharded_->late_reductions(); }
   void watch_zero_grad(torch::Tensor sentinel) override { sharded_->watch_zero_grad(std::move(sentinel)); }

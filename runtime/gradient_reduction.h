@@ -125,6 +125,9 @@ class GradientReduction {
   /// Gradient payload reduced per step, and padding (bytes); buckets or flat groups.
   virtual std::int64_t gradient_bytes() const = 0;
   virtual std::int64_t gradient_padding_bytes() const = 0;
+  /// Of those, the experts' (ModelSplit::expert): reduced over their own group.
+  virtual std::int64_t expert_gradient_bytes() const = 0;
+  virtual std::int64_t expert_gradient_padding_bytes() const = 0;
   virtual std::size_t bucket_count() const = 0;
   /// The ZeRO state; null for replicated data parallelism.
   virtual const zero::ShardedModel* sharded_model() const { return nullptr; }

@@ -406,6 +406,12 @@ std::int64_t PipelineEngine::gradient_bytes() const {
 std::int64_t PipelineEngine::gradient_padding_bytes() const {
   return applier().reduction().gradient_padding_bytes();
 }
+std::int64_t PipelineEngine::expert_gradient_bytes() const {
+  return applier().reduction().expert_gradient_bytes();
+}
+std::int64_t PipelineEngine::expert_gradient_padding_bytes() const {
+  return applier().reduction().expert_gradient_padding_bytes();
+}
 void PipelineEngine::set_tokens_per_sample(std::int64_t tokens) {
   applier().telemetry().set_tokens_per_sample(tokens);
 }

@@ -143,6 +143,9 @@ class PipelineEngine {
   ModelStateBytes model_state_bytes() const;
   std::int64_t gradient_bytes() const;
   std::int64_t gradient_padding_bytes() const;
+  /// As Engine's: the experts' part of the two above.
+  std::int64_t expert_gradient_bytes() const;
+  std::int64_t expert_gradient_padding_bytes() const;
   void set_tokens_per_sample(std::int64_t tokens);
   std::vector<torch::Tensor> master_parameters() const;
   const zero::ShardedModel* sharded_model() const;

@@ -72,13 +72,34 @@ ShardedModel::ShardedModel(torch::nn::Module& model,
     comm_of_param[i] = other.comm;
   }
   GroupPlan plan = plan_groups(model, s.params, options_);
-  PARALLAX_CHECK(other.members.empty() || plan.units.empty(), UsageError,
-                 "ShardedModel: parameters with their own reduction group (experts) are not sharded at stage 3 yet");
-  // A flat group is sharded over one communicator: a bucket holding both kinds is cut in two.
-  std::vector<std::vector<std::size_t>> buckets;
-  for (const auto& set : plan.replicated) {
+  // A flat group is sharded over one communicator: a stage-3 unit holding both kinds
+  // becomes two units, gathered each on its own first use (its dense parameters, then its
+  // experts); a bucket holding both kinds is cut in two.
+  auto by_group = [&](const std::vector<std::size_t>& set) {
     std::vector<std::size_t> own, others;
     for (std::size_t i : set) (comm_of_param[i] == &dp ? own : others).push_back(i);
+    return std::make_pair(std::move(own), std::move(others));
+  };
+  if (!other.members.empty()) {
+    std::vector<std::vector<std::size_t>> units;
+    std::vector<std::string> names;
+    for (std::size_t u = 0; u < plan.units.size(); ++u) {
+      auto [own, others] = by_group(plan.units[u]);
+      if (!own.empty()) {
+        units.push_back(std::move(own));
+        names.push_back(plan.unit_names[u]);
+      }
+      if (!others.empty()) {
+        units.push_back(std::move(others));
+        names.push_back(plan.unit_names[u] + " (its experts)");
+      }
+    }
+    plan.units = std::move(units);
+    plan.unit_names = std::move(names);
+  }
+  std::vector<std::vector<std::size_t>> buckets;
+  for (const auto& set : plan.replicated) {
+    auto [own, others] = by_group(set);
     for (auto* part : {&own, &others}) {
       if (!part->empty()) buckets.push_back(std::move(*part));
     }

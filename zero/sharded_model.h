@@ -123,8 +123,8 @@ class ShardedModel final : private ParameterUseListener {
   /// (a wrap type that matches no module, an NVMe directory that cannot take the
   /// file: then on every rank, so none waits for the failed one). Communicates only
   /// when offloading (one all_reduce over `dp` to agree that every rank is ready).
-  /// `other`'s members (expert parallelism's experts; stages 1–2) are sharded and reduced
-  /// over its communicator in flat groups of their own; step() still scales every
+  /// `other`'s members (expert parallelism's experts) are sharded and reduced over its
+  /// communicator in flat groups of their own (at stage 3, units of their own); step() still scales every
   /// gradient by `gradient_scale` and sums the norm's squares over `dp`, which counts
   /// each of their elements once when `other.comm`'s ranks partition dp's by what they hold.
   ShardedModel(torch::nn::Module& model,
@@ -211,6 +211,8 @@ class ShardedModel final : private ParameterUseListener {
   std::int64_t nvme_bytes() const;
   /// Padding elements over all groups (each group pads to a multiple of N).
   std::int64_t padding_elements() const;
+  /// Of them, the padding of the flat groups sharded over the OtherReductionGroup's communicator.
+  std::int64_t other_group_padding_elements() const;
   std::size_t group_count() const;
   /// Stage 3: units (sharded groups), the most bytes gathered at once, and the bytes
   /// of the largest unit.

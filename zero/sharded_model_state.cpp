@@ -101,6 +101,14 @@ std::int64_t ShardedModel::padding_elements() const {
   for (const auto& group : state_->groups) elements += group->layout().padding();
   return elements;
 }
+std::int64_t ShardedModel::other_group_padding_elements() const {
+  const State& s = *state_;
+  std::int64_t elements = 0;
+  for (std::size_t g = 0; g < s.groups.size(); ++g) {
+    if (&s.comm_of(g) != s.dp) elements += s.groups[g]->layout().padding();
+  }
+  return elements;
+}
 std::size_t ShardedModel::group_count() const {
   return state_->groups.size();
 }

@@ -2,8 +2,10 @@
 // with mixture-of-experts blocks, every expert local in one process, trained by the engine
 // with each MoE layer's experts shared out over ep ranks. Per-step losses and every
 // parameter this rank holds (experts by their global index) must match the reference
-// within the fp32 bounds, for ep = the world (every rank holds other experts), ep inside
-// dp (experts replicated over dp × cp / ep ranks), ZeRO 1–2, offloaded expert optimizer
+// within the fp32 bounds, and each rank's model state must equal ZeRO's formulas with
+// experts sharded over their own group, for ep = the world (every rank holds other
+// experts), ep inside dp (experts replicated over dp × cp / ep ranks), ZeRO 1–3, offloaded
+// expert optimizer
 // state, dropless and capacity routing, top-1 and top-2, softmax and sigmoid routers,
 // context parallelism, pipeline stages and tensor parallelism (experts split over tp).
 //
@@ -13,6 +15,8 @@
 //   - expert gradients reduced over the data-parallel group (summing other experts);
 //   - the clipping norm without the experts (their weight 0 in the replicated norm, their
 //     flat groups left out of ZeRO's): caught where clipping binds every step.
+//   - the experts' ZeRO flat groups sharded over dp × cp instead of the ranks holding
+//     them (the held bytes differ from the formula);
 //   - dense parameters counted ep times in the replicated norm (their weight not divided
 //     by ep): caught where clipping binds, with and without tp.
 #include <gtest/gtest.h>
@@ -25,6 +29,7 @@
 #include "gpt_training.h"
 #include "parallax/core/config.h"
 #include "parallax/expert_parallel/moe_layer.h"
+#include "parallax/planner/model_state.h"
 #include "parallax/runtime/parallax.h"
 #include "pipeline_training.h"
 
@@ -81,12 +86,25 @@ void expect_matches_reference(const parallax::Config& config, const std::string&
   // Each rank holds its block of each layer's experts: 4 parameters per expert.
   const int ep = config.parallel.ep;
   EXPECT_EQ(experts_here, static_cast<std::size_t>(2 * 4 * (options.n_experts / ep))) << "ep = " << ep;
+  // Model state by ZeRO's formulas: dense parameters over dp × cp, experts over the
+  // dp × cp / ep ranks holding them.
+  if (config.offload.optimizer == parallax::OffloadTarget::kNone) {
+    const int replicas = world_size() / (config.parallel.tp * config.parallel.pp);
+    const parallax::ModelStateBytes formula = parallax::model_state_formula(
+        got.gradient_bytes / 4, got.padding_bytes / 4, replicas, got.expert_gradient_bytes / 4,
+        got.expert_padding_bytes / 4, replicas / ep, config.zero.stage, config.precision.dtype,
+        parallax::optimizer_bytes_per_element(config.optimizer));
+    EXPECT_EQ(got.expert_gradient_bytes > 0, ep > 1);
+    EXPECT_EQ(got.held.params, formula.params);
+    EXPECT_EQ(got.held.grads, formula.grads);
+    EXPECT_EQ(got.held.optimizer, formula.optimizer);
+  }
   std::printf("[ figures  ] %s: worst loss %.3g, worst parameter %.3g\n", label.c_str(), worst_loss, worst_param);
 }
 
-TEST(ExpertParallel, EveryRankHoldsOtherExpertsAtEveryZeroStageBelowThree) {
+TEST(ExpertParallel, EveryRankHoldsOtherExpertsAtEveryZeroStage) {
   const std::string ep = "parallel.ep=" + std::to_string(world_size());
-  for (int stage : {0, 1, 2}) {
+  for (int stage : {0, 1, 2, 3}) {
     expect_matches_reference(moe_config({ep, "zero.stage=" + std::to_string(stage)}),
                              "ep " + std::to_string(world_size()) + ", zero " + std::to_string(stage));
   }
@@ -119,6 +137,9 @@ TEST(ExpertParallel, ExpertsReplicatedOverPartOfTheDataParallelGroup) {
   }
   expect_matches_reference(moe_config({"parallel.ep=2"}), "ep 2 inside dp 4, zero 0");
   expect_matches_reference(moe_config({"parallel.ep=2", "zero.stage=2"}), "ep 2 inside dp 4, zero 2");
+  // Stage 3: each block's dense parameters and its experts are two gather units, sharded
+  // over dp and over the ranks holding the experts.
+  expect_matches_reference(moe_config({"parallel.ep=2", "zero.stage=3"}), "ep 2 inside dp 4, zero 3");
 }
 
 // ep × tp: each expert split over the tensor-parallel group by the plan (fc1 by columns,
@@ -216,9 +237,11 @@ TEST(ExpertParallel, WithPipelineStages) {
   // Four micro-batches: the load-balancing loss counts each micro-batch's choices, where the
   // reference (one forward of the global batch) counts the batch's, so it is off here; the
   // z-loss, a per-token mean, agrees.
-  parallax::Config config =
-      moe_config({"parallel.pp=2", "parallel.ep=2", "train.grad_accum=4", "model.aux_loss_coef=0"});
-  equivalence::expect_pipeline_matches_reference(config, "pp 2 x dp 2, ep 2");
+  for (int stage : {0, 3}) {
+    const parallax::Config config = moe_config({"parallel.pp=2", "parallel.ep=2", "train.grad_accum=4",
+                                                "model.aux_loss_coef=0", "zero.stage=" + std::to_string(stage)});
+    equivalence::expect_pipeline_matches_reference(config, "pp 2 x dp 2, ep 2, zero " + std::to_string(stage));
+  }
 }
 
 }  // namespace

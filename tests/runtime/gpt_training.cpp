@@ -149,6 +149,9 @@ DistributedRun train_distributed(parallax::Config config) {
     run.metrics.push_back(engine.last_metrics());
   }
   run.trajectory.params = engine.master_parameters();
+  run.held = engine.model_state_bytes();
+  run.expert_gradient_bytes = engine.expert_gradient_bytes();
+  run.expert_padding_bytes = engine.expert_gradient_padding_bytes();
   run.gradient_bytes = engine.gradient_bytes();
   run.padding_bytes = engine.gradient_padding_bytes();
   run.buckets = engine.bucket_count();

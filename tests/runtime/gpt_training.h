@@ -48,6 +48,9 @@ struct DistributedRun {
   std::int64_t parameter_elements = 0;  ///< trainable, counted once
   /// The model's name of each of trajectory.params (experts by global index under ep).
   std::vector<std::string> names;
+  parallax::ModelStateBytes held;          ///< this rank's model state after training
+  std::int64_t expert_gradient_bytes = 0;  ///< of gradient_bytes, the experts' (parallel.ep)
+  std::int64_t expert_padding_bytes = 0;   ///< of padding_bytes, the experts'
 };
 
 /// The engine on every rank of the world (ranks start from different seeds; the

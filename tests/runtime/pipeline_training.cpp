@@ -66,10 +66,12 @@ PipelineRun train_pipeline(parallax::Config config) {
   // Parameters are read through the masters below: at ZeRO-3 a released one holds no data.
   run.held = engine.model_state_bytes();
   // ZeRO shards over the replicas: dp × cp ranks.
-  run.formula =
-      parallax::model_state_formula(engine.gradient_bytes() / 4, engine.gradient_padding_bytes() / 4,
-                                    rt.mesh().replicas().size(), c.zero.stage,
-                                    c.precision.dtype, parallax::optimizer_bytes_per_element(c.optimizer));
+  // Experts (parallel.ep) over the ranks holding them.
+  run.formula = parallax::model_state_formula(engine.gradient_bytes() / 4, engine.gradient_padding_bytes() / 4,
+                                              rt.mesh().replicas().size(), engine.expert_gradient_bytes() / 4,
+                                              engine.expert_gradient_padding_bytes() / 4,
+                                              rt.mesh().expert_replicas().size(), c.zero.stage, c.precision.dtype,
+                                              parallax::optimizer_bytes_per_element(c.optimizer));
   const auto layers = static_cast<std::int64_t>(gpt::layer_specs(options).size());
   // The optimizer's view (fp32 masters under bf16), in the stage's parameter order with
   // a weight two chunks share counted once, as the engine keeps them.
