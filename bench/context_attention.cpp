@@ -14,8 +14,6 @@
 //                                                [--kv-heads 8] [--head-dim 64] [--iters 5]
 #include <torch/torch.h>
 
-#include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -27,6 +25,7 @@
 #include "parallax/core/communicator.h"
 #include "parallax/core/mpi_communicator.h"
 #include "parallax/core/world.h"
+#include "slowest_rank.h"
 
 namespace {
 
@@ -56,26 +55,6 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-// Seconds of the slowest rank, median over iterations.
-double timed(parallax::Communicator& world, int iters, const std::function<void()>& body) {
-  body();  // warm-up
-  std::vector<double> times;
-  for (int i = 0; i < iters; ++i) {
-    world.barrier()->wait();
-    const auto start = std::chrono::steady_clock::now();
-    body();
-    torch::Tensor elapsed =
-        torch::full({1}, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
-                    torch::kDouble);
-    parallax::CollectiveOptions max;
-    max.reduce_op = parallax::ReduceOp::kMax;
-    world.all_reduce(elapsed, max)->wait();
-    times.push_back(elapsed.item<double>());
-  }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
-}
-
 torch::Tensor whole_attention(const torch::Tensor& q, torch::Tensor k, torch::Tensor v) {
   const std::int64_t group = q.size(1) / k.size(1), S = q.size(2);
   k = k.repeat_interleave(group, 1);
@@ -95,7 +74,7 @@ int main(int argc, char** argv) {
   torch::manual_seed(1 + r);
   auto leaf = [](std::vector<std::int64_t> sizes) { return torch::randn(sizes).requires_grad_(true); };
 
-  const double whole = timed(*world, o.iters, [&] {
+  const double whole = bench::slowest_rank_median_seconds(*world, o.iters, [&] {
     const torch::Tensor q = leaf({o.batch, o.heads, o.seq, o.head_dim});
     const torch::Tensor kv = leaf({o.batch, o.kv_heads, o.seq, o.head_dim});
     whole_attention(q, kv, kv).sum().backward();
@@ -122,7 +101,7 @@ int main(int argc, char** argv) {
     options.method = c.method;
     options.counters = &counters;
     const parallax::CommCounters before = world->counters();
-    const double seconds = timed(*world, o.iters, [&] {
+    const double seconds = bench::slowest_rank_median_seconds(*world, o.iters, [&] {
       const torch::Tensor q = leaf({o.batch, o.heads, split.local_len(), o.head_dim});
       const torch::Tensor kv = leaf({o.batch, o.kv_heads, split.local_len(), o.head_dim});
       cp_ns::context_attention(q, kv, kv, *world, split, options).sum().backward();

@@ -13,8 +13,6 @@
 //                                        [--experts 8] [--top-k 2] [--iters 11]
 #include <torch/torch.h>
 
-#include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -24,6 +22,7 @@
 #include "parallax/core/communicator.h"
 #include "parallax/core/mpi_communicator.h"
 #include "parallax/core/world.h"
+#include "slowest_rank.h"
 #include "parallax/expert_parallel/moe_layer.h"
 
 namespace {
@@ -60,25 +59,6 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-// Seconds of the slowest rank, median over iterations.
-double timed(parallax::Communicator& world, int iters, const std::function<void()>& body) {
-  body();  // warm-up
-  std::vector<double> times;
-  for (int i = 0; i < iters; ++i) {
-    world.barrier()->wait();
-    const auto start = std::chrono::steady_clock::now();
-    body();
-    torch::Tensor elapsed = torch::full(
-        {1}, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), torch::kDouble);
-    parallax::CollectiveOptions max;
-    max.reduce_op = parallax::ReduceOp::kMax;
-    world.all_reduce(elapsed, max)->wait();
-    times.push_back(elapsed.item<double>());
-  }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -101,10 +81,10 @@ int main(int argc, char** argv) {
     layer(input).sum().backward();
     layer->zero_grad();
   };
-  const double replicated = timed(*world, o.iters, [&] { step(local); });
+  const double replicated = bench::slowest_rank_median_seconds(*world, o.iters, [&] { step(local); });
   spread->take_stats();
   const parallax::CommCounters before = world->counters();
-  const double expert_parallel = timed(*world, o.iters, [&] { step(spread); });
+  const double expert_parallel = bench::slowest_rank_median_seconds(*world, o.iters, [&] { step(spread); });
   const parallax::CommCounters spent = world->counters().since(before);
   const ep_ns::RoutingStats stats = spread->take_stats();
   const double layers = static_cast<double>(stats.forwards);

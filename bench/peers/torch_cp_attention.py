@@ -20,7 +20,6 @@ import argparse
 import math
 import os
 import sys
-import time
 
 import torch
 import torch.distributed as dist
@@ -28,22 +27,7 @@ import torch.distributed.nn.functional as dist_fn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_zero import this_rank  # noqa: E402
-
-
-def timed(iters, body):
-    """Seconds of the slowest rank, median over iterations (after one warm-up)."""
-    body()
-    times = []
-    for _ in range(iters):
-        dist.barrier()
-        start = time.perf_counter()
-        body()
-        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        times.append(elapsed.item())
-    times.sort()
-    return times[len(times) // 2]
+from torch_zero import this_rank, timed  # noqa: E402
 
 
 def math_attention(q, k, v):

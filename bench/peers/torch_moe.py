@@ -18,30 +18,13 @@ iteration starts at a barrier; its time is the slowest rank's; the median is pri
 import argparse
 import os
 import sys
-import time
 
 import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional as dist_fn
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_zero import this_rank  # noqa: E402
-
-
-def timed(iters, body):
-    """Seconds of the slowest rank, median over iterations (after one warm-up)."""
-    body()
-    times = []
-    for _ in range(iters):
-        dist.barrier()
-        start = time.perf_counter()
-        body()
-        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        times.append(elapsed.item())
-    times.sort()
-    return times[len(times) // 2]
+from torch_zero import this_rank, timed  # noqa: E402
 
 
 class Moe(torch.nn.Module):

@@ -282,6 +282,22 @@ def peer_arguments(description, weights_required=False):
     return parser
 
 
+def timed(iters, body):
+    """Seconds of the slowest rank, median over iterations (after one warm-up); each
+    iteration starts at a barrier (the C++ benches' bench/slowest_rank.h)."""
+    body()
+    times = []
+    for _ in range(iters):
+        dist.barrier()
+        start = time.perf_counter()
+        body()
+        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        times.append(elapsed.item())
+    times.sort()
+    return times[len(times) // 2]
+
+
 def this_rank(name):
     """(rank, world size, a rendezvous file for this mpirun job) from Open MPI's environment;
     one intra-op thread, as Parallax's ranks on this machine; gloo over the loopback."""

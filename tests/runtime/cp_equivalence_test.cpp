@@ -71,22 +71,23 @@ TEST_P(ContextParallelEquivalence, MatchesSingleProcessFp32) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Cells,
-    ContextParallelEquivalence,
-    ::testing::Values(Cell{"ring", {}},
-                      Cell{"ring_contiguous", {"context_parallel.load_balance=false"}},
-                      Cell{"all_to_all", {"context_parallel.method=\"all_to_all\""}},
-                      Cell{"ring_zero1", {"zero.stage=1"}},
-                      Cell{"ring_zero2", {"zero.stage=2"}},
-                      Cell{"ring_zero3", {"zero.stage=3"}},
-                      Cell{"all_to_all_zero3_offload",
-                           {"context_parallel.method=\"all_to_all\"", "zero.stage=3", "offload.optimizer=\"cpu\""}},
-                      Cell{"ring_zero2_offload", {"zero.stage=2", "offload.optimizer=\"cpu\""}},
-                      Cell{"sdpa_ring", {"model.attention=\"sdpa\""}},
-                      Cell{"sdpa_all_to_all_zero3",
-                           {"model.attention=\"sdpa\"", "context_parallel.method=\"all_to_all\"", "zero.stage=3"}}),
-    [](const ::testing::TestParamInfo<Cell>& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Cells,
+                         ContextParallelEquivalence,
+                         ::testing::Values(Cell{"ring", {}},
+                                           Cell{"ring_contiguous", {"context_parallel.load_balance=false"}},
+                                           Cell{"all_to_all", {"context_parallel.method=\"all_to_all\""}},
+                                           Cell{"ring_zero1", {"zero.stage=1"}},
+                                           Cell{"ring_zero2", {"zero.stage=2"}},
+                                           Cell{"ring_zero3", {"zero.stage=3"}},
+                                           Cell{"all_to_all_zero3_offload",
+                                                {"context_parallel.method=\"all_to_all\"", "zero.stage=3",
+                                                 "offload.optimizer=\"cpu\""}},
+                                           Cell{"ring_zero2_offload", {"zero.stage=2", "offload.optimizer=\"cpu\""}},
+                                           Cell{"sdpa_ring", {"model.attention=\"sdpa\""}},
+                                           Cell{"sdpa_all_to_all_zero3",
+                                                {"model.attention=\"sdpa\"", "context_parallel.method=\"all_to_all\"",
+                                                 "zero.stage=3"}}),
+                         [](const ::testing::TestParamInfo<Cell>& info) { return info.param.name; });
 
 // The step metrics count context parallelism's traffic and the gradient reduction over
 // dp × cp, exactly: with the ring at cp = the world (dp 1, ZeRO 0), every rank sends per
@@ -105,7 +106,8 @@ TEST(ContextParallelMetrics, EveryStepCountsTheRingAndTheReductionOverTheReplica
     ASSERT_EQ(static_cast<int>(m.comm.size()), cp);
     for (int r = 0; r < cp; ++r) {
       EXPECT_EQ(m.comm[r][parallax::CommOp::kSend].bytes, layers * (4 * (cp - 1) + 2 * cp) * key_bytes) << "rank " << r;
-      EXPECT_EQ(m.comm[r][parallax::CommOp::kAllReduce].bytes, run.gradient_bytes + run.padding_bytes) << "rank " << r;
+      EXPECT_EQ(m.comm[r][parallax::CommOp::kAllReduce].bytes, run.gradient_bytes + run.padding_bytes)
+          << "rank " << r;
     }
   }
 }
@@ -130,9 +132,8 @@ INSTANTIATE_TEST_SUITE_P(
     ContextTimesTensorParallel,
     ::testing::Values(Cell{"ring", {}},
                       Cell{"ring_sp", {"tensor_parallel.sequence_parallel=true"}},
-                      Cell{"all_to_all_sp_zero1",
-                           {"context_parallel.method=\"all_to_all\"", "tensor_parallel.sequence_parallel=true",
-                            "zero.stage=1"}},
+                      Cell{"all_to_all_sp_zero1", {"context_parallel.method=\"all_to_all\"",
+                                                   "tensor_parallel.sequence_parallel=true", "zero.stage=1"}},
                       Cell{"ring_contiguous_zero3_offload",
                            {"context_parallel.load_balance=false", "zero.stage=3", "offload.optimizer=\"cpu\""}},
                       Cell{"sdpa_ring_sp", {"model.attention=\"sdpa\"", "tensor_parallel.sequence_parallel=true"}}),
@@ -203,9 +204,9 @@ struct SdpaAttentionImpl : torch::nn::Module {
 TEST(ContextParallelInterception, InterceptedAttentionTakesTheCallsMaskAndScale) {
   const int world = parallax::create_mpi_world_communicator()->size();
   for (const std::string method : {"ring", "all_to_all"}) {
-    parallax::Runtime rt(
-        make_config(1, {"parallel.cp=" + std::to_string(world), "context_parallel.method=\"" + method + "\""}),
-        {{"model", "data"}, /*print_summary=*/false});
+    parallax::Runtime rt(make_config(1, {"parallel.cp=" + std::to_string(world),
+                                         "context_parallel.method=\"" + method + "\""}),
+                         {{"model", "data"}, /*print_summary=*/false});
     for (const bool causal : {false, true}) {
       SCOPED_TRACE(method + (causal ? ", causal" : ", not causal"));
       torch::manual_seed(5);
@@ -236,9 +237,8 @@ TEST(ContextParallelInterception, AMaskOrDropoutInTheCallIsRefused) {
     }
     return std::string("not refused");
   };
-  const std::string mask = refusal([&] {
-    at::scaled_dot_product_attention(q, q, q, torch::ones({4, 4 * world}, torch::kBool));
-  });
+  const std::string mask =
+      refusal([&] { at::scaled_dot_product_attention(q, q, q, torch::ones({4, 4 * world}, torch::kBool)); });
   EXPECT_NE(mask.find("attn_mask"), std::string::npos) << mask;
   const std::string dropout = refusal([&] { at::scaled_dot_product_attention(q, q, q, {}, 0.1); });
   EXPECT_NE(dropout.find("dropout_p = 0.1"), std::string::npos) << dropout;
@@ -246,3 +246,4 @@ TEST(ContextParallelInterception, AMaskOrDropoutInTheCallIsRefused) {
 #endif
 
 }  // namespace
+

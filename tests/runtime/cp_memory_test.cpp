@@ -40,9 +40,7 @@ constexpr double kMiB = 1 << 20;
 struct Layout {
   int cp = 1;
   bool all_to_all = false;
-  std::string name() const {
-    return "cp " + std::to_string(cp) + (cp == 1 ? "" : all_to_all ? " all-to-all" : " ring");
-  }
+  std::string name() const { return "cp " + std::to_string(cp) + (cp == 1 ? "" : all_to_all ? " all-to-all" : " ring"); }
 };
 
 parallax::Config long_sequence_config(const Layout& layout, int world) {
@@ -56,8 +54,8 @@ parallax::Config long_sequence_config(const Layout& layout, int world) {
 
 struct LongRun {
   std::vector<double> losses;
-  std::int64_t kept = 0;   ///< bytes the last step's first micro-batch kept from its forward to its backward
-  std::int64_t peak = 0;   ///< the most bytes that step had live beyond what it started with
+  std::int64_t kept = 0;  ///< bytes the last step's first micro-batch kept from its forward to its backward
+  std::int64_t peak = 0;  ///< the most bytes that step had live beyond what it started with
   std::int64_t state = 0;  ///< bytes live when the step began (parameters, gradients, optimizer state)
 };
 
@@ -104,8 +102,7 @@ std::int64_t formula_bytes(const Layout& layout) {
   const auto shape = parallax::planner::TransformerShape::from_table(config.app_table("model"));
   // On LibTorch 2.x all-to-all attends by the fused kernel, which keeps no scores.
   const parallax::planner::ContextSplit split{layout.cp, layout.all_to_all, TORCH_VERSION_MAJOR >= 2};
-  return shape.layers * shape.block_activation_bytes(1, 4, 1, false, split) +
-         shape.head_activation_bytes(1, 1, layout.cp);
+  return shape.layers * shape.block_activation_bytes(1, 4, 1, false, split) + shape.head_activation_bytes(1, 1, layout.cp);
 }
 
 // kept / formula, measured on 4 ranks: 1.000-1.01 for every layout (the rest is
@@ -118,8 +115,7 @@ TEST(ContextParallelMemory, EachRankKeepsWhatThePlannerPredicts) {
   const int world = parallax::create_mpi_world_communicator()->size();
   if (world != 4) GTEST_SKIP() << "the table is for 4 ranks";
   LongRun one;
-  for (const Layout& layout :
-       {Layout{1, false}, Layout{2, false}, Layout{2, true}, Layout{4, false}, Layout{4, true}}) {
+  for (const Layout& layout : {Layout{1, false}, Layout{2, false}, Layout{2, true}, Layout{4, false}, Layout{4, true}}) {
     SCOPED_TRACE(layout.name());
     const LongRun run = train_long(layout, 0);
     if (layout.cp == 1) one = run;
@@ -155,14 +151,12 @@ TEST(ContextParallelMemory, ASequenceThatDoesNotFitOneRankTrainsAtCp4) {
   EXPECT_NE(refusal.find("passes this rank's memory limit of 64.0 MiB"), std::string::npos) << refusal;
   const LongRun limited = train_long(Layout{4, false}, kLimitBytes);
   const LongRun unlimited = train_long(Layout{1, false}, 0);
-  const double worst =
-      expect_losses_match(limited.losses, unlimited.losses, kFp32LossTolerance, "cp 4 under the limit");
+  const double worst = expect_losses_match(limited.losses, unlimited.losses, kFp32LossTolerance, "cp 4 under the limit");
   if (parallax::create_mpi_world_communicator()->rank() == 0) {
-    parallax_test::print_figure(
-        "sequence %lld, limit %.0f MiB per rank: cp 1 refused (%s); cp 4 ring trained %lld steps "
-        "(peak %.2f MiB), losses within %.2g of cp 1's without the limit\n",
-        static_cast<long long>(kSequence), kLimitBytes / kMiB, refusal.c_str(), static_cast<long long>(kTrainSteps),
-        (limited.peak + limited.state) / kMiB, worst);
+    parallax_test::print_figure("sequence %lld, limit %.0f MiB per rank: cp 1 refused (%s); cp 4 ring trained %lld steps "
+                                "(peak %.2f MiB), losses within %.2g of cp 1's without the limit\n",
+                                static_cast<long long>(kSequence), kLimitBytes / kMiB, refusal.c_str(),
+                                static_cast<long long>(kTrainSteps), (limited.peak + limited.state) / kMiB, worst);
   }
 }
 

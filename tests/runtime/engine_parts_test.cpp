@@ -288,30 +288,11 @@ TEST(ThreadBudget, TheLoadedBlasThreadsAreSetThroughItsApi) {
 TEST(TrainerOptimizer, EachTypeIsRebuiltWithItsOptions) {
   using Factory = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor>)>;
   const std::vector<std::pair<std::string, Factory>> trainers{
-      {"sgd",
-       [](auto p) {
-         return std::make_unique<torch::optim::SGD>(
-             p, torch::optim::SGDOptions(0.1).momentum(0.9).nesterov(true).weight_decay(0.01));
-       }},
-      {"adam",
-       [](auto p) {
-         return std::make_unique<torch::optim::Adam>(p,
-                                                     torch::optim::AdamOptions(0.01).betas({0.8, 0.9}).amsgrad(true));
-       }},
-      {"adamw",
-       [](auto p) {
-         return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(0.01).weight_decay(0.2));
-       }},
-      {"rmsprop",
-       [](auto p) {
-         return std::make_unique<torch::optim::RMSprop>(
-             p, torch::optim::RMSpropOptions(0.01).alpha(0.9).centered(true).momentum(0.5));
-       }},
-      {"adagrad",
-       [](auto p) {
-         return std::make_unique<torch::optim::Adagrad>(
-             p, torch::optim::AdagradOptions(0.1).lr_decay(0.1).initial_accumulator_value(0.5));
-       }},
+      {"sgd", [](auto p) { return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.1).momentum(0.9).nesterov(true).weight_decay(0.01)); }},
+      {"adam", [](auto p) { return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(0.01).betas({0.8, 0.9}).amsgrad(true)); }},
+      {"adamw", [](auto p) { return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(0.01).weight_decay(0.2)); }},
+      {"rmsprop", [](auto p) { return std::make_unique<torch::optim::RMSprop>(p, torch::optim::RMSpropOptions(0.01).alpha(0.9).centered(true).momentum(0.5)); }},
+      {"adagrad", [](auto p) { return std::make_unique<torch::optim::Adagrad>(p, torch::optim::AdagradOptions(0.1).lr_decay(0.1).initial_accumulator_value(0.5)); }},
   };
   for (const auto& [name, make] : trainers) {
     torch::manual_seed(3);
@@ -391,7 +372,7 @@ TEST(TrainerOptimizer, ConfigKeysOverrideAndMismatchesAreRefused) {
   EXPECT_TRUE(fresh.param_groups().front().params().front().is_same(sentinel));
   EXPECT_EQ(fresh.state().size(), 1u);
   sentinel.mutable_grad() = torch::ones({1});  // what the engine's ledger does
-  fresh.step();                                // the trainer's step changes nothing of the model
+  fresh.step();                                 // the trainer's step changes nothing of the model
   EXPECT_TRUE(torch::equal(model->weight, before));
   fresh.zero_grad();  // ... and its zero_grad() reaches the sentinel the engine watches
   EXPECT_TRUE(!sentinel.grad().defined() || sentinel.grad().item<double>() == 0.0);

@@ -33,7 +33,7 @@ struct Cell {
   std::vector<std::string> overrides;
   double loss_tolerance = equivalence::kFp32LossTolerance;        ///< relative, per step
   double param_tolerance = equivalence::kFp32ParameterTolerance;  ///< absolute, final parameters
-  int ranks = 4;                                                  ///< the cell runs on multiples of this many ranks
+  int ranks = 4;  ///< the cell runs on multiples of this many ranks
 };
 void PrintTo(const Cell& cell, std::ostream* out) {
   *out << cell.name;
@@ -162,20 +162,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Cell{"cp2_pp2_zero1_interleaved", "pp.toml", {kCp, zero(1), kInterleaved, kTwoChunks}},
                       Cell{"cp2_pp2_recompute", "pp.toml", {kCp, kRecompute}},
                       Cell{"cp2_pp2_zero3", "pp.toml", {kCp, zero(3), kWrapBlocks}},
-                      Cell{
-                          "cp2_pp2_zero2_offload_zb_h1", "pp.toml", {kCp, zero(2), "offload.optimizer=\"cpu\"", kZbH1}},
-                      Cell{"tp2_cp2_pp2_sp",
-                           "3d.toml",
-                           {kCp, kSequenceParallel},
-                           equivalence::kFp32LossTolerance,
-                           equivalence::kFp32ParameterTolerance,
-                           8},
-                      Cell{"tp2_cp2_pp2_all_to_all_zero1_split_logits",
-                           "3d.toml",
-                           {kCp, kAllToAll, zero(1), kSplitLogits},
-                           equivalence::kFp32LossTolerance,
-                           equivalence::kFp32ParameterTolerance,
-                           8}),
+                      Cell{"cp2_pp2_zero2_offload_zb_h1", "pp.toml", {kCp, zero(2), "offload.optimizer=\"cpu\"", kZbH1}},
+                      Cell{"tp2_cp2_pp2_sp", "3d.toml", {kCp, kSequenceParallel}, equivalence::kFp32LossTolerance,
+                           equivalence::kFp32ParameterTolerance, 8},
+                      Cell{"tp2_cp2_pp2_all_to_all_zero1_split_logits", "3d.toml",
+                           {kCp, kAllToAll, zero(1), kSplitLogits}, equivalence::kFp32LossTolerance,
+                           equivalence::kFp32ParameterTolerance, 8}),
     [](const ::testing::TestParamInfo<Cell>& info) { return info.param.name; });
 
 // Exact traffic of ZeRO inside a pipeline (pp 2 × dp 2, 4 micro-batches, fp32): stage 1
