@@ -19,7 +19,7 @@ import sys
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "send", "recv", "barrier")
+OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "send", "recv", "barrier", "all_to_all")
 
 
 def fail(message):
@@ -48,6 +48,10 @@ def expected_scalars(line):
     inter = sum(c["inter_node_bytes"] for c in sent)
     want["comm/intra_node_bytes"] = sum(c["bytes"] for c in sent) - inter
     want["comm/inter_node_bytes"] = inter
+    # A model with mixture-of-experts layers: its routing.
+    for key, value in line.get("moe", {}).items():
+        if key != "layers":
+            want[f"moe/{key}"] = value
     return want
 
 
