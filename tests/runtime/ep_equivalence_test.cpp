@@ -53,6 +53,15 @@ parallax::Config moe_config(std::vector<std::string> extra) {
   return equivalence::make_config(1, overrides);
 }
 
+// The MoE blocks' tensor-parallel plan: attention as configs/tp.toml splits it, each
+// expert's fc1 by columns and fc2 by rows (the expert-tensor degree is tp), the router
+// replicated.
+const std::string kMoePlan =
+    "tensor_parallel.plan={\"token_embedding\"=\"vocab_embedding\", \"position_embedding\"=\"replicate\", "
+    "\"blocks.*.qkv\"={style=\"column\", parts=3, heads=4}, \"blocks.*.attn_proj\"={style=\"row\", heads=4}, "
+    "\"blocks.*.moe.gate\"=\"replicate\", \"blocks.*.moe.experts.*.fc1\"=\"column\", "
+    "\"blocks.*.moe.experts.*.fc2\"=\"row\", \"head\"=\"vocab_output\"}";
+
 // Trains `config` both ways and compares every parameter this rank holds, by name (its
 // tensor-parallel part of it when tp > 1).
 void expect_matches_reference(const parallax::Config& config, const std::string& label) {
@@ -103,6 +112,7 @@ void expect_matches_reference(const parallax::Config& config, const std::string&
 }
 
 TEST(ExpertParallel, EveryRankHoldsOtherExpertsAtEveryZeroStage) {
+  if (world_size() > 4) GTEST_SKIP() << "8 ranks run ExpertParallelEightRanks";
   const std::string ep = "parallel.ep=" + std::to_string(world_size());
   for (int stage : {0, 1, 2, 3}) {
     expect_matches_reference(moe_config({ep, "zero.stage=" + std::to_string(stage)}),
@@ -111,6 +121,7 @@ TEST(ExpertParallel, EveryRankHoldsOtherExpertsAtEveryZeroStage) {
 }
 
 TEST(ExpertParallel, CapacityTopOneAndSigmoidRouting) {
+  if (world_size() > 4) GTEST_SKIP() << "8 ranks run ExpertParallelEightRanks";
   const std::string ep = "parallel.ep=" + std::to_string(world_size());
   // Capacity 1.0 of top-1 over 4 experts drops a share of every sequence's tokens.
   expect_matches_reference(moe_config({ep, "model.top_k=1", "model.capacity_factor=1.0"}), "capacity, top-1");
@@ -121,6 +132,7 @@ TEST(ExpertParallel, CapacityTopOneAndSigmoidRouting) {
 // Losses whose gradients matter and a clipping bound every step meets: the auxiliary
 // losses' gradients must reach the gate, and the norm must count every expert once.
 TEST(ExpertParallel, AuxiliaryLossesAndClippingCountEveryExpert) {
+  if (world_size() > 4) GTEST_SKIP() << "8 ranks run ExpertParallelEightRanks";
   const std::string ep = "parallel.ep=" + std::to_string(world_size());
   for (int stage : {0, 2}) {
     expect_matches_reference(moe_config({ep, "zero.stage=" + std::to_string(stage), "model.aux_loss_coef=1.0",
@@ -130,6 +142,7 @@ TEST(ExpertParallel, AuxiliaryLossesAndClippingCountEveryExpert) {
 }
 
 TEST(ExpertParallel, ExpertsReplicatedOverPartOfTheDataParallelGroup) {
+  if (world_size() > 4) GTEST_SKIP() << "8 ranks run ExpertParallelEightRanks";
   if (world_size() < 4) {
     // ep = 1: every expert on every rank; the load-balancing loss still counts the whole batch.
     expect_matches_reference(moe_config({"parallel.ep=1"}), "ep 1 over dp 2");
@@ -147,25 +160,23 @@ TEST(ExpertParallel, ExpertsReplicatedOverPartOfTheDataParallelGroup) {
 // routing the same tokens over its own ep group. A clipping bound every step meets holds
 // the norm to counting each part once.
 TEST(ExpertParallel, ExpertsSplitOverTensorParallelism) {
+  if (world_size() > 4) GTEST_SKIP() << "8 ranks run ExpertParallelEightRanks";
   if (world_size() < 4) GTEST_SKIP() << "tp 2 × dp 2 needs 4 ranks";
-  const std::string plan =
-      "tensor_parallel.plan={\"token_embedding\"=\"vocab_embedding\", \"position_embedding\"=\"replicate\", "
-      "\"blocks.*.qkv\"={style=\"column\", parts=3, heads=4}, \"blocks.*.attn_proj\"={style=\"row\", heads=4}, "
-      "\"blocks.*.moe.gate\"=\"replicate\", \"blocks.*.moe.experts.*.fc1\"=\"column\", "
-      "\"blocks.*.moe.experts.*.fc2\"=\"row\", \"head\"=\"vocab_output\"}";
   for (int stage : {0, 1}) {
-    expect_matches_reference(moe_config({"parallel.tp=2", "parallel.ep=2", plan, "optimizer.grad_clip=0.05",
+    expect_matches_reference(moe_config({"parallel.tp=2", "parallel.ep=2", kMoePlan, "optimizer.grad_clip=0.05",
                                          "zero.stage=" + std::to_string(stage)}),
                              "tp 2 x dp 2, ep 2, experts split over tp, zero " + std::to_string(stage));
   }
 }
 
 TEST(ExpertParallel, OffloadedExpertOptimizerState) {
+  if (world_size() > 4) GTEST_SKIP() << "8 ranks run ExpertParallelEightRanks";
   expect_matches_reference(moe_config({"parallel.ep=2", "zero.stage=2", "offload.optimizer=\"cpu\""}),
                            "ep 2, zero 2, optimizer offloaded");
 }
 
 TEST(ExpertParallel, WithContextParallelism) {
+  if (world_size() > 4) GTEST_SKIP() << "8 ranks run ExpertParallelEightRanks";
   // cp 2 (dp = world / 2): ep 2 folds over the cp ranks (and dp at 4 ranks).
   expect_matches_reference(moe_config({"parallel.cp=2", "parallel.ep=2"}), "cp 2, ep 2");
 }
@@ -177,6 +188,7 @@ TEST(ExpertParallel, WithContextParallelism) {
 // imbalance taken over this rank's tokens (not summed over the replicas); the ep group's
 // counters left out of the step's (all_to_all bytes 0).
 TEST(ExpertParallel, RoutingMetricsAreTheSingleProcessRouting) {
+  if (world_size() > 4) GTEST_SKIP() << "8 ranks run ExpertParallelEightRanks";
   const parallax::Config config =
       moe_config({"parallel.ep=" + std::to_string(world_size()), "model.top_k=2", "model.capacity_factor=1.0"});
   // One process, as train_reference trains, reading its layers' routing after each step.
@@ -233,6 +245,7 @@ TEST(ExpertParallel, RoutingMetricsAreTheSingleProcessRouting) {
 }
 
 TEST(ExpertParallel, WithPipelineStages) {
+  if (world_size() > 4) GTEST_SKIP() << "8 ranks run ExpertParallelEightRanks";
   if (world_size() < 4) GTEST_SKIP() << "pp 2 × dp 2 needs 4 ranks";
   // Four micro-batches: the load-balancing loss counts each micro-batch's choices, where the
   // reference (one forward of the global batch) counts the batch's, so it is off here; the
@@ -242,6 +255,18 @@ TEST(ExpertParallel, WithPipelineStages) {
                                                 "model.aux_loss_coef=0", "zero.stage=" + std::to_string(stage)});
     equivalence::expect_pipeline_matches_reference(config, "pp 2 x dp 2, ep 2, zero " + std::to_string(stage));
   }
+}
+
+// Eight ranks: the largest layouts here, 8 experts, each of three axes at once.
+TEST(ExpertParallelEightRanks, ThreeAxesTogether) {
+  if (world_size() != 8) GTEST_SKIP() << "needs 8 ranks";
+  expect_matches_reference(moe_config({"model.n_experts=8", "parallel.ep=4", "zero.stage=3"}),
+                           "dp 8, ep 4 (experts over 2 ranks each), zero 3");
+  expect_matches_reference(
+      moe_config({"model.n_experts=8", "parallel.tp=2", "parallel.ep=4", kMoePlan, "zero.stage=1"}),
+      "tp 2 x dp 4, ep 4, experts split over tp, zero 1");
+  expect_matches_reference(moe_config({"model.n_experts=8", "parallel.cp=2", "parallel.ep=4", "zero.stage=2"}),
+                           "cp 2 x dp 4, ep 4, zero 2");
 }
 
 }  // namespace
