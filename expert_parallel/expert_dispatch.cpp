@@ -53,7 +53,7 @@ ExpertDispatch::ExpertDispatch(const Routing& routing, std::int64_t n_experts, C
       ranks_(ep_ ? ep_->size() : 1),
       top_k_(routing.expert.size(1)) {
   PARALLAX_CHECK(n_experts % ranks_ == 0, UsageError, "expert parallelism: n_experts = ", n_experts,
-                 " does not divide over the ", ranks_, " ranks of group '", ep_->name(), "'");
+                 " does not divide over the ", ranks_, " ranks of group '", ep->name(), "'");
   const std::int64_t local = n_experts / ranks_;
 
   // a. The kept choices, sorted by expert; token order stays within an expert.
@@ -77,6 +77,8 @@ ExpertDispatch::ExpertDispatch(const Routing& routing, std::int64_t n_experts, C
   rows_per_expert_.assign(per_expert.data_ptr<std::int64_t>(), per_expert.data_ptr<std::int64_t>() + local);
 
   // c. Received rows come by source, then expert: list each (expert, source) run's rows.
+  // Without an exchange they are already by expert.
+  if (!ep_) return;
   const std::int64_t* n = received.data_ptr<std::int64_t>();
   std::vector<std::int64_t> start(ranks_ * local + 1, 0);
   std::partial_sum(n, n + ranks_ * local, start.begin() + 1);

@@ -160,8 +160,7 @@ class ReplicatedReduction final : public GradientReduction {
   std::int64_t gradient_padding_bytes() const override { return buckets_->padding_bytes(); }
   std::int64_t expert_gradient_bytes() const override {
     std::int64_t bytes = 0;
-    for (std::size_t i : split_.expert.members)
-      bytes += optimized()[i].numel() * (masters_.empty() ? params_[i].element_size() : 4);
+    for (std::size_t i : split_.expert.members) bytes += payload_bytes(buckets_->accumulated_grad(i));
     return bytes;
   }
   std::int64_t expert_gradient_padding_bytes() const override { return 0; }  // buckets are packed

@@ -92,10 +92,6 @@ void check_same_input(Communicator& tp, const torch::Tensor& input) {
                  " got other data than its rank 0; index the data by mesh().coord().dp, not by world rank");
 }
 
-}  // namespace
-
-namespace {
-
 // The window's routing on this rank; each layer's tokens per expert summed over the
 // replicas (its token group) in one all-reduce, for the imbalance over the global batch.
 StepTelemetry::RoutingActivity routing_activity(const std::vector<expert_parallel::MoeLayerImpl*>& moe_layers,
