@@ -4,6 +4,7 @@
 #include "parallax/core/config_loader.h"
 
 #include <algorithm>
+#include <climits>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -264,6 +265,46 @@ void apply_override(toml::table& root, const std::string& text) {
   merge_into(root, std::move(parsed));
 }
 
+/// Any two batch values determine the third (Config::resolve infers it). Where all three
+/// are set in the merged `root` and not all by one source, the values of the oldest
+/// source among them give way, grad_accum first, then micro_batch_size, until two
+/// remain. Values that agree come back unchanged from the inference; values that
+/// contradict a later source are overridden by it (`--set train.micro_batch_size=1` over
+/// a file's global_batch_size and grad_accum changes grad_accum). Values all from one
+/// source are left for resolve to check. A source's order is its last place in `read`
+/// (the files, each after what it extends); the command line's --set comes last.
+/// TOML++ names each node's source: the file's path, or "--set ..." (apply_override).
+void drop_overridden_batch_values(toml::table& root, const std::vector<std::string>& read) {
+  toml::table* train = root.get_as<toml::table>("train");
+  if (train == nullptr) return;
+  const char* const by_preference[] = {"grad_accum", "micro_batch_size", "global_batch_size"};
+  const auto order_of = [&](const char* key) {
+    const toml::node* node = train->get(key);
+    if (node == nullptr || !node->is_integer()) return -1;  // omitted, or "auto" for the planner
+    const auto& path = node->source().path;
+    int order = static_cast<int>(read.size());
+    for (std::size_t i = 0; path != nullptr && i < read.size(); ++i) {
+      if (read[i] == *path) order = static_cast<int>(i);
+    }
+    return order;
+  };
+  while (true) {
+    int oldest = INT_MAX, newest = -1;
+    for (const char* key : by_preference) {
+      const int order = order_of(key);
+      if (order < 0) return;  // fewer than three: nothing is over-determined
+      oldest = std::min(oldest, order);
+      newest = std::max(newest, order);
+    }
+    if (oldest == newest) return;
+    for (const char* key : by_preference) {
+      if (order_of(key) != oldest) continue;
+      train->erase(key);
+      break;
+    }
+  }
+}
+
 // ---- Dispatch ----------------------------------------------------------------------
 
 [[noreturn]] void throw_unknown_table(const toml::key& key, const toml::node& node, const LoadOptions& options) {
@@ -347,6 +388,7 @@ Config load_config(const ConfigSources& sources, const LoadOptions& options) {
     merge_into(root, load_file(file, "", chain, config.sources));
   }
   for (const std::string& text : sources.overrides) apply_override(root, text);
+  drop_overridden_batch_values(root, config.sources);
 
   detail::KeyPositions positions;
   toml::node* engine_tables = nullptr;  // read over the run's sections, once they are checked

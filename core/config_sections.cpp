@@ -318,7 +318,10 @@ const std::vector<SectionDef>& sections() {
   static const std::vector<SectionDef> kSections = {
       {"train",
        "The batch and the run's length. `global_batch_size = micro_batch_size x grad_accum x dp` exactly "
-       "(dp from [parallel]); one of the three may be omitted and is inferred.",
+       "(dp from [parallel]): any two of the three determine the third. A batch value given later (a file "
+       "that `extends` another, a later `--config`, `--set`) overrides the earlier ones it contradicts, "
+       "grad_accum giving way first, then micro_batch_size; a contradiction within one file or within the "
+       "command line is an error.",
        train_fields, nullptr, /*in_plan=*/true},
       {"optimizer",
        "The optimizer the engine steps. A key that only some types read (`momentum`, `dampening`, `nesterov`, "

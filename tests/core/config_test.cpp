@@ -456,6 +456,45 @@ TEST(Resolve, MismatchAndIndivisibleInferenceNameEveryValue) {
                   "train.micro_batch_size (4) × parallel.dp (2) = 8");
 }
 
+// A later source's batch values override what they contradict in an earlier one (DeepSpeed's
+// rule: any two determine the third); only a contradiction within one source is an error.
+// Mutant caught: dropping the newest value instead of the oldest (the --set micro_batch_size
+// would give way to the base's grad_accum: 8, not 1).
+TEST_F(ConfigTest, LaterBatchValuesOverrideWhatTheyContradictInTheBase) {
+  const std::string base = write("base.toml", "[train]\nglobal_batch_size = 32\ngrad_accum = 1\n");
+  const std::string run = write("run.toml", "extends = \"base.toml\"\n[parallel]\ndp = -1\n");
+  Config over_set = load({run}, {"train.micro_batch_size=1"});
+  over_set.resolve(4);
+  EXPECT_EQ(over_set.train.global_batch_size, 32);
+  EXPECT_EQ(over_set.train.micro_batch_size, 1);
+  EXPECT_EQ(over_set.train.grad_accum, 8);
+
+  // A file that extends the base overrides it; its own two values decide the third.
+  const std::string child =
+      write("child.toml", "extends = \"base.toml\"\n[train]\nmicro_batch_size = 2\nglobal_batch_size = 64\n");
+  Config over_file = load({child});
+  over_file.resolve(4);
+  EXPECT_EQ(over_file.train.grad_accum, 8);
+  // With the base's grad_accum and a later micro_batch_size that contradict, the base's
+  // grad_accum gives way before its global_batch_size; given later, grad_accum stays.
+  Config accum_later = load({child}, {"train.grad_accum=2"});
+  accum_later.resolve(4);
+  EXPECT_EQ(accum_later.train.global_batch_size, 64);
+  EXPECT_EQ(accum_later.train.micro_batch_size, 8);
+  EXPECT_EQ(accum_later.train.grad_accum, 2);
+}
+
+TEST_F(ConfigTest, ABatchContradictionWithinOneSourceNamesAllThreeAndDp) {
+  const std::string file =
+      write("one.toml", "[train]\nglobal_batch_size = 32\nmicro_batch_size = 4\ngrad_accum = 4\n");
+  Config in_file = load({file});
+  EXPECT_CONTAINS(error_of([&] { in_file.resolve(4); }),
+                  "train.global_batch_size (32) != train.micro_batch_size (4) × train.grad_accum (4) × "
+                  "parallel.dp (4) = 64");
+  Config on_command_line = load({}, {"train.global_batch_size=32", "train.micro_batch_size=4", "train.grad_accum=4"});
+  EXPECT_CONTAINS(error_of([&] { on_command_line.resolve(4); }), "!= train.micro_batch_size (4)");
+}
+
 TEST(Resolve, IsIdempotentAndLeavesAFailedConfigUnchanged) {
   Config c = with_batch(32, 0, 0);
   c.resolve(4);
