@@ -102,6 +102,18 @@ std::vector<Refusal> strategy_refusals(const Config& c) {
                           "tensor_parallel.sequence_parallel = false (experts split over tp by the plan), or "
                           "parallel.ep = 1"});
     }
+    // ep with each of pp, tp and cp is proven equal to one process (and the triples with
+    // dp); experts inside pipeline stages beside tp or cp have no test yet, and the
+    // matrix marks "runs" only what a test has run.
+    if (c.parallel.pp > 1 && (c.parallel.tp > 1 || c.parallel.cp > 1)) {
+      std::vector<std::string> keys{key(c, "parallel.ep", ep), key(c, "parallel.pp", std::to_string(c.parallel.pp))};
+      if (c.parallel.tp > 1) keys.push_back(key(c, "parallel.tp", tp));
+      if (c.parallel.cp > 1) keys.push_back(key(c, "parallel.cp", std::to_string(c.parallel.cp)));
+      refusals.push_back({keys,
+                          "experts inside pipeline stages beside tp or cp have no equivalence test yet (ep with "
+                          "each of pp, tp and cp alone runs)",
+                          "parallel.pp = 1, or parallel.tp = 1 and parallel.cp = 1"});
+    }
     if (cuda) {
       refusals.push_back({{key(c, "parallel.ep", ep), key(c, "train.device", quoted("cuda"))},
                           "expert parallelism has not run on a GPU yet",
