@@ -4,9 +4,12 @@
 // with its own backward, and one step; the generator's loss runs through the
 // discriminator, which leaves gradients on the discriminator's parameters that its
 // zero_grad() clears before its next step. The data, points on a ring of 8 Gaussians,
-// comes through LibTorch's data loader; the flags are the program's own (getopt_long).
-// parallax_train.cpp is the same program made distributed, with two engines each with
-// its own [engine.<name>] options, and the program's flags still getopt_long's: `diff` them.
+// comes through LibTorch's data loader; the labels' noise comes from LibTorch's default
+// generator; the flags are the program's own (getopt_long). parallax_train.cpp is the same
+// program made distributed, with two engines (built after the loader) each with its own
+// [engine.<name>] options, and the program's flags still getopt_long's: `diff` them. On
+// one rank the engines draw nothing from the default generator, so both programs draw
+// the same label noise.
 #include <torch/torch.h>
 #include <parallax/runtime/parallax.h>
 
@@ -67,8 +70,11 @@ torch::Tensor noise_for(int64_t step, int64_t n) {
   return torch::randn({n, kNoise}, at::detail::createCPUGenerator(static_cast<uint64_t>(1000000 + step)));
 }
 
+// Noisy labels (real ones in [0.9, 1], generated ones in [0, 0.1]), drawn from the
+// default generator as most trainers draw them.
 torch::Tensor bce(const torch::Tensor& logits, double target) {
-  return torch::binary_cross_entropy_with_logits(logits, torch::full_like(logits, target));
+  torch::Tensor labels = torch::empty_like(logits).uniform_(target == 1.0 ? 0.9 : 0.0, target == 1.0 ? 1.0 : 0.1);
+  return torch::binary_cross_entropy_with_logits(logits, labels);
 }
 
 int main(int argc, char** argv) {
@@ -90,10 +96,10 @@ int main(int argc, char** argv) {
   Discriminator discriminator;
   torch::optim::Adam g_optimizer(generator->parameters(), torch::optim::AdamOptions(2e-3).betas({0.5, 0.999}));
   torch::optim::Adam d_optimizer(discriminator->parameters(), torch::optim::AdamOptions(2e-3).betas({0.5, 0.999}));
-  auto g_engine = rt.engine(generator, g_optimizer, parallax::EngineOptions("generator"));
-  auto d_engine = rt.engine(discriminator, d_optimizer, parallax::EngineOptions("discriminator"));
   auto loader = torch::data::make_data_loader<torch::data::samplers::SequentialSampler>(
       Ring().map(torch::data::transforms::Stack<>()), torch::data::DataLoaderOptions().batch_size(64));
+  auto g_engine = rt.engine(generator, g_optimizer, parallax::EngineOptions("generator"));
+  auto d_engine = rt.engine(discriminator, d_optimizer, parallax::EngineOptions("discriminator"));
   for (int64_t step = 0; step < steps;) {
     for (auto& whole : *loader) {
       if (step == steps) break;

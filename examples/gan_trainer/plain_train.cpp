@@ -4,9 +4,12 @@
 // with its own backward, and one step; the generator's loss runs through the
 // discriminator, which leaves gradients on the discriminator's parameters that its
 // zero_grad() clears before its next step. The data, points on a ring of 8 Gaussians,
-// comes through LibTorch's data loader; the flags are the program's own (getopt_long).
-// parallax_train.cpp is the same program made distributed, with two engines each with
-// its own [engine.<name>] options, and the program's flags still getopt_long's: `diff` them.
+// comes through LibTorch's data loader; the labels' noise comes from LibTorch's default
+// generator; the flags are the program's own (getopt_long). parallax_train.cpp is the same
+// program made distributed, with two engines (built after the loader) each with its own
+// [engine.<name>] options, and the program's flags still getopt_long's: `diff` them. On
+// one rank the engines draw nothing from the default generator, so both programs draw
+// the same label noise.
 #include <torch/torch.h>
 
 #include <getopt.h>
@@ -66,8 +69,11 @@ torch::Tensor noise_for(int64_t step, int64_t n) {
   return torch::randn({n, kNoise}, at::detail::createCPUGenerator(static_cast<uint64_t>(1000000 + step)));
 }
 
+// Noisy labels (real ones in [0.9, 1], generated ones in [0, 0.1]), drawn from the
+// default generator as most trainers draw them.
 torch::Tensor bce(const torch::Tensor& logits, double target) {
-  return torch::binary_cross_entropy_with_logits(logits, torch::full_like(logits, target));
+  torch::Tensor labels = torch::empty_like(logits).uniform_(target == 1.0 ? 0.9 : 0.0, target == 1.0 ? 1.0 : 0.1);
+  return torch::binary_cross_entropy_with_logits(logits, labels);
 }
 
 int main(int argc, char** argv) {

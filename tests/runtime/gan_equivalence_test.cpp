@@ -12,9 +12,12 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <optional>
+
 #include "figures.h"
 #include "parallax/core/config_loader.h"
 #include "parallax/core/mesh.h"
+#include "parallax/core/mpi_communicator.h"
 #include "parallax/runtime/parallax.h"
 #include "parallax/runtime/plan_options.h"
 #include "parallax/zero/sharded_model.h"
@@ -281,6 +284,117 @@ TEST(GanPerEngineOptions, AZero3GeneratorOfItsOwnAccumulationBesideAReplicatedDi
   parallax_test::print_figure("%d rank(s): max loss difference %.2g, max parameter difference %.2g\n", ranks,
                               worst_loss, worst_param);
 }
+
+}  // namespace
+}  // namespace parallax
+
+namespace parallax {
+namespace {
+
+// The trainer's random stream is its own. A trainer draws from LibTorch's default
+// generator between building its engines and each step, as real ones do (a loader's
+// shuffle, label noise with uniform_, dropout on its input); on one rank the engines must
+// neither draw from that generator nor reseed it, so the program's losses and parameters
+// are the plain program's bit for bit, at every ZeRO stage. SGD with momentum and weight
+// decay steps as LibTorch's own class does (no fused kernel), so equal means equal.
+// Mutant caught (tried): one torch::rand({1}) in Runtime::engine, after the reseed.
+torch::Tensor noisy_labels(const torch::Tensor& logits, double target) {
+  return torch::empty_like(logits).uniform_(target == 1.0 ? 0.8 : 0.0, target == 1.0 ? 1.0 : 0.2);
+}
+torch::Tensor noisy_bce(const torch::Tensor& logits, double target) {
+  return torch::binary_cross_entropy_with_logits(logits, noisy_labels(logits, target));
+}
+torch::optim::SGDOptions sgd_options() {
+  return torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-2);
+}
+
+struct DrawingRun {
+  std::vector<double> losses;
+  std::vector<torch::Tensor> params;
+};
+
+// `rt` null: the plain program; else the same program through two engines of `rt`.
+DrawingRun train_drawing_from_the_default_generator(Runtime* rt) {
+  torch::manual_seed(7);
+  Generator g;
+  Discriminator d;
+  torch::optim::SGD g_opt(g->parameters(), sgd_options());
+  torch::optim::SGD d_opt(d->parameters(), sgd_options());
+  const torch::Tensor order = torch::randperm(kSteps);  // a loader's shuffle, before the engines
+  std::optional<ModuleEngine<GeneratorImpl>> g_engine;
+  std::optional<ModuleEngine<DiscriminatorImpl>> d_engine;
+  if (rt != nullptr) {
+    g_engine.emplace(rt->engine(g, g_opt));
+    d_engine.emplace(rt->engine(d, d_opt));
+  }
+  const auto run_d = [&](const torch::Tensor& x) { return d_engine ? d_engine->forward(x) : d->forward(x); };
+  const auto run_g = [&](const torch::Tensor& x) { return g_engine ? g_engine->forward(x) : g->forward(x); };
+  const auto backward = [](Engine* engine, const torch::Tensor& loss) {
+    if (engine != nullptr) {
+      engine->backward(loss);
+    } else {
+      loss.backward();
+    }
+  };
+  DrawingRun run;
+  for (int i = 0; i < kSteps; ++i) {
+    auto [real, noise] = batch(order[i].item<int>());
+    real = torch::dropout(real, 0.1, /*train=*/true);
+    d->zero_grad();
+    const torch::Tensor d_real = noisy_bce(run_d(real), 1.0);
+    backward(d_engine ? &*d_engine : nullptr, d_real);
+    const torch::Tensor fake = run_g(noise);
+    const torch::Tensor d_fake = noisy_bce(run_d(fake.detach()), 0.0);
+    backward(d_engine ? &*d_engine : nullptr, d_fake);
+    if (d_engine) {
+      d_engine->step();
+    } else {
+      d_opt.step();
+    }
+    g->zero_grad();
+    const torch::Tensor g_loss = noisy_bce(run_d(fake), 1.0);
+    backward(g_engine ? &*g_engine : nullptr, g_loss);
+    if (g_engine) {
+      g_engine->step();
+    } else {
+      g_opt.step();
+    }
+    for (const torch::Tensor& loss : {d_real, d_fake, g_loss}) run.losses.push_back(loss.item<double>());
+  }
+  if (rt != nullptr) {
+    run.params = d_engine->master_parameters();
+    for (const torch::Tensor& p : g_engine->master_parameters()) run.params.push_back(p);
+  } else {
+    for (const auto& p : d->parameters()) run.params.push_back(p.detach().clone());
+    for (const auto& p : g->parameters()) run.params.push_back(p.detach().clone());
+  }
+  return run;
+}
+
+class TrainerRandomStream : public ::testing::TestWithParam<int> {};
+
+TEST_P(TrainerRandomStream, OneRankReproducesThePlainProgramBitForBit) {
+  if (create_mpi_world_communicator()->size() != 1) GTEST_SKIP() << "the plain program is one process";
+  Case c{GetParam(), "none", false};
+  Runtime rt(config_for(c), InitOptions{{}, /*print_summary=*/false});
+  // The plain program runs under the runtime's thread budget too (a program's init comes
+  // first): BLAS and intra-op thread counts change the rounding, not the random stream.
+  const DrawingRun plain = train_drawing_from_the_default_generator(nullptr);
+  const DrawingRun engines = train_drawing_from_the_default_generator(&rt);
+  ASSERT_EQ(engines.losses.size(), plain.losses.size());
+  for (std::size_t i = 0; i < plain.losses.size(); ++i) {
+    EXPECT_EQ(engines.losses[i], plain.losses[i]) << "loss " << i % 3 << " of step " << i / 3;
+  }
+  ASSERT_EQ(engines.params.size(), plain.params.size());
+  for (std::size_t i = 0; i < plain.params.size(); ++i) {
+    EXPECT_TRUE(torch::equal(engines.params[i], plain.params[i])) << "parameter " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryStage, TrainerRandomStream, ::testing::Values(0, 1, 2, 3),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return "zero" + std::to_string(info.param);
+                         });
 
 }  // namespace
 }  // namespace parallax
