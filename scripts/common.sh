@@ -38,7 +38,10 @@ PARALLAX_DEB_PACKAGES=(
 PARALLAX_TORCH_WHEEL=torch==2.11.0
 PARALLAX_TORCH_VENV=.venv/torch-2.11.0
 case "${TORCH:=debian}" in
-  debian) BUILD_DIR="${BUILD_DIR:-build}" ;;
+  debian)
+    BUILD_DIR="${BUILD_DIR:-build}"
+    PARALLAX_DEB_PACKAGES+=(python3-venv)   # the tests' .venv/test-tools
+    ;;
   wheel)
     BUILD_DIR="${BUILD_DIR:-build-wheel}"
     PARALLAX_DEB_PACKAGES+=(python3-venv python3-pip)
@@ -77,6 +80,33 @@ torch_cmake_args() {
     echo "-DCMAKE_PREFIX_PATH=$("$PARALLAX_TORCH_VENV/bin/python" -c \
       'import torch.utils; print(torch.utils.cmake_prefix_path)' 2>/dev/null)"
   fi
+}
+
+# The Python the tests read a run's output with (TensorBoard's own reader): the wheel's
+# environment, which has tensorboard; for TORCH=debian a small environment of its own,
+# .venv/test-tools (Debian 12 packages no tensorboard), created once, unless only some
+# labels run (PARALLAX_TEST_LABELS; CI's "versioned" pass has no test that reads).
+PARALLAX_TEST_TOOLS_VENV=.venv/test-tools
+ensure_test_python() {
+  PARALLAX_TEST_PYTHON=""
+  if [[ "$TORCH" == wheel ]]; then
+    PARALLAX_TEST_PYTHON="$PWD/$PARALLAX_TORCH_VENV/bin/python"
+  elif [[ -z "${PARALLAX_TEST_LABELS:-}" ]]; then
+    local venv="$PARALLAX_TEST_TOOLS_VENV"
+    if ! "$venv/bin/python" -c 'import tensorboard' 2>/dev/null; then
+      echo "Installing tensorboard into $venv (the tests read TensorBoard's files with it)"
+      rm -rf "$venv"
+      if ! { /usr/bin/python3 -m venv "$venv" && "$venv/bin/pip" install --quiet tensorboard; }; then
+        echo "warning: could not install tensorboard into $venv; tensorboard_readback_test will skip" >&2
+        rm -rf "$venv"
+        PARALLAX_TEST_PYTHON=""
+        export PARALLAX_TEST_PYTHON
+        return 0
+      fi
+    fi
+    PARALLAX_TEST_PYTHON="$PWD/$venv/bin/python"
+  fi
+  export PARALLAX_TEST_PYTHON
 }
 
 ensure_dependencies() {
