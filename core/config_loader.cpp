@@ -280,7 +280,9 @@ void drop_overridden_batch_values(toml::table& root, const std::vector<std::stri
   const char* const by_preference[] = {"grad_accum", "micro_batch_size", "global_batch_size"};
   const auto order_of = [&](const char* key) {
     const toml::node* node = train->get(key);
-    if (node == nullptr || !node->is_integer()) return -1;  // omitted, or "auto" for the planner
+    // Omitted, "auto" for the planner, or not a count: nothing to drop, and a bad value
+    // is left for its field's check to name.
+    if (node == nullptr || !node->is_integer() || node->as_integer()->get() < 1) return -1;
     const auto& path = node->source().path;
     int order = static_cast<int>(read.size());
     for (std::size_t i = 0; path != nullptr && i < read.size(); ++i) {

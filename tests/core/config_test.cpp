@@ -493,6 +493,9 @@ TEST_F(ConfigTest, ABatchContradictionWithinOneSourceNamesAllThreeAndDp) {
                   "parallel.dp (4) = 64");
   Config on_command_line = load({}, {"train.global_batch_size=32", "train.micro_batch_size=4", "train.grad_accum=4"});
   EXPECT_CONTAINS(error_of([&] { on_command_line.resolve(4); }), "!= train.micro_batch_size (4)");
+  // A base's bad value is named, not dropped by a later source.
+  const std::string bad_base = write("bad.toml", "[train]\nglobal_batch_size = 32\ngrad_accum = -3\n");
+  EXPECT_CONTAINS(error_of([&] { load({bad_base}, {"train.micro_batch_size=1"}); }), "train.grad_accum = -3");
 }
 
 TEST(Resolve, IsIdempotentAndLeavesAFailedConfigUnchanged) {
