@@ -80,6 +80,12 @@ struct OptimizerOptions {
   double initial_accumulator_value = 0.0;
   /// Global-norm gradient clipping threshold; 0 = off. Default: 0.
   double grad_clip = 0.0;
+  /// Parameters exempt from weight decay, by kind: "bias" (parameters named bias),
+  /// "norm" (normalization layers' parameters, and every other 1-D parameter but a
+  /// bias), "embedding" (embedding tables), e.g. ["bias", "norm", "embedding"] (the GPT
+  /// recipe of nanoGPT and Megatron). They form a parameter group of weight_decay 0.
+  /// Default: [] (every parameter decays).
+  std::vector<std::string> no_decay;
 };
 
 enum class SchedulerType { kConstant, kLinear, kCosine };

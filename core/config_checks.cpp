@@ -52,6 +52,11 @@ void optimizer_check(const Config& c, const KeyPositions& positions) {
                    k.key, " applies to ", k.owners, " (optimizer.type = \"", to_string(o.type), "\"",
                    position(positions, "optimizer.type"), ")");
   }
+  for (const std::string& kind : o.no_decay) {
+    PARALLAX_CHECK(kind == "bias" || kind == "norm" || kind == "embedding", ConfigError, "optimizer.no_decay = [..., \"",
+                   kind, "\", ...]", position(positions, "optimizer.no_decay"),
+                   ": expected kinds among \"bias\", \"norm\" and \"embedding\"");
+  }
   PARALLAX_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0), ConfigError, "optimizer.nesterov = true",
                  position(positions, "optimizer.nesterov"), ": Nesterov momentum needs optimizer.momentum > 0 (",
                  format_double(o.momentum), ") and optimizer.dampening = 0 (", format_double(o.dampening), ")");

@@ -116,6 +116,10 @@ void optimizer_fields(FieldVisitor& v, Config& c) {
            "Adagrad: the starting value of the squared-gradient sums.");
   v.number("grad_clip", c.optimizer.grad_clip, kNonNegative,
            "Clip gradients to this global norm, over every rank's parts; 0: off.");
+  v.text_list("no_decay", c.optimizer.no_decay,
+              "Parameters exempt from weight decay, by kind: \"bias\" (named bias), \"norm\" (normalization "
+              "layers' parameters and every other 1-D parameter), \"embedding\" (embedding tables); they step in a "
+              "parameter group of weight_decay 0.");
 }
 
 void scheduler_fields(FieldVisitor& v, Config& c) {

@@ -29,7 +29,20 @@ void wait_all(std::vector<std::future<void>>& pending) {
 }  // namespace
 
 OffloadedAdam::OffloadedAdam(const OffloadedAdamOptions& options, const std::vector<torch::Tensor>& initial_masters)
-    : options_(options), update_(options.adam) {
+    : options_(options) {
+  updates_.emplace_back(options_.adam);
+  lr_ratios_.push_back(1.0);
+  for (const CpuAdamOptions& group : options_.other_groups) {
+    updates_.emplace_back(group);
+    lr_ratios_.push_back(group.lr_ / options_.adam.lr_);
+  }
+  shard_group_ = options_.shard_group;
+  if (shard_group_.empty()) shard_group_.assign(initial_masters.size(), 0);
+  PARALLAX_CHECK(shard_group_.size() == initial_masters.size(), UsageError, "OffloadedAdam: ", shard_group_.size(),
+                 " shard groups for ", initial_masters.size(), " shards");
+  for (std::size_t g : shard_group_) {
+    PARALLAX_CHECK(g < updates_.size(), UsageError, "OffloadedAdam: shard group ", g, " of ", updates_.size());
+  }
   PARALLAX_CHECK(!options_.masters_on_nvme || options_.moments_on_nvme, ConfigError,
                  "masters on NVMe need the moments there too (offload.optimizer = \"nvme\")");
   PARALLAX_CHECK(options_.buffer_count >= 2, ConfigError, "offload.buffer_count = ", options_.buffer_count,
@@ -136,9 +149,32 @@ void OffloadedAdam::step() {
   }
 }
 
+void OffloadedAdam::set_learning_rate(double lr) {
+  for (std::size_t g = 0; g < updates_.size(); ++g) updates_[g].options().lr(lr * lr_ratios_[g]);
+}
+
+template <typename Run>
+void OffloadedAdam::for_each_run(std::int64_t begin, std::int64_t count, const Run& run) const {
+  const std::int64_t end = begin + count;
+  std::int64_t at = begin;
+  // The first shard that ends after `begin`; runs extend over shards of one group.
+  std::size_t i = static_cast<std::size_t>(
+      std::upper_bound(offsets_.begin(), offsets_.end(), begin) - offsets_.begin() - 1);
+  while (at < end) {
+    const std::size_t group = shard_group_[i];
+    std::int64_t stop = std::min(end, offsets_[i] + numels_[i]);
+    while (stop < end && shard_group_[i + 1] == group) stop = std::min(end, offsets_[++i] + numels_[i]);
+    run(group, at, stop - at);
+    at = stop;
+    ++i;
+  }
+}
+
 void OffloadedAdam::step_in_memory() {
-  update_.step(masters_.data_ptr<float>(), gradients_.data_ptr<float>(), moments_[0].data_ptr<float>(),
-               moments_[1].data_ptr<float>(), total_, steps_);
+  for_each_run(0, total_, [&](std::size_t group, std::int64_t at, std::int64_t n) {
+    updates_[group].step(masters_.data_ptr<float>() + at, gradients_.data_ptr<float>() + at,
+                         moments_[0].data_ptr<float>() + at, moments_[1].data_ptr<float>() + at, n, steps_);
+  });
 }
 
 void OffloadedAdam::step_through_tiles() {
@@ -168,7 +204,11 @@ void OffloadedAdam::step_through_tiles() {
       wait_all(pending[slot]);  // tile k is in (and the slot's previous tile is out)
       float* buffer = buffers_[slot].data_ptr<float>();
       float* master = options_.masters_on_nvme ? buffer + 2 * e : masters_.data_ptr<float>() + k * e;
-      update_.step(master, gradients_.data_ptr<float>() + k * e, buffer, buffer + e, elements_of(k), steps_);
+      for_each_run(k * e, elements_of(k), [&](std::size_t group, std::int64_t at, std::int64_t n) {
+        const std::int64_t in_tile = at - k * e;
+        updates_[group].step(master + in_tile, gradients_.data_ptr<float>() + at, buffer + in_tile,
+                             buffer + e + in_tile, n, steps_);
+      });
       transfer(k, true);
     }
     for (auto& slot : pending) wait_all(slot);

@@ -37,6 +37,11 @@ class SwapFile;
 struct OffloadedAdamOptions {
   /// The update rule (lr is reset by set_learning_rate).
   CpuAdamOptions adam{1e-3};
+  /// Parameter groups of their own options: shard i steps with group shard_group[i]'s
+  /// rule, group 0 being `adam` and group k >= 1 other_groups[k - 1]; each group's lr
+  /// keeps its ratio to adam's through set_learning_rate. Default: every shard in group 0.
+  std::vector<CpuAdamOptions> other_groups;
+  std::vector<std::size_t> shard_group;
   /// The moments in the NVMe tier's file instead of host memory.
   bool moments_on_nvme = false;
   /// The masters there too (needs moments_on_nvme).
@@ -69,8 +74,9 @@ class OffloadedAdam {
   /// dtype and device). Blocking; safe from several threads, not during step().
   void read_master(std::size_t i, const torch::Tensor& destination) const;
 
-  void set_learning_rate(double lr) { update_.options().lr(lr); }
-  double learning_rate() const { return update_.options().lr_; }
+  /// Group 0's learning rate; every other group's is lr times its starting ratio.
+  void set_learning_rate(double lr);
+  double learning_rate() const { return updates_.front().options().lr_; }
   /// One Adam step of every shard from its gradient. Blocks. Throws OffloadError (NVMe),
   /// after every pending read and write has finished.
   void step();
@@ -102,9 +108,15 @@ class OffloadedAdam {
  private:
   void step_in_memory();
   void step_through_tiles();
+  /// Calls `run(group, at, n)` for the elements [begin, begin + count) of the
+  /// concatenated shards, cut where the group changes.
+  template <typename Run>
+  void for_each_run(std::int64_t begin, std::int64_t count, const Run& run) const;
 
   OffloadedAdamOptions options_;
-  CpuAdam update_;
+  std::vector<CpuAdam> updates_;         ///< per group
+  std::vector<double> lr_ratios_;        ///< per group: its lr over group 0's, at the start
+  std::vector<std::size_t> shard_group_;  ///< per shard
   std::int64_t steps_ = 0;
   std::vector<std::int64_t> numels_;
   std::vector<std::int64_t> offsets_;  ///< of each shard in the concatenated space

@@ -58,9 +58,9 @@ class ReplicatedReduction final : public GradientReduction {
                       const proto::Plan& plan,
                       std::vector<torch::Tensor> params,
                       torch::ScalarType dtype,
-                      const OptimizerOptions& optimizer,
+                      const OptimizerGroups& optimizer,
                       ModelSplit split)
-      : params_(std::move(params)), split_(std::move(split)) {
+      : params_(std::move(params)), split_(std::move(split)), groups_(optimizer) {
     const ZeroOptions zero = zero_options(plan);
     // bf16/fp16 gradients accumulate and are reduced in fp32, straight into the masters' grads.
     const bool keep_masters = dtype != torch::kFloat32;
@@ -134,7 +134,7 @@ class ReplicatedReduction final : public GradientReduction {
       outcome.skipped = skip_non_finite && !std::isfinite(outcome.grad_norm);
     }
     if (!outcome.skipped) {
-      set_learning_rate(*optimizer_, lr);
+      set_learning_rate(*optimizer_, lr, groups_);
       optimizer_->step();
       for (std::size_t i = 0; i < masters_.size(); ++i) params_[i].detach().copy_(masters_[i]);
     }
@@ -223,6 +223,7 @@ class ReplicatedReduction final : public GradientReduction {
   std::unique_ptr<GradientBuckets> buckets_;
   int dp_rank_ = 0;
   int dp_size_ = 1;
+  OptimizerGroups groups_;  ///< the optimizer's parameter groups, per parameter
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
 };
 
@@ -245,7 +246,7 @@ class ShardedReduction final : public GradientReduction {
                    const proto::Plan& plan,
                    torch::nn::Module& model,
                    const std::vector<torch::Tensor>& params,
-                   const OptimizerOptions& optimizer,
+                   const OptimizerGroups& optimizer,
                    const ModelSplit& split)
       : dp_(&runtime.mesh().replicas()),
         reduce_untouched_(!split.partial_backwards),
@@ -253,11 +254,12 @@ class ShardedReduction final : public GradientReduction {
         experts_(split.expert.members) {
     const OffloadOptions offload = offload_options(plan);
     sharded_ = std::make_unique<zero::ShardedModel>(
-        model, params, zero_options(plan), offload, optimizer, *dp_, runtime.tracer(),
-        [&optimizer](std::vector<torch::Tensor> shards) {
-          return make_optimizer(optimizer, std::move(shards), AdamKernel::kFusedCpu);
+        model, params, zero_options(plan), offload, optimizer.options, *dp_, runtime.tracer(),
+        [this, &optimizer](std::vector<torch::Tensor> shards, const std::vector<std::size_t>& group_of_shard) {
+          master_groups_ = OptimizerGroups{optimizer.options, group_of_shard};
+          return make_optimizer(master_groups_, std::move(shards), AdamKernel::kFusedCpu);
         },
-        split.expert);
+        split.expert, optimizer.of);
     if (!split.norm_groups.empty()) {
       zero::ModelParallel model_parallel;
       model_parallel.tp = split.tp;
@@ -328,7 +330,7 @@ class ShardedReduction final : public GradientReduction {
     if (offload::OffloadedAdam* host = sharded_->offloaded_optimizer()) {
       host->set_learning_rate(lr);
     } else {
-      set_learning_rate(sharded_->optimizer(), lr);
+      set_learning_rate(sharded_->optimizer(), lr, master_groups_);
     }
     return sharded_->step(1.0 / (static_cast<double>(dp_->size()) * loss_scale), clip, skip_non_finite);
   }
@@ -416,6 +418,7 @@ class ShardedReduction final : public GradientReduction {
   bool reduce_untouched_;
   std::vector<torch::Tensor> params_;  ///< the model's (shapes stay while stage 3 releases their data)
   std::vector<std::size_t> experts_;   ///< indices of the experts' parameters (their own group)
+  OptimizerGroups master_groups_;  ///< the optimizer's parameter groups, per master shard
   std::unique_ptr<zero::ShardedModel> sharded_;
   /// An offloaded optimizer's state per group, as state_slices(kHeld) gave it out.
   std::vector<std::vector<std::pair<std::string, torch::Tensor>>> offloaded_state_;
@@ -428,7 +431,7 @@ std::unique_ptr<GradientReduction> make_gradient_reduction(Runtime& runtime,
                                                            torch::nn::Module& model,
                                                            std::vector<torch::Tensor> params,
                                                            torch::ScalarType dtype,
-                                                           const OptimizerOptions& optimizer,
+                                                           const OptimizerGroups& optimizer,
                                                            ModelSplit split) {
   if (zero_options(plan).stage == 0) {
     return std::make_unique<ReplicatedReduction>(runtime, plan, std::move(params), dtype, optimizer, std::move(split));

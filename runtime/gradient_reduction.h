@@ -153,14 +153,15 @@ class GradientReduction {
 
 /// Replicated data parallelism at zero.stage = 0, ZeRO (with [offload]) at 1–3, as the
 /// engine's `plan` says, over `params` (the model's trainable parameters, in the compute
-/// dtype `dtype`) and runtime.mesh().replicas() (the data-parallel group, times cp). Throws ConfigError for an option
-/// ZeRO cannot take.
+/// dtype `dtype`) and runtime.mesh().replicas() (the data-parallel group, times cp), with
+/// the optimizer's parameter groups `optimizer` (optimizer.of[i]: params[i]'s group).
+/// Throws ConfigError for an option ZeRO cannot take.
 std::unique_ptr<GradientReduction> make_gradient_reduction(Runtime& runtime,
                                                            const proto::Plan& plan,
                                                            torch::nn::Module& model,
                                                            std::vector<torch::Tensor> params,
                                                            torch::ScalarType dtype,
-                                                           const OptimizerOptions& optimizer,
+                                                           const OptimizerGroups& optimizer,
                                                            ModelSplit split);
 
 }  // namespace parallax

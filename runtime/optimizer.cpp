@@ -1,5 +1,9 @@
 #include "parallax/runtime/optimizer.h"
 
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/instancenorm.h>
+#include <torch/nn/modules/normalization.h>
 #include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -14,6 +18,7 @@
 #include <type_traits>
 
 #include "parallax/core/communicator.h"
+#include "parallax/core/config_loader.h"
 #include "parallax/core/error.h"
 #include "parallax/offload/cpu_adam.h"
 
@@ -121,6 +126,8 @@ class FusedCpuAdam final : public Base {
  public:
   FusedCpuAdam(std::vector<torch::Tensor> params, const Options& options, bool decoupled)
       : Base(std::move(params), options), decoupled_(decoupled) {}
+  FusedCpuAdam(std::vector<torch::optim::OptimizerParamGroup> groups, const Options& defaults, bool decoupled)
+      : Base(std::move(groups), defaults), decoupled_(decoupled) {}
 
   torch::Tensor step(torch::optim::Optimizer::LossClosure closure = nullptr) override {
     if (!eligible()) return Base::step(std::move(closure));
@@ -252,6 +259,165 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerOptions& 
                                                          .eps(o.eps));
   }
   throw InternalError("make_optimizer: unknown optimizer type");
+}
+
+namespace {
+
+// Whether `module`'s parameter `key` is of a kind `kinds` (optimizer.no_decay) exempts.
+bool exempt(const torch::nn::Module& module, const std::string& key, const torch::Tensor& p,
+            const std::vector<std::string>& kinds) {
+  const auto wants = [&](const char* kind) { return std::find(kinds.begin(), kinds.end(), kind) != kinds.end(); };
+  const auto is = [&](auto* typed) { return typed != nullptr; };
+  if (key == "bias") return wants("bias");
+  const bool embedding = is(dynamic_cast<const torch::nn::EmbeddingImpl*>(&module)) ||
+                         is(dynamic_cast<const torch::nn::EmbeddingBagImpl*>(&module));
+  if (embedding) return wants("embedding");
+  const bool norm = is(dynamic_cast<const torch::nn::LayerNormImpl*>(&module)) ||
+                    is(dynamic_cast<const torch::nn::GroupNormImpl*>(&module)) ||
+                    is(dynamic_cast<const torch::nn::BatchNorm1dImpl*>(&module)) ||
+                    is(dynamic_cast<const torch::nn::BatchNorm2dImpl*>(&module)) ||
+                    is(dynamic_cast<const torch::nn::BatchNorm3dImpl*>(&module)) ||
+                    is(dynamic_cast<const torch::nn::InstanceNorm1dImpl*>(&module)) ||
+                    is(dynamic_cast<const torch::nn::InstanceNorm2dImpl*>(&module)) ||
+                    is(dynamic_cast<const torch::nn::InstanceNorm3dImpl*>(&module)) || p.dim() == 1;
+  return norm && wants("norm");
+}
+
+}  // namespace
+
+bool exempt_from_decay(const torch::nn::Module& model,
+                       const torch::Tensor& param,
+                       const std::vector<std::string>& kinds) {
+  const auto held = [&](const torch::nn::Module& module, bool* result) {
+    for (const auto& item : module.named_parameters(/*recurse=*/false)) {
+      if (item.value().unsafeGetTensorImpl() != param.unsafeGetTensorImpl()) continue;
+      *result = exempt(module, item.key(), item.value(), kinds);
+      return true;
+    }
+    return false;
+  };
+  bool result = false;
+  if (held(model, &result)) return result;
+  for (const auto& item : model.named_modules(/*name_prefix=*/"", /*include_self=*/false)) {
+    if (held(*item.value(), &result)) return result;
+  }
+  return false;
+}
+
+void exempt_from_weight_decay(OptimizerSpec& spec,
+                              const torch::nn::Module& model,
+                              const std::function<std::string(const std::string&)>& name_of,
+                              const std::function<std::optional<bool>(const torch::Tensor&)>& decided) {
+  const std::vector<std::string>& kinds = spec.optimizer.no_decay;
+  if (kinds.empty()) return;
+  PARALLAX_CHECK(spec.parameter_groups.empty(), ConfigError, "optimizer.no_decay makes a parameter group of "
+                 "weight_decay 0, and the trainer's optimizer has ", spec.parameter_groups.size(),
+                 " parameter groups of their own options: give the groups in one place (remove optimizer.no_decay, "
+                 "or pass an optimizer of one group)");
+  OptimizerOptions no_decay = spec.optimizer;
+  no_decay.weight_decay = 0.0;
+  spec.parameter_groups = {spec.optimizer, no_decay};
+  spec.group_of.clear();
+  const auto add = [&](const torch::nn::Module& module, const std::string& prefix) {
+    for (const auto& item : module.named_parameters(/*recurse=*/false)) {
+      const std::string name = prefix.empty() ? item.key() : prefix + "." + item.key();
+      const std::optional<bool> given = decided ? decided(item.value()) : std::nullopt;
+      const bool exempted = given ? *given : exempt(module, item.key(), item.value(), kinds);
+      spec.group_of[name_of ? name_of(name) : name] = exempted ? 1 : 0;
+    }
+  };
+  add(model, "");
+  for (const auto& item : model.named_modules(/*name_prefix=*/"", /*include_self=*/false)) add(*item.value(), item.key());
+}
+
+OptimizerGroups optimizer_groups(const OptimizerSpec& spec, const std::vector<std::string>& names) {
+  OptimizerGroups groups;
+  if (spec.parameter_groups.empty()) {
+    groups.options = {spec.optimizer};
+    groups.of.assign(names.size(), 0);
+    return groups;
+  }
+  groups.options = spec.parameter_groups;
+  groups.options.front() = spec.optimizer;
+  for (const std::string& name : names) {
+    const auto found = spec.group_of.find(name);
+    PARALLAX_CHECK(found != spec.group_of.end() && found->second < groups.options.size(), UsageError,
+                   "engine: the trained parameter '", name, "' is in none of the optimizer's ",
+                   groups.options.size(), " parameter groups");
+    groups.of.push_back(found->second);
+  }
+  return groups;
+}
+
+std::vector<double> OptimizerGroups::lr_ratios() const {
+  std::vector<double> ratios;
+  for (const OptimizerOptions& o : options) ratios.push_back(options.front().lr == 0 ? 1.0 : o.lr / options.front().lr);
+  return ratios;
+}
+
+namespace {
+
+// The groups that hold any tensor, in order: the optimizer's parameter groups.
+std::vector<std::size_t> held_groups(const OptimizerGroups& groups) {
+  std::vector<bool> held(groups.options.size(), false);
+  for (std::size_t k : groups.of) held.at(k) = true;
+  std::vector<std::size_t> out;
+  for (std::size_t k = 0; k < held.size(); ++k) {
+    if (held[k]) out.push_back(k);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerGroups& groups,
+                                                        std::vector<torch::Tensor> params,
+                                                        AdamKernel kernel) {
+  PARALLAX_CHECK(!groups.options.empty() && groups.of.size() == params.size(), UsageError, "make_optimizer: ",
+                 groups.options.size(), " group(s) assigned to ", groups.of.size(), " of ", params.size(), " tensors");
+  if (groups.options.size() == 1) return make_optimizer(groups.options.front(), std::move(params), kernel);
+  // Each group's tensors, then LibTorch's optimizer of the first group's type built
+  // with one parameter group each (their options made as the one-group path makes them).
+  std::vector<torch::optim::OptimizerParamGroup> param_groups;
+  for (std::size_t k : held_groups(groups)) {
+    PARALLAX_CHECK(groups.options[k].type == groups.options.front().type, UsageError,
+                   "make_optimizer: parameter group ", k, " is ", to_string(groups.options[k].type), ", group 0 ",
+                   to_string(groups.options.front().type));
+    std::vector<torch::Tensor> tensors;
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      if (groups.of[i] == k) tensors.push_back(params[i]);
+    }
+    // One tensor's optimizer gives the group's options in LibTorch's type.
+    const auto single = make_optimizer(groups.options[k], {torch::zeros({1})}, AdamKernel::kLibTorch);
+    param_groups.emplace_back(std::move(tensors), single->param_groups().front().options().clone());
+  }
+  const OptimizerOptions& o = groups.options.front();
+  const bool fused = kernel == AdamKernel::kFusedCpu;
+  switch (o.type) {
+    case OptimizerType::kSgd:
+      return std::make_unique<torch::optim::SGD>(std::move(param_groups), torch::optim::SGDOptions(o.lr));
+    case OptimizerType::kAdam:
+      if (fused) return std::make_unique<FusedAdam>(std::move(param_groups), torch::optim::AdamOptions(o.lr), false);
+      return std::make_unique<torch::optim::Adam>(std::move(param_groups), torch::optim::AdamOptions(o.lr));
+    case OptimizerType::kAdamW:
+      if (fused) return std::make_unique<FusedAdamW>(std::move(param_groups), torch::optim::AdamWOptions(o.lr), true);
+      return std::make_unique<torch::optim::AdamW>(std::move(param_groups), torch::optim::AdamWOptions(o.lr));
+    case OptimizerType::kRmsprop:
+      return std::make_unique<torch::optim::RMSprop>(std::move(param_groups), torch::optim::RMSpropOptions(o.lr));
+    case OptimizerType::kAdagrad:
+      return std::make_unique<torch::optim::Adagrad>(std::move(param_groups), torch::optim::AdagradOptions(o.lr));
+  }
+  throw InternalError("make_optimizer: unknown optimizer type");
+}
+
+void set_learning_rate(torch::optim::Optimizer& optimizer, double lr, const OptimizerGroups& groups) {
+  if (groups.options.size() == 1) return set_learning_rate(optimizer, lr);
+  const std::vector<double> ratios = groups.lr_ratios();
+  const std::vector<std::size_t> held = held_groups(groups);
+  auto& param_groups = optimizer.param_groups();
+  PARALLAX_CHECK(param_groups.size() == held.size(), InternalError, "set_learning_rate: ", param_groups.size(),
+                 " parameter groups, ", held.size(), " expected");
+  for (std::size_t j = 0; j < held.size(); ++j) param_groups[j].options().set_lr(lr * ratios[held[j]]);
 }
 
 std::int64_t fused_parameter_steps(const torch::optim::Optimizer& optimizer) {

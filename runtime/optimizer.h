@@ -12,10 +12,14 @@
 //   double lr = scheduled_lr(spec, /*step=*/0);     // the lr of the first optimizer step
 #pragma once
 
+#include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -39,6 +43,13 @@ struct OptimizerSpec {
   /// zero_grad() then clears the engine's gradients (release_trainer_optimizer).
   /// Default: none.
   torch::Tensor zero_grad_sentinel{};
+  /// Parameter groups with options of their own, as a trainer's optimizer carries them
+  /// (e.g. no weight decay on biases and norms): group k's options (group 0's are
+  /// `optimizer`), and each trained parameter's name → its group. Every group's learning
+  /// rate keeps its ratio to group 0's through the schedule, as LibTorch's schedulers
+  /// scale each group's. Default: none (one group, `optimizer`).
+  std::vector<OptimizerOptions> parameter_groups;
+  std::map<std::string, std::size_t> group_of;
 
   /// [optimizer], [scheduler] and train.steps of a loaded config.
   static OptimizerSpec from(const Config& config);
@@ -62,12 +73,58 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerOptions& 
                                                         std::vector<torch::Tensor> params,
                                                         AdamKernel kernel = AdamKernel::kLibTorch);
 
+/// Parameter groups of their own options over the tensors an engine steps.
+struct OptimizerGroups {
+  /// Group k's options; every group has the type of group 0. Never empty.
+  std::vector<OptimizerOptions> options;
+  /// Per tensor stepped (a parameter, or a flat group's master shard), its group.
+  std::vector<std::size_t> of;
+  /// Each group's learning rate relative to group 0's (options[k].lr / options[0].lr).
+  std::vector<double> lr_ratios() const;
+};
+
+/// With spec.optimizer.no_decay set: two parameter groups, spec.optimizer and the same
+/// with weight_decay 0, the second holding `model`'s parameters of the kinds no_decay
+/// names (core/config.h; "norm" by LibTorch's normalization modules and every other 1-D
+/// parameter but a bias, "embedding" by torch::nn::Embedding and EmbeddingBag), each
+/// under `name_of`(its name in `model`) in spec.group_of. Does nothing without no_decay.
+/// Throws ConfigError when the spec already has parameter groups (a trainer's optimizer
+/// of several): the groups are given in one place or the other.
+/// `decided`, where it returns a value, decides a parameter itself (a pipeline's tied
+/// copy takes its first holder's decision: StageCoupling::tied_exempt).
+void exempt_from_weight_decay(OptimizerSpec& spec,
+                              const torch::nn::Module& model,
+                              const std::function<std::string(const std::string&)>& name_of = {},
+                              const std::function<std::optional<bool>(const torch::Tensor&)>& decided = {});
+
+/// Whether optimizer.no_decay's `kinds` exempt `param`, as exempt_from_weight_decay
+/// decides it, by the first module of `model` (itself included) that holds it; false
+/// when none does.
+bool exempt_from_decay(const torch::nn::Module& model,
+                       const torch::Tensor& param,
+                       const std::vector<std::string>& kinds);
+
+/// `spec`'s parameter groups over the parameters named `names` (an engine's trained
+/// parameters, by their names in the whole model): one group, spec.optimizer, when the
+/// spec has no parameter_groups. Throws UsageError naming a parameter no group holds.
+OptimizerGroups optimizer_groups(const OptimizerSpec& spec, const std::vector<std::string>& names);
+
+/// A LibTorch optimizer with one parameter group per group of `groups` that holds any of
+/// `params` (params[i] in group groups.of[i]), each with its own options. Throws
+/// UsageError when groups.of does not cover `params`.
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerGroups& groups,
+                                                        std::vector<torch::Tensor> params,
+                                                        AdamKernel kernel = AdamKernel::kLibTorch);
+
 /// Parameter steps `optimizer` (from make_optimizer with kFusedCpu) has taken in the
 /// fused pass; 0 for any other optimizer.
 std::int64_t fused_parameter_steps(const torch::optim::Optimizer& optimizer);
 
 /// Sets the learning rate of every parameter group.
 void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);
+/// Sets parameter group k's learning rate to lr × `ratios`[k] (an optimizer from the
+/// grouped make_optimizer, whose groups are `groups`' non-empty ones in order).
+void set_learning_rate(torch::optim::Optimizer& optimizer, double lr, const OptimizerGroups& groups);
 
 /// Bytes of optimizer state the optimizer holds now (moments, momentum buffers).
 std::int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer);

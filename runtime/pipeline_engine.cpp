@@ -19,6 +19,7 @@ namespace {
 constexpr int kTieValueTag = 3;  // first holder → other holders, at construction
 constexpr int kTieGradTag = 4;   // holder → first holder: its copies' gradient sum
 constexpr int kTieSumTag = 5;    // first holder → holders: the total
+constexpr int kTieDecayTag = 6;  // first holder → other holders, at construction: no_decay exempts it
 
 // Step 1 of the construction protocol.
 PipelineLayout choose_layout(Runtime& runtime,
@@ -252,6 +253,22 @@ std::shared_ptr<PipelineEngine::Built> PipelineEngine::build(Runtime& runtime,
       }
     }
     for (std::size_t i = 1; i < tie.local.size(); ++i) tie.local[i].detach().copy_(tie.local[0]);
+    // optimizer.no_decay: every copy steps in its first holder's group.
+    const std::vector<std::string>& kinds = runtime.config().optimizer.no_decay;
+    if (!kinds.empty()) {
+      torch::Tensor exempt = torch::zeros({1}, torch::kInt64);
+      if (built->stage != tie.owner) {
+        pp.recv(exempt, tie.owner, kTieDecayTag)->wait();
+      } else {
+        exempt.fill_(exempt_from_decay(*built->module, tie.local.front(), kinds) ? 1 : 0);
+        for (int peer : tie.stages) {
+          if (peer != tie.owner) pp.send(exempt, peer, kTieDecayTag)->wait();
+        }
+      }
+      for (const torch::Tensor& copy : tie.local) {
+        built->coupling.tied_exempt[copy.unsafeGetTensorImpl()] = exempt.item<std::int64_t>() != 0;
+      }
+    }
     const std::size_t counted = built->stage == tie.owner ? 1 : 0;
     for (std::size_t i = counted; i < tie.local.size(); ++i) built->coupling.norm_excluded.push_back(tie.local[i]);
   }

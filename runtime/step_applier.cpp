@@ -137,6 +137,16 @@ StepApplier::StepApplier(Runtime& runtime,
       spec_(spec) {
   const proto::Plan& plan = *plan_;
   check_beside_other_engines(runtime, name_, *model_);
+  // optimizer.no_decay's group, by the kinds of the model's own modules (before any
+  // strategy replaces them), under the whole model's names.
+  exempt_from_weight_decay(
+      spec_, *model_,
+      [stage](const std::string& name) { return stage == nullptr ? name : whole_model_name(*stage, name); },
+      [stage](const torch::Tensor& p) -> std::optional<bool> {
+        if (stage == nullptr) return std::nullopt;
+        const auto found = stage->tied_exempt.find(p.unsafeGetTensorImpl());
+        return found == stage->tied_exempt.end() ? std::nullopt : std::optional<bool>(found->second);
+      });
   const std::string& root = runtime.config().checkpoint.dir;
   checkpoint_root_ = root.empty() || name_.empty() ? root : root + "/" + name_;
   const int pp = plan.degrees().pp();
@@ -197,7 +207,8 @@ StepApplier::StepApplier(Runtime& runtime,
   }
   telemetry_ = std::make_unique<StepTelemetry>(runtime, plan);
   reduction_ =
-      make_gradient_reduction(runtime, plan, *model_, params_, dtype_, spec_.optimizer, std::move(model_split));
+      make_gradient_reduction(runtime, plan, *model_, params_, dtype_, optimizer_groups(spec_, param_names_),
+                              std::move(model_split));
   if (spec_.zero_grad_sentinel.defined()) reduction_->watch_zero_grad(spec_.zero_grad_sentinel);
   if (zero_stage == 3) {
     Communicator& replicas = runtime.mesh().replicas();

@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -66,6 +67,10 @@ struct StageCoupling {
   /// The whole model's path of a module at `path` in the stage's module, for the
   /// [tensor_parallel.plan]'s rules.
   std::function<std::string(const std::string& path)> plan_path;
+  /// Tied copies (by TensorImpl) and whether optimizer.no_decay exempts them, as their
+  /// first holder's copy is exempt (an LM head tied to the token embedding is an
+  /// embedding), so every copy steps alike.
+  std::map<const void*, bool> tied_exempt;
 };
 
 /// Held around a model's (or a pipeline chunk's) forward: ZeRO-3 gathering on use, and

@@ -7,6 +7,7 @@
 #include <torch/optim/sgd.h>
 
 #include <array>
+#include <map>
 #include <sstream>
 #include <unordered_map>
 #include <unordered_set>
@@ -18,21 +19,10 @@
 namespace parallax {
 namespace {
 
-// The options every parameter group of `optimizer` shares (one set: the engine's flat
-// buffers and shards mix parameters of different groups).
+// The options of parameter group `group` of `optimizer`, in its own type.
 template <typename Options>
-const Options& shared_options(const torch::optim::Optimizer& optimizer, const std::string& name) {
-  const auto& groups = optimizer.param_groups();
-  PARALLAX_CHECK(!groups.empty(), UsageError, "engine: the trainer's ", name, " has no parameter group");
-  const auto& first = static_cast<const Options&>(groups.front().options());
-  for (std::size_t i = 1; i < groups.size(); ++i) {
-    PARALLAX_CHECK(static_cast<const Options&>(groups[i].options()) == first, UsageError, "engine: parameter group ",
-                   i, " of the trainer's ", name,
-                   " has other options than group 0; Parallax steps every parameter with one set of options (its "
-                   "flat buffers and ZeRO shards mix the parameters of all groups): give the groups the same options, "
-                   "or set them in [optimizer]");
-  }
-  return first;
+const Options& group_options(const torch::optim::Optimizer& optimizer, std::size_t group) {
+  return static_cast<const Options&>(optimizer.param_groups().at(group).options());
 }
 
 using O = OptimizerOptions;
@@ -56,12 +46,12 @@ struct TrainerValues {
   }
 };
 
-TrainerValues trainer_values(const torch::optim::Optimizer& optimizer) {
+TrainerValues trainer_values(const torch::optim::Optimizer& optimizer, std::size_t group) {
   TrainerValues t;
   OptimizerOptions& o = t.options;
   if (dynamic_cast<const torch::optim::SGD*>(&optimizer)) {
     t.name = "torch::optim::SGD";
-    const auto& s = shared_options<torch::optim::SGDOptions>(optimizer, t.name);
+    const auto& s = group_options<torch::optim::SGDOptions>(optimizer, group);
     o.type = OptimizerType::kSgd;
     t.take("lr", &O::lr, s.lr());
     t.take("momentum", &O::momentum, s.momentum());
@@ -79,14 +69,14 @@ TrainerValues trainer_values(const torch::optim::Optimizer& optimizer) {
       t.take("amsgrad", &O::amsgrad, a.amsgrad());
     };
     if (decoupled) {
-      read(shared_options<torch::optim::AdamWOptions>(optimizer, t.name));
+      read(group_options<torch::optim::AdamWOptions>(optimizer, group));
     } else {
-      read(shared_options<torch::optim::AdamOptions>(optimizer, t.name));
+      read(group_options<torch::optim::AdamOptions>(optimizer, group));
     }
     o.type = decoupled ? OptimizerType::kAdamW : OptimizerType::kAdam;
   } else if (dynamic_cast<const torch::optim::RMSprop*>(&optimizer)) {
     t.name = "torch::optim::RMSprop";
-    const auto& r = shared_options<torch::optim::RMSpropOptions>(optimizer, t.name);
+    const auto& r = group_options<torch::optim::RMSpropOptions>(optimizer, group);
     o.type = OptimizerType::kRmsprop;
     t.take("lr", &O::lr, r.lr());
     t.take("alpha", &O::alpha, r.alpha());
@@ -96,7 +86,7 @@ TrainerValues trainer_values(const torch::optim::Optimizer& optimizer) {
     t.take("centered", &O::centered, r.centered());
   } else if (dynamic_cast<const torch::optim::Adagrad*>(&optimizer)) {
     t.name = "torch::optim::Adagrad";
-    const auto& a = shared_options<torch::optim::AdagradOptions>(optimizer, t.name);
+    const auto& a = group_options<torch::optim::AdagradOptions>(optimizer, group);
     o.type = OptimizerType::kAdagrad;
     t.take("lr", &O::lr, a.lr());
     t.take("lr_decay", &O::lr_decay, a.lr_decay());
@@ -131,30 +121,57 @@ void merge(const std::string& key,
            T OptimizerOptions::*member,
            const Config& config,
            const TrainerValues& trainer,
-           AdoptedOptimizer& out) {
+           const std::string& group,
+           OptimizerOptions& target,
+           std::vector<std::string>& overrides) {
   const std::string where = config.position_of("optimizer." + key);
-  T& value = out.spec.optimizer.*member;
+  T& value = target.*member;
   if (where.empty()) {
     value = trainer.options.*member;
   } else if (!(value == trainer.options.*member)) {
-    out.overrides.push_back(detail::concat("optimizer.", key, " = ", show(value), where, " overrides the trainer's ",
-                                           trainer.name, " ", key, " = ", show(trainer.options.*member)));
+    overrides.push_back(detail::concat("optimizer.", key, " = ", show(value), where, " overrides the trainer's ",
+                                       trainer.name, group, " ", key, " = ", show(trainer.options.*member)));
   }
+}
+
+bool same_options(const OptimizerOptions& a, const OptimizerOptions& b) {
+  return a.type == b.type && a.lr == b.lr && a.betas == b.betas && a.eps == b.eps && a.weight_decay == b.weight_decay &&
+         a.amsgrad == b.amsgrad && a.momentum == b.momentum && a.dampening == b.dampening && a.nesterov == b.nesterov &&
+         a.alpha == b.alpha && a.centered == b.centered && a.lr_decay == b.lr_decay &&
+         a.initial_accumulator_value == b.initial_accumulator_value;
 }
 
 }  // namespace
 
 AdoptedOptimizer read_trainer_optimizer(const Config& config, const torch::optim::Optimizer& optimizer) {
-  const TrainerValues trainer = trainer_values(optimizer);
-  const std::string type_where = config.position_of("optimizer.type");
-  PARALLAX_CHECK(type_where.empty() || config.optimizer.type == trainer.options.type, ConfigError,
-                 "optimizer.type = \"", to_string(config.optimizer.type), "\"", type_where, ": the trainer passes its own ",
-                 trainer.name, " to the engine; remove the key, or pass the optimizer it names");
+  const std::size_t groups = optimizer.param_groups().size();
   AdoptedOptimizer out;
   out.spec = OptimizerSpec::from(config);
-  out.spec.optimizer.type = trainer.options.type;
-  for (const OptimizerKey& key : trainer.keys) {
-    std::visit([&](auto member) { merge(key.name, member, config, trainer, out); }, key.member);
+  PARALLAX_CHECK(groups > 0, UsageError, "engine: the trainer's optimizer has no parameter group");
+  std::vector<OptimizerOptions> merged;
+  for (std::size_t g = 0; g < groups; ++g) {
+    const TrainerValues trainer = trainer_values(optimizer, g);
+    const std::string type_where = config.position_of("optimizer.type");
+    PARALLAX_CHECK(type_where.empty() || config.optimizer.type == trainer.options.type, ConfigError,
+                   "optimizer.type = \"", to_string(config.optimizer.type), "\"", type_where,
+                   ": the trainer passes its own ", trainer.name,
+                   " to the engine; remove the key, or pass the optimizer it names");
+    OptimizerOptions options = out.spec.optimizer;
+    options.type = trainer.options.type;
+    const std::string label = groups == 1 ? "" : detail::concat(" (parameter group ", g, ")");
+    for (const OptimizerKey& key : trainer.keys) {
+      std::visit([&](auto member) { merge(key.name, member, config, trainer, label, options, out.overrides); },
+                 key.member);
+    }
+    merged.push_back(options);
+  }
+  out.spec.optimizer = merged.front();
+  // Groups that differ step with their own options; groups alike are one.
+  for (const OptimizerOptions& options : merged) {
+    if (!same_options(options, merged.front())) {
+      out.spec.parameter_groups = merged;
+      break;
+    }
   }
   bool scheduled = !config.position_of("optimizer.lr").empty();
   for (const char* key : {"scheduler.type", "scheduler.warmup_steps", "scheduler.min_lr"}) {
@@ -205,8 +222,24 @@ torch::Tensor release_trainer_optimizer(torch::optim::Optimizer& optimizer, cons
   return sentinel;
 }
 
+std::map<std::string, std::size_t> trainer_parameter_groups(const torch::optim::Optimizer& optimizer,
+                                                            const torch::nn::Module& model) {
+  std::unordered_map<const void*, std::size_t> group_of;
+  const auto& groups = optimizer.param_groups();
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    for (const auto& p : groups[g].params()) group_of.emplace(p.unsafeGetTensorImpl(), g);
+  }
+  std::map<std::string, std::size_t> out;
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+    const auto found = group_of.find(item.value().unsafeGetTensorImpl());
+    if (found != group_of.end()) out.emplace(item.key(), found->second);
+  }
+  return out;
+}
+
 OptimizerSpec adopt_trainer_optimizer(Runtime& runtime, const torch::nn::Module& model, torch::optim::Optimizer& optimizer) {
   AdoptedOptimizer adopted = read_trainer_optimizer(runtime.config(), optimizer);
+  if (!adopted.spec.parameter_groups.empty()) adopted.spec.group_of = trainer_parameter_groups(optimizer, model);
   if (runtime.is_main()) {
     for (const std::string& line : adopted.overrides) runtime.logger().warn(line);
   }

@@ -12,7 +12,10 @@
 // would have cleared the parameters' (zero/gradient_ledger.h): loops that still call
 // both stay correct. Its learning rate stays live: unless the config sets optimizer.lr
 // or a [scheduler] key, every step uses the lr of its first group at that step, so a
-// schedule the trainer writes into it (group.options().set_lr(...)) applies.
+// schedule the trainer writes into it (group.options().set_lr(...)) applies. Its
+// parameter groups may differ in options (lr, weight decay, betas, ...): each group
+// steps with its own, its lr in the ratio to group 0's the groups started with, as
+// LibTorch's schedulers keep it; with the optimizer offloaded they must agree.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -36,13 +39,15 @@ struct AdoptedOptimizer {
   std::vector<std::string> overrides;
 };
 
-/// Reads `optimizer` (torch::optim::SGD, Adam, AdamW, RMSprop or Adagrad, every
-/// parameter group with the same options) into the spec the engine builds its own
-/// optimizer from: the trainer's type and options, except the [optimizer] keys `config`
-/// sets explicitly; [scheduler], optimizer.grad_clip and train.steps are the config's.
-/// spec.lr_source is `&optimizer` unless the config sets optimizer.lr or a [scheduler]
-/// key. Pure: changes nothing. Throws UsageError for another optimizer class, for groups
-/// whose options differ or for no parameter group; ConfigError when the config's
+/// Reads `optimizer` (torch::optim::SGD, Adam, AdamW, RMSprop or Adagrad) into the spec
+/// the engine builds its own optimizer from: the trainer's type and options, except the
+/// [optimizer] keys `config` sets explicitly (in every group); [scheduler],
+/// optimizer.grad_clip and train.steps are the config's. Parameter groups whose options
+/// differ become spec.parameter_groups (group 0's options are spec.optimizer; the
+/// engine keeps each group's lr in its ratio to group 0's); spec.group_of is left to
+/// adopt_trainer_optimizer. spec.lr_source is `&optimizer` unless the config sets
+/// optimizer.lr or a [scheduler] key. Pure: changes nothing. Throws UsageError for
+/// another optimizer class or for no parameter group; ConfigError when the config's
 /// optimizer.type names another type than the trainer's.
 AdoptedOptimizer read_trainer_optimizer(const Config& config, const torch::optim::Optimizer& optimizer);
 

@@ -1,5 +1,6 @@
 #include "parallax/zero/sharded_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <mutex>
 
@@ -13,19 +14,27 @@
 namespace parallax::zero {
 namespace {
 
-offload::OffloadedAdamOptions offloaded_adam_options(const OffloadOptions& offload,
-                                                     const OptimizerOptions& optimizer,
-                                                     const Communicator& dp,
-                                                     bool device_is_cuda) {
+offload::CpuAdamOptions cpu_adam_options(const OptimizerOptions& optimizer) {
   PARALLAX_CHECK(is_adam_family(optimizer.type), ConfigError,
                  "offload.optimizer: the offloaded step is the fused CPU Adam; optimizer.type = \"",
                  to_string(optimizer.type), "\" cannot be offloaded");
+  return offload::CpuAdamOptions(optimizer.lr)
+      .betas(optimizer.betas[0], optimizer.betas[1])
+      .eps(optimizer.eps)
+      .weight_decay(optimizer.weight_decay)
+      .decoupled(optimizer.type == OptimizerType::kAdamW);
+}
+
+// `groups[k]`: optimizer group k's options; shard g steps with group shard_group[g]'s.
+offload::OffloadedAdamOptions offloaded_adam_options(const OffloadOptions& offload,
+                                                     const std::vector<OptimizerOptions>& groups,
+                                                     std::vector<std::size_t> shard_group,
+                                                     const Communicator& dp,
+                                                     bool device_is_cuda) {
   offload::OffloadedAdamOptions options;
-  options.adam = offload::CpuAdamOptions(optimizer.lr)
-                     .betas(optimizer.betas[0], optimizer.betas[1])
-                     .eps(optimizer.eps)
-                     .weight_decay(optimizer.weight_decay)
-                     .decoupled(optimizer.type == OptimizerType::kAdamW);
+  options.adam = cpu_adam_options(groups.front());
+  for (std::size_t k = 1; k < groups.size(); ++k) options.other_groups.push_back(cpu_adam_options(groups[k]));
+  options.shard_group = std::move(shard_group);
   options.moments_on_nvme = offload.optimizer == OffloadTarget::kNvme;
   options.masters_on_nvme = offload.param == OffloadTarget::kNvme;
   options.nvme_path = offload.nvme_path;
@@ -44,11 +53,12 @@ ShardedModel::ShardedModel(torch::nn::Module& model,
                            std::vector<torch::Tensor> params,
                            const ZeroOptions& options,
                            const OffloadOptions& offload,
-                           const OptimizerOptions& optimizer,
+                           const std::vector<OptimizerOptions>& optimizer,
                            Communicator& dp,
                            Tracer& tracer,
                            const OptimizerFactory& make_optimizer,
-                           const OtherReductionGroup& other)
+                           const OtherReductionGroup& other,
+                           const std::vector<std::size_t>& optimizer_group_of_param)
     : state_(std::make_unique<State>()), options_(options) {
   State& s = *state_;
   PARALLAX_CHECK(options_.stage >= 1 && options_.stage <= 3, ConfigError, "zero.stage = ", options_.stage,
@@ -71,44 +81,53 @@ ShardedModel::ShardedModel(torch::nn::Module& model,
                    " is out of range (", s.params.size(), " parameters) or has no communicator");
     comm_of_param[i] = other.comm;
   }
+  std::vector<std::size_t> optimizer_group = optimizer_group_of_param;
+  if (optimizer_group.empty()) optimizer_group.assign(s.params.size(), 0);
+  PARALLAX_CHECK(optimizer_group.size() == s.params.size(), UsageError, "ShardedModel: ", optimizer_group.size(),
+                 " optimizer groups given for ", s.params.size(), " parameters");
+  const std::size_t optimizer_groups = *std::max_element(optimizer_group.begin(), optimizer_group.end()) + 1;
+  PARALLAX_CHECK(!optimizer.empty() && optimizer_groups <= optimizer.size(), UsageError, "ShardedModel: ",
+                 optimizer.size(), " optimizer groups' options for group indices up to ", optimizer_groups - 1);
   GroupPlan plan = plan_groups(model, s.params, options_);
-  // A flat group is sharded over one communicator: a stage-3 unit holding both kinds
-  // becomes two units, gathered each on its own first use (its dense parameters, then its
-  // experts); a bucket holding both kinds is cut in two.
-  auto by_group = [&](const std::vector<std::size_t>& set) {
-    std::vector<std::size_t> own, others;
-    for (std::size_t i : set) (comm_of_param[i] == &dp ? own : others).push_back(i);
-    return std::make_pair(std::move(own), std::move(others));
+  // A flat group is sharded over one communicator and stepped with one set of options:
+  // a stage-3 unit holding parameters of several (experts beside dense parameters, or
+  // parameters of several optimizer groups) becomes one unit per kind, gathered each on
+  // its own first use; a bucket holding several is cut likewise.
+  const auto by_kind = [&](const std::vector<std::size_t>& set) {
+    std::vector<std::pair<std::pair<bool, std::size_t>, std::vector<std::size_t>>> kinds;
+    for (std::size_t i : set) {
+      const std::pair<bool, std::size_t> kind{comm_of_param[i] != &dp, optimizer_group[i]};
+      auto found = std::find_if(kinds.begin(), kinds.end(), [&](const auto& k) { return k.first == kind; });
+      if (found == kinds.end()) found = kinds.insert(kinds.end(), {kind, {}});
+      found->second.push_back(i);
+    }
+    std::stable_sort(kinds.begin(), kinds.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    return kinds;
   };
-  if (!other.members.empty()) {
+  if (!other.members.empty() || optimizer_groups > 1) {
     std::vector<std::vector<std::size_t>> units;
     std::vector<std::string> names;
     for (std::size_t u = 0; u < plan.units.size(); ++u) {
-      auto [own, others] = by_group(plan.units[u]);
-      if (!own.empty()) {
-        units.push_back(std::move(own));
-        names.push_back(plan.unit_names[u]);
-      }
-      if (!others.empty()) {
-        units.push_back(std::move(others));
-        names.push_back(plan.unit_names[u] + " (its experts)");
+      for (auto& [kind, members] : by_kind(plan.units[u])) {
+        names.push_back(plan.unit_names[u] + (kind.first ? " (its experts)" : "") +
+                        (kind.second > 0 ? " (optimizer group " + std::to_string(kind.second) + ")" : ""));
+        units.push_back(std::move(members));
       }
     }
     plan.units = std::move(units);
     plan.unit_names = std::move(names);
-  }
-  std::vector<std::vector<std::size_t>> buckets;
-  for (const auto& set : plan.replicated) {
-    auto [own, others] = by_group(set);
-    for (auto* part : {&own, &others}) {
-      if (!part->empty()) buckets.push_back(std::move(*part));
+    std::vector<std::vector<std::size_t>> buckets;
+    for (const auto& set : plan.replicated) {
+      for (auto& [kind, members] : by_kind(set)) buckets.push_back(std::move(members));
     }
+    plan.replicated = std::move(buckets);
   }
-  plan.replicated = std::move(buckets);
 
   s.group_of_param.assign(s.params.size(), 0);
   s.index_in_group.assign(s.params.size(), 0);
+  std::vector<std::size_t> first_param_of_group;
   auto add_group = [&](const std::vector<std::size_t>& members, Residency residency) {
+    first_param_of_group.push_back(members.front());
     Communicator& comm = *comm_of_param[members.front()];
     s.group_comm.push_back(&comm);
     const int rank = comm.rank();
@@ -143,6 +162,8 @@ ShardedModel::ShardedModel(torch::nn::Module& model,
     }
   }
 
+  std::vector<std::size_t> group_of_shard;  // each flat group's optimizer group
+  for (std::size_t g = 0; g < s.groups.size(); ++g) group_of_shard.push_back(optimizer_group[first_param_of_group[g]]);
   if (offload.optimizer_offloaded()) {
     PARALLAX_CHECK(offload.param == OffloadTarget::kNone || options_.stage == 3, ConfigError,
                    "offload.param: only zero.stage = 3 shards the parameters, so only it can offload them");
@@ -153,7 +174,7 @@ ShardedModel::ShardedModel(torch::nn::Module& model,
     std::exception_ptr failure;
     try {
       s.offloaded = std::make_unique<offload::OffloadedAdam>(
-          offloaded_adam_options(offload, optimizer, dp, s.params.front().is_cuda()), initial);
+          offloaded_adam_options(offload, optimizer, group_of_shard, dp, s.params.front().is_cuda()), initial);
     } catch (const Error&) {
       failure = std::current_exception();
     }
@@ -178,7 +199,7 @@ ShardedModel::ShardedModel(torch::nn::Module& model,
   } else {
     std::vector<torch::Tensor> masters;
     for (const auto& group : s.groups) masters.push_back(group->master());
-    s.optimizer = make_optimizer(masters);
+    s.optimizer = make_optimizer(masters, group_of_shard);
   }
   s.complete.assign(s.groups.size(), false);
   s.reductions.resize(s.groups.size());

@@ -72,7 +72,10 @@ class OffloadedAdam;
 
 namespace parallax::zero {
 
-using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor>)>;
+/// Builds the optimizer over the master shards: masters[g] is flat group g's, and
+/// `optimizer_group[g]` the optimizer parameter group its parameters are in.
+using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(
+    std::vector<torch::Tensor> masters, const std::vector<std::size_t>& optimizer_group)>;
 
 /// What one step did.
 struct StepOutcome {
@@ -118,8 +121,8 @@ class ShardedModel final : private ParameterUseListener {
  public:
   /// `params`: the trainable parameters of `model` (distinct, dense, one dtype),
   /// identical on every rank of `dp`. `make_optimizer` builds the optimizer over the
-  /// master shards unless `offload` moves it to the host, where `optimizer` (Adam or
-  /// AdamW) gives its hyper-parameters. Throws ConfigError for an impossible option
+  /// master shards unless `offload` moves it to the host, where `optimizer` (each
+  /// optimizer group's options, Adam or AdamW) gives its hyper-parameters. Throws ConfigError for an impossible option
   /// (a wrap type that matches no module, an NVMe directory that cannot take the
   /// file: then on every rank, so none waits for the failed one). Communicates only
   /// when offloading (one all_reduce over `dp` to agree that every rank is ready).
@@ -127,15 +130,19 @@ class ShardedModel final : private ParameterUseListener {
   /// communicator in flat groups of their own (at stage 3, units of their own); step() still scales every
   /// gradient by `gradient_scale` and sums the norm's squares over `dp`, which counts
   /// each of their elements once when `other.comm`'s ranks partition dp's by what they hold.
+  /// `optimizer_group_of_param` (empty: all 0) puts params[i] in an optimizer parameter
+  /// group of its own options: a flat group (a stage-3 unit, a bucket) holds one group's
+  /// parameters, so a unit or bucket holding several is cut, as for `other`.
   ShardedModel(torch::nn::Module& model,
                std::vector<torch::Tensor> params,
                const ZeroOptions& options,
                const OffloadOptions& offload,
-               const OptimizerOptions& optimizer,
+               const std::vector<OptimizerOptions>& optimizer,
                Communicator& dp,
                Tracer& tracer,
                const OptimizerFactory& make_optimizer,
-               const OtherReductionGroup& other = {});
+               const OtherReductionGroup& other = {},
+               const std::vector<std::size_t>& optimizer_group_of_param = {});
   ShardedModel(const ShardedModel&) = delete;
   ShardedModel& operator=(const ShardedModel&) = delete;
   ~ShardedModel() override;

@@ -227,7 +227,31 @@ def load_initial_weights(model, path):
             own[name].copy_(value)
 
 
-def make_optimizer(params, o, zero1):
+def no_decay_groups(model, kinds):
+    """The parameters optimizer.no_decay exempts, as Parallax picks them: "bias" by name,
+    "embedding" by nn.Embedding, "norm" by the normalization modules and any other 1-D
+    parameter; returns (decayed, exempt), each a list of parameters."""
+    norms = (torch.nn.LayerNorm, torch.nn.GroupNorm, torch.nn.modules.batchnorm._BatchNorm,
+             torch.nn.modules.instancenorm._InstanceNorm)
+    decayed, exempt, seen = [], [], set()
+    for module in model.modules():
+        for key, p in module.named_parameters(recurse=False):
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            if key == "bias":
+                kind = "bias"
+            elif isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)):
+                kind = "embedding"
+            elif isinstance(module, norms) or p.dim() == 1:
+                kind = "norm"
+            else:
+                kind = None
+            (exempt if kind in kinds else decayed).append(p)
+    return decayed, exempt
+
+
+def make_optimizer(model, o, zero1):
     kind = o.get("type", "adamw")
     kwargs = {"lr": o.get("lr", 3e-4), "weight_decay": o.get("weight_decay", 0.0)}
     if kind == "sgd":
@@ -235,7 +259,17 @@ def make_optimizer(params, o, zero1):
     else:
         cls = torch.optim.AdamW if kind == "adamw" else torch.optim.Adam
         kwargs.update(betas=tuple(o.get("betas", (0.9, 0.999))), eps=o.get("eps", 1e-8))
+    params = list(model.parameters())
+    if o.get("no_decay"):
+        decayed, exempt = no_decay_groups(model, set(o["no_decay"]))
+        params = [{"params": decayed}, {"params": exempt, "weight_decay": 0.0}]
     if zero1:
+        if isinstance(params[0], dict):
+            first, *rest = params
+            zero = ZeroRedundancyOptimizer(first["params"], optimizer_class=cls, **kwargs)
+            for group in rest:
+                zero.add_param_group(group)
+            return zero
         return ZeroRedundancyOptimizer(params, optimizer_class=cls, **kwargs)
     return cls(params, **kwargs)
 
@@ -398,7 +432,7 @@ def main():
     else:
         model = DistributedDataParallel(gpt, bucket_cap_mb=bucket_mb, gradient_as_bucket_view=True)
     params = list(model.parameters())
-    optimizer = make_optimizer(params, opt_cfg, args.mode == "zero1")
+    optimizer = make_optimizer(model, opt_cfg, args.mode == "zero1")
     grad_clip = opt_cfg.get("grad_clip", 0.0)
 
     def batches_of(step):

@@ -345,7 +345,11 @@ TEST(TrainerOptimizer, ConfigKeysOverrideAndMismatchesAreRefused) {
   torch::optim::SGD groups({torch::optim::OptimizerParamGroup({weight}),
                             torch::optim::OptimizerParamGroup({bias}, std::make_unique<torch::optim::SGDOptions>(0.5))},
                            torch::optim::SGDOptions(0.1));
-  EXPECT_THROW(read_trainer_optimizer(Config{}, groups), UsageError);
+  // Groups of different options become parameter groups of their own (group 0's are the spec's).
+  const AdoptedOptimizer grouped = read_trainer_optimizer(Config{}, groups);
+  ASSERT_EQ(grouped.spec.parameter_groups.size(), 2u);
+  EXPECT_EQ(grouped.spec.optimizer.lr, 0.1);
+  EXPECT_EQ(grouped.spec.parameter_groups[1].lr, 0.5);
 
   torch::nn::Linear model(4, 2);
   torch::optim::Adam partial({model->weight}, torch::optim::AdamOptions(0.01));

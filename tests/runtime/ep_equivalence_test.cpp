@@ -195,8 +195,8 @@ TEST(ExpertParallel, RoutingMetricsAreTheSingleProcessRouting) {
   const auto options = gpt::GPTOptions::from_table(config.app_table("model"));
   const gpt::SyntheticTokens data(options.vocab_size, options.block_size, config.train.seed);
   gpt::GPT model(options, static_cast<std::uint64_t>(config.train.seed));
-  auto spec = parallax::OptimizerSpec::from(config);
-  auto optimizer = parallax::make_optimizer(spec.optimizer, model->parameters());
+  const auto spec = parallax::OptimizerSpec::from(config);
+  auto optimizer = equivalence::reference_optimizer(config, *model, model->parameters());
   const auto layers = parallax::expert_parallel::moe_layers(*model);
   ASSERT_EQ(layers.size(), 2u);
   std::vector<parallax::RoutingMetrics> want;

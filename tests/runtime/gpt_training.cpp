@@ -57,8 +57,8 @@ Trajectory train_bf16_reference(parallax::Config config) {
     masters.push_back(p.detach().to(torch::kFloat32).requires_grad_(true));
     masters.back().mutable_grad() = torch::zeros_like(masters.back());
   }
-  auto spec = parallax::OptimizerSpec::from(config);
-  auto optimizer = parallax::make_optimizer(spec.optimizer, masters, parallax::AdamKernel::kFusedCpu);
+  const auto spec = parallax::OptimizerSpec::from(config);
+  auto optimizer = reference_optimizer(config, *model, masters, parallax::AdamKernel::kFusedCpu);
   const std::int64_t micro_batch = config.train.micro_batch_size, accum = config.train.grad_accum;
   const std::int64_t dp = config.parallel.dp;
   Trajectory out;
@@ -99,13 +99,24 @@ Trajectory train_bf16_reference(parallax::Config config) {
 
 }  // namespace
 
+std::unique_ptr<torch::optim::Optimizer> reference_optimizer(const parallax::Config& config,
+                                                             const torch::nn::Module& model,
+                                                             std::vector<torch::Tensor> tensors,
+                                                             parallax::AdamKernel kernel) {
+  auto spec = parallax::OptimizerSpec::from(config);
+  parallax::exempt_from_weight_decay(spec, model);
+  std::vector<std::string> names;
+  for (const auto& item : model.named_parameters()) names.push_back(item.key());
+  return parallax::make_optimizer(parallax::optimizer_groups(spec, names), std::move(tensors), kernel);
+}
+
 Trajectory train_reference(const parallax::Config& config) {
   if (config.precision.dtype == parallax::Dtype::kBf16) return train_bf16_reference(config);
   const auto options = gpt::GPTOptions::from_table(config.app_table("model"));
   const gpt::SyntheticTokens data(options.vocab_size, options.block_size, config.train.seed);
   gpt::GPT model(options, static_cast<std::uint64_t>(config.train.seed));
-  auto spec = parallax::OptimizerSpec::from(config);
-  auto optimizer = parallax::make_optimizer(spec.optimizer, model->parameters());
+  const auto spec = parallax::OptimizerSpec::from(config);
+  auto optimizer = reference_optimizer(config, *model, model->parameters());
   Trajectory out;
   for (std::int64_t step = 0; step < kSteps; ++step) {
     auto [inputs, targets] = data.batch(step * kGlobalBatch, kGlobalBatch);

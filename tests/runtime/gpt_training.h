@@ -6,11 +6,13 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "parallax/core/config.h"
 #include "parallax/core/metrics.h"
+#include "parallax/runtime/optimizer.h"
 
 namespace equivalence {
 
@@ -38,6 +40,15 @@ struct Trajectory {
 
 /// One process, the whole global batch, LibTorch's own optimizer and clipping.
 Trajectory train_reference(const parallax::Config& config);
+
+/// The optimizer the plain program builds from `config` over `tensors` (`model`'s
+/// parameters in named_parameters() order, or fp32 copies of them): [optimizer], with
+/// optimizer.no_decay's parameter group of weight_decay 0 as the engine makes it.
+std::unique_ptr<torch::optim::Optimizer> reference_optimizer(
+    const parallax::Config& config,
+    const torch::nn::Module& model,
+    std::vector<torch::Tensor> tensors,
+    parallax::AdamKernel kernel = parallax::AdamKernel::kLibTorch);
 
 struct DistributedRun {
   Trajectory trajectory;

@@ -220,7 +220,7 @@ TEST(TpHandWritten, GroupedQueryAttentionLayersMatchTheDenseModel) {
   {
     torch::manual_seed(5);
     TinyDense model;
-    auto optimizer = parallax::make_optimizer(spec.optimizer, model->parameters());
+    auto optimizer = equivalence::reference_optimizer(c, *model, model->parameters());
     for (std::int64_t step = 0; step < kSteps; ++step) {
       auto [tokens, targets] = tiny_batch(step);
       const torch::Tensor loss =

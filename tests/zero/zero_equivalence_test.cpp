@@ -33,11 +33,21 @@ std::vector<std::string> zero_overrides(int stage, const std::vector<std::string
 
 // Stage 3: the root unit's gathered bytes (every parameter outside the blocks, padded to
 // a multiple of N). The forward uses it last (the head), so it stays gathered into backward.
+// The bytes of the unit the forward uses last (padded to n ranks): the root unit's
+// parameters (those outside the blocks) of the head's optimizer group, since a unit
+// holds one group's parameters (optimizer.no_decay cuts the root unit in two).
 std::int64_t root_unit_bytes(const parallax::Config& config, std::int64_t n) {
   const gpt::GPT model(gpt::GPTOptions::from_table(config.app_table("model")));
+  auto spec = parallax::OptimizerSpec::from(config);
+  parallax::exempt_from_weight_decay(spec, *model);
+  const auto group_of = [&](const std::string& name) {
+    return spec.group_of.empty() ? std::size_t{0} : spec.group_of.at(name);
+  };
   std::int64_t elements = 0;
   for (const auto& p : model->named_parameters()) {
-    if (p.key().rfind("blocks.", 0) != 0) elements += p.value().numel();
+    if (p.key().rfind("blocks.", 0) != 0 && group_of(p.key()) == group_of("head.weight")) {
+      elements += p.value().numel();
+    }
   }
   return 4 * ((elements + n - 1) / n * n);
 }
