@@ -125,9 +125,9 @@ ShardedModel::ShardedModel(torch::nn::Module& model,
 
   s.group_of_param.assign(s.params.size(), 0);
   s.index_in_group.assign(s.params.size(), 0);
-  std::vector<std::size_t> first_param_of_group;
+  std::vector<std::size_t> group_of_shard;  // each flat group's optimizer group
   auto add_group = [&](const std::vector<std::size_t>& members, Residency residency) {
-    first_param_of_group.push_back(members.front());
+    group_of_shard.push_back(optimizer_group[members.front()]);
     Communicator& comm = *comm_of_param[members.front()];
     s.group_comm.push_back(&comm);
     const int rank = comm.rank();
@@ -162,8 +162,6 @@ ShardedModel::ShardedModel(torch::nn::Module& model,
     }
   }
 
-  std::vector<std::size_t> group_of_shard;  // each flat group's optimizer group
-  for (std::size_t g = 0; g < s.groups.size(); ++g) group_of_shard.push_back(optimizer_group[first_param_of_group[g]]);
   if (offload.optimizer_offloaded()) {
     PARALLAX_CHECK(offload.param == OffloadTarget::kNone || options_.stage == 3, ConfigError,
                    "offload.param: only zero.stage = 3 shards the parameters, so only it can offload them");
