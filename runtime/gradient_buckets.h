@@ -85,6 +85,9 @@ class GradientBuckets {
   void zero();
   /// The trainer's optimizer holds `sentinel`: its zero_grad() clears these gradients.
   void watch_zero_grad(torch::Tensor sentinel) { ledger_->watch_zero_grad(std::move(sentinel)); }
+  /// Whether LibTorch's optimizer would step params[i] (zero/gradient_ledger.h, g): this
+  /// rank's backwards gave it a gradient since the trainer last set gradients to none.
+  bool has_gradient(std::size_t i) const { return ledger_->has_gradient(i); }
 
   std::size_t bucket_count() const { return buckets_.size(); }
   /// The accumulated (after finish(): reduced) gradient of parameter `i`, shaped like

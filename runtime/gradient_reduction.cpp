@@ -19,6 +19,7 @@
 #include "parallax/runtime/plan_options.h"
 #include "parallax/runtime/runtime.h"
 #include "parallax/runtime/thread_budget.h"
+#include "parallax/zero/gradient_presence.h"
 #include "parallax/zero/shard_layout.h"
 
 namespace parallax {
@@ -64,6 +65,7 @@ class ReplicatedReduction final : public GradientReduction {
     const ZeroOptions zero = zero_options(plan);
     // bf16/fp16 gradients accumulate and are reduced in fp32, straight into the masters' grads.
     const bool keep_masters = dtype != torch::kFloat32;
+    replicas_ = &runtime.mesh().replicas();
     dp_rank_ = runtime.mesh().replicas().rank();
     dp_size_ = runtime.mesh().replicas().size();
     buckets_ = std::make_unique<GradientBuckets>(
@@ -88,6 +90,7 @@ class ReplicatedReduction final : public GradientReduction {
       }
     }
     optimizer_ = make_optimizer(optimizer, optimized(), AdamKernel::kFusedCpu);
+    create_optimizer_state(*optimizer_, optimized());
   }
 
   zero::ParameterUseScope use_scope() const override { return zero::ParameterUseScope(); }
@@ -118,6 +121,10 @@ class ReplicatedReduction final : public GradientReduction {
   zero::StepOutcome step(double lr, double loss_scale, double clip, bool skip_non_finite) override {
     torch::NoGradGuard no_grad;
     zero::StepOutcome outcome;
+    std::vector<bool> local(params_.size());
+    for (std::size_t i = 0; i < params_.size(); ++i) local[i] = buckets_->has_gradient(i);
+    const c10::Device device = params_.empty() ? c10::Device(c10::kCPU) : params_.front().device();
+    const std::vector<bool> present = zero::agree_on_gradients(local, *replicas_, split_.expert, device);
     if (loss_scale != 1.0) {
       for (const auto& m : masters_) m.mutable_grad().mul_(1.0 / loss_scale);
     }
@@ -135,7 +142,20 @@ class ReplicatedReduction final : public GradientReduction {
     }
     if (!outcome.skipped) {
       set_learning_rate(*optimizer_, lr, groups_);
+      // As LibTorch's optimizer skips an undefined .grad: the gradients no rank's
+      // backward reached are hidden from it for the step (the same tensors come back, so
+      // the gradient ledger sees nothing the trainer did).
+      std::vector<torch::Tensor> hidden(params_.size());
+      for (std::size_t i = 0; i < params_.size(); ++i) {
+        if (present[i]) continue;
+        ++outcome.without_gradient;
+        hidden[i] = optimized()[i].grad();
+        optimized()[i].mutable_grad() = torch::Tensor();
+      }
       optimizer_->step();
+      for (std::size_t i = 0; i < params_.size(); ++i) {
+        if (hidden[i].defined()) optimized()[i].mutable_grad() = hidden[i];
+      }
       for (std::size_t i = 0; i < masters_.size(); ++i) params_[i].detach().copy_(masters_[i]);
     }
     buckets_->zero();
@@ -201,6 +221,8 @@ class ReplicatedReduction final : public GradientReduction {
       for (const auto& [name, state] : optimizer_state(*optimizer_, p, create_optimizer_state)) {
         slice.tensors.emplace_back(name, state.view({-1}).narrow(0, slice.offset, numel));
       }
+      slice.steps = parameter_steps(*optimizer_, p);
+      slice.set_steps = [this, p](std::int64_t steps) { set_parameter_steps(*optimizer_, p, steps); };
       slices.push_back(std::move(slice));
     }
     return slices;
@@ -221,6 +243,7 @@ class ReplicatedReduction final : public GradientReduction {
   ModelSplit split_;
   std::vector<bool> is_expert_;  ///< per parameter: reduced over split_.expert.comm
   std::unique_ptr<GradientBuckets> buckets_;
+  Communicator* replicas_ = nullptr;  ///< the gradients' group (dp × cp)
   int dp_rank_ = 0;
   int dp_size_ = 1;
   OptimizerGroups groups_;  ///< the optimizer's parameter groups, per parameter
@@ -248,7 +271,8 @@ class ShardedReduction final : public GradientReduction {
                    const std::vector<torch::Tensor>& params,
                    const OptimizerGroups& optimizer,
                    const ModelSplit& split)
-      : dp_(&runtime.mesh().replicas()),
+      : runtime_(&runtime),
+        dp_(&runtime.mesh().replicas()),
         reduce_untouched_(!split.partial_backwards),
         params_(params),
         experts_(split.expert.members) {
@@ -257,7 +281,9 @@ class ShardedReduction final : public GradientReduction {
         model, params, zero_options(plan), offload, optimizer.options, *dp_, runtime.tracer(),
         [this, &optimizer](std::vector<torch::Tensor> shards, const std::vector<std::size_t>& group_of_shard) {
           master_groups_ = OptimizerGroups{optimizer.options, group_of_shard};
-          return make_optimizer(master_groups_, std::move(shards), AdamKernel::kFusedCpu);
+          auto made = make_optimizer(master_groups_, shards, AdamKernel::kFusedCpu);
+          create_optimizer_state(*made, shards);
+          return made;
         },
         split.expert, optimizer.of);
     if (!split.norm_groups.empty()) {
@@ -332,7 +358,16 @@ class ShardedReduction final : public GradientReduction {
     } else {
       set_learning_rate(sharded_->optimizer(), lr, master_groups_);
     }
-    return sharded_->step(1.0 / (static_cast<double>(dp_->size()) * loss_scale), clip, skip_non_finite);
+    const zero::StepOutcome outcome =
+        sharded_->step(1.0 / (static_cast<double>(dp_->size()) * loss_scale), clip, skip_non_finite);
+    if (outcome.without_gradient > 0 && sharded_->offloaded_optimizer() != nullptr && !warned_without_gradient_) {
+      warned_without_gradient_ = true;
+      runtime_->logger().warn("# offload: ", outcome.without_gradient,
+                              " parameter(s) had no gradient in this step on any rank; plain LibTorch's optimizer "
+                              "would skip them, but the offloaded CPU Adam keeps one step count per flat group and "
+                              "steps them with a zero gradient (weight decay and momentum still apply)");
+    }
+    return outcome;
   }
 
   std::vector<torch::Tensor> master_parameters() override { return sharded_->gather_masters(); }
@@ -374,19 +409,30 @@ class ShardedReduction final : public GradientReduction {
     std::vector<StateSlice> slices;
     for (std::size_t g = 0; g < shards.size(); ++g) {
       const zero::MasterShard& shard = shards[g];
-      std::vector<std::pair<std::string, torch::Tensor>> state;
+      std::vector<std::pair<std::string, torch::Tensor>> offloaded_group;
       if (offloaded != nullptr) {
-        state = offloaded->state(g);
-        if (access == StateAccess::kHeld) offloaded_state_.push_back(state);
-      } else {
-        state = optimizer_state(sharded_->optimizer(), shard.master, create_optimizer_state);
-        state.insert(state.begin(), std::make_pair(std::string("param"), shard.master.detach()));
+        offloaded_group = offloaded->state(g);
+        if (access == StateAccess::kHeld) offloaded_state_.push_back(offloaded_group);
       }
       for (const zero::MasterPart& part : shard.parts) {
         const auto& f = part.fragment;
         StateSlice slice{part.param, f.param_offset, {}};
-        for (const auto& [name, tensor] : state) {
-          slice.tensors.emplace_back(name, tensor.view({-1}).narrow(0, f.shard_offset, f.numel));
+        if (offloaded != nullptr) {
+          for (const auto& [name, tensor] : offloaded_group) {
+            slice.tensors.emplace_back(name, tensor.view({-1}).narrow(0, f.shard_offset, f.numel));
+          }
+          slice.steps = offloaded->step_count();
+        } else {
+          // The optimizer steps each part as a tensor of its own, with its own state.
+          torch::optim::Optimizer& optimizer = sharded_->optimizer();
+          slice.tensors.emplace_back("param", part.stepped.detach().narrow(0, 0, f.numel));
+          for (const auto& [name, tensor] : optimizer_state(optimizer, part.stepped, create_optimizer_state)) {
+            slice.tensors.emplace_back(name, tensor.narrow(0, 0, f.numel));
+          }
+          slice.steps = parameter_steps(optimizer, part.stepped);
+          slice.set_steps = [&optimizer, stepped = part.stepped](std::int64_t steps) {
+            set_parameter_steps(optimizer, stepped, steps);
+          };
         }
         slices.push_back(std::move(slice));
       }
@@ -414,7 +460,9 @@ class ShardedReduction final : public GradientReduction {
   }
 
  private:
+  Runtime* runtime_;
   Communicator* dp_;
+  bool warned_without_gradient_ = false;
   bool reduce_untouched_;
   std::vector<torch::Tensor> params_;  ///< the model's (shapes stay while stage 3 releases their data)
   std::vector<std::size_t> experts_;   ///< indices of the experts' parameters (their own group)

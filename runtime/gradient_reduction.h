@@ -85,6 +85,13 @@ struct StateSlice {
   std::size_t param = 0;
   std::int64_t offset = 0;
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  /// The optimizer's step count for the parameter (LibTorch keeps one per parameter, and
+  /// a step that skips a parameter without a gradient does not count it); 0: never
+  /// stepped. An offloaded optimizer's is its own, one for every parameter.
+  std::int64_t steps = 0;
+  /// Sets that count (0: as before the first step, without state); null where the
+  /// optimizer keeps one count for every parameter (set_optimizer_steps).
+  std::function<void(std::int64_t)> set_steps;
 };
 
 /// Which slices state_slices() returns.
@@ -146,7 +153,8 @@ class GradientReduction {
   /// After a load wrote into state_slices(kHeld, true): the compute-dtype parameters
   /// are refreshed from it. Collective over dp under ZeRO.
   virtual void state_loaded() = 0;
-  /// The optimizer's step count (Adam's bias correction); 0 before its first step.
+  /// The optimizer's step count (Adam's bias correction): the most of any parameter's
+  /// on this rank (StateSlice::steps); 0 before its first step.
   virtual std::int64_t optimizer_steps() const = 0;
   virtual void set_optimizer_steps(std::int64_t steps) = 0;
 };

@@ -489,4 +489,39 @@ void set_optimizer_steps(torch::optim::Optimizer& optimizer, std::int64_t steps)
   for_each_state<torch::optim::AdagradParamState>(optimizer, [&](auto& s) { s.step(steps); });
 }
 
+void create_optimizer_state(torch::optim::Optimizer& optimizer, const std::vector<torch::Tensor>& params) {
+  if (dynamic_cast<torch::optim::SGD*>(&optimizer) != nullptr) return;
+  for (const torch::Tensor& param : params) optimizer_state(optimizer, param, /*create=*/true);
+}
+
+namespace {
+
+// `param`'s state as State, or null (none, or another optimizer's).
+template <typename State>
+State* state_of(torch::optim::Optimizer& optimizer, const torch::Tensor& param) {
+  auto found = optimizer.state().find(state_key(param));
+  return found == optimizer.state().end() ? nullptr : dynamic_cast<State*>(found->second.get());
+}
+
+// Calls visit(state) with `param`'s step-counting state, if it has one.
+template <typename Visit>
+void visit_counted_state(torch::optim::Optimizer& optimizer, const torch::Tensor& param, const Visit& visit) {
+  if (auto* s = state_of<torch::optim::AdamParamState>(optimizer, param)) return visit(*s);
+  if (auto* s = state_of<torch::optim::AdamWParamState>(optimizer, param)) return visit(*s);
+  if (auto* s = state_of<torch::optim::RMSpropParamState>(optimizer, param)) return visit(*s);
+  if (auto* s = state_of<torch::optim::AdagradParamState>(optimizer, param)) return visit(*s);
+}
+
+}  // namespace
+
+std::int64_t parameter_steps(torch::optim::Optimizer& optimizer, const torch::Tensor& param) {
+  std::int64_t steps = 0;
+  visit_counted_state(optimizer, param, [&](auto& state) { steps = state.step(); });
+  return steps;
+}
+
+void set_parameter_steps(torch::optim::Optimizer& optimizer, const torch::Tensor& param, std::int64_t steps) {
+  visit_counted_state(optimizer, param, [&](auto& state) { state.step(steps); });
+}
+
 }  // namespace parallax

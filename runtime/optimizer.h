@@ -138,10 +138,21 @@ std::int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer);
 std::vector<std::pair<std::string, torch::Tensor>> optimizer_state(torch::optim::Optimizer& optimizer,
                                                                    const torch::Tensor& param,
                                                                    bool create);
+/// Makes each of `params`' state in `optimizer` now, as its first step would make it
+/// (zeros, step count 0: stepping from it is stepping without it), so that the state's
+/// memory is held from the start and a parameter that steps skip (no gradient) still
+/// has its share, as ZeRO's formulas count it. Nothing for SGD, whose first step takes
+/// the gradient itself as the momentum buffer.
+void create_optimizer_state(torch::optim::Optimizer& optimizer, const std::vector<torch::Tensor>& params);
 /// Adam/AdamW/RMSprop/Adagrad: the step count of the parameters' state (LibTorch keeps
 /// one per parameter; the engine steps them together), 0 before the first step and for SGD.
 std::int64_t optimizer_steps(const torch::optim::Optimizer& optimizer);
 /// Sets the step count of every parameter's state; nothing for SGD.
 void set_optimizer_steps(torch::optim::Optimizer& optimizer, std::int64_t steps);
+/// The step count of `param`'s state: LibTorch keeps one per parameter, and a step that
+/// skips the parameter (no gradient) does not count it. 0 before its first step and for SGD.
+std::int64_t parameter_steps(torch::optim::Optimizer& optimizer, const torch::Tensor& param);
+/// Sets it (state zeroed at count 0 steps as no state would). Nothing for SGD.
+void set_parameter_steps(torch::optim::Optimizer& optimizer, const torch::Tensor& param, std::int64_t steps);
 
 }  // namespace parallax

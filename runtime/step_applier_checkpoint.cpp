@@ -68,6 +68,9 @@ struct StateName {
   std::string name;
   bool saved_here = true;
 };
+// A parameter's optimizer step count where it is not the optimizer's (one element).
+constexpr char kStepsKind[] = "optimizer_steps";
+
 std::string whole_name(const std::string& kind, const std::string& param_name) {
   return kind + "/" + param_name;
 }
@@ -106,8 +109,24 @@ checkpoint::SaveResult StepApplier::save_checkpoint(const std::string& trainer_s
   request.keep = static_cast<int>(options.keep);
   request.layout = layout_text(*runtime_, *plan_, dtype_);
   request.timeout = checkpoint_timeout(*runtime_);
+  // Every parameter's step count is the optimizer's (the most of any rank's), except
+  // those a step skipped (no gradient): theirs are saved beside their state.
+  torch::Tensor optimizer_steps = torch::full({1}, reduction_->optimizer_steps(), torch::kInt64);
+  CollectiveOptions max;
+  max.reduce_op = ReduceOp::kMax;
+  max.timeout = request.timeout;
+  runtime_->world().communicator().all_reduce(optimizer_steps, max)->wait();
+  const std::int64_t steps = optimizer_steps.item<std::int64_t>();
   for (const StateSlice& slice : reduction_->state_slices(StateAccess::kOwned, /*create_optimizer_state=*/false)) {
     const torch::Tensor& param = params_[slice.param];
+    if (slice.offset == 0 && slice.steps != steps &&
+        state_name(kStepsKind, param_names_[slice.param], /*replicated_over_tp=*/true, tp_rank, tp_size).saved_here) {
+      request.pieces.push_back({whole_name(kStepsKind, param_names_[slice.param]),
+                                {1},
+                                0,
+                                torch::full({1}, slice.steps, torch::kInt64),
+                                {}});
+    }
     const bool replicated_over_tp = !split_ || split_->copies(param) == tp_size;
     // A planned cut is recorded with the part, so that readers can join the parts.
     const auto split = replicated_over_tp ? std::nullopt : split_->split_of(param);
@@ -130,7 +149,7 @@ checkpoint::SaveResult StepApplier::save_checkpoint(const std::string& trainer_s
   }
   proto::EngineCheckpointState engine;
   engine.set_global_step(global_step_);
-  engine.set_optimizer_steps(reduction_->optimizer_steps());
+  engine.set_optimizer_steps(steps);
   if (scaler_) {
     const zero::LossScalerState scaler = scaler_->state();
     engine.set_loss_scale(scaler.scale);
@@ -210,11 +229,20 @@ std::string StepApplier::load_checkpoint(const std::string& where, bool latest) 
                  steps[0].item<std::int64_t>(), "): is the directory shared by every node?");
 
   const bool fresh_optimizer = engine.optimizer_steps() == 0;
+  // Parameters whose step count is not the optimizer's (a step skipped them): set after it.
+  std::vector<std::pair<std::function<void(std::int64_t)>, std::int64_t>> own_steps;
   error = checkpoint::error_of([&] {
     std::vector<std::string> differences;  // every one, not just the first
     for (const StateSlice& slice : reduction_->state_slices(StateAccess::kHeld, /*create_optimizer_state=*/true)) {
       const torch::Tensor& param = params_[slice.param];
       const bool replicated_over_tp = !split_ || split_->copies(param) == tp_size;
+      std::int64_t steps = engine.optimizer_steps();
+      if (const std::string name = whole_name(kStepsKind, param_names_[slice.param]); reader->has(name)) {
+        torch::Tensor saved = torch::empty({1}, torch::kInt64);
+        reader->read(name, 0, saved);
+        steps = saved.item<std::int64_t>();
+        if (slice.set_steps) own_steps.emplace_back(slice.set_steps, steps);
+      }
       for (const auto& [kind, values] : slice.tensors) {
         const std::string name = state_name(kind, param_names_[slice.param], replicated_over_tp, tp_rank, tp_size).name;
         const std::string whole = whole_name(kind, param_names_[slice.param]);
@@ -235,8 +263,8 @@ std::string StepApplier::load_checkpoint(const std::string& where, bool latest) 
           continue;
         }
         if (!reader->has(name)) {
-          if (kind != checkpoint::kParamKind && fresh_optimizer) {
-            values.zero_();  // saved before the optimizer's first step, or weights only
+          if (kind != checkpoint::kParamKind && (fresh_optimizer || steps == 0)) {
+            values.zero_();  // saved before the parameter's first step, or weights only
           } else {
             differences.push_back("'" + name + "' is missing");
           }
@@ -267,6 +295,7 @@ std::string StepApplier::load_checkpoint(const std::string& where, bool latest) 
 
   reduction_->state_loaded();
   reduction_->set_optimizer_steps(engine.optimizer_steps());
+  for (const auto& [set_steps, steps] : own_steps) set_steps(steps);
   global_step_ = engine.global_step();
   FlightRecorder::instance().set_step(global_step_ + 1);
   if (scaler_ && !reader->weights_only()) {

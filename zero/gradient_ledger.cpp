@@ -63,6 +63,7 @@ GradientLedger::GradientLedger(std::vector<torch::Tensor> params, GradientKeeper
       entry.marker.zero_();
     }
     entry.param = std::move(param);
+    entry.has_gradient = entry.param.grad().defined();
     record(entry);
     entries_.push_back(std::move(entry));
   }
@@ -152,15 +153,23 @@ bool GradientLedger::foreign(std::size_t i) const {
   return entries_.at(i).foreign;
 }
 
-bool GradientLedger::zero_grad_called() {
-  if (!sentinel_.defined()) return false;
+GradientLedger::ZeroGrad GradientLedger::zero_grad_called() {
+  if (!sentinel_.defined()) return ZeroGrad::kNotCalled;
   const torch::Tensor& grad = sentinel_.grad();
-  if (impl_of(grad) == sentinel_seen_ && (!grad.defined() || grad._version() == sentinel_version_)) return false;
-  const bool cleared = !grad.defined() || grad.item<double>() == 0.0;
+  if (impl_of(grad) == sentinel_seen_ && (!grad.defined() || grad._version() == sentinel_version_))
+    return ZeroGrad::kNotCalled;
+  const ZeroGrad what = !grad.defined()               ? ZeroGrad::kSetToNone
+                        : grad.item<double>() == 0.0 ? ZeroGrad::kZeroed
+                                                     : ZeroGrad::kNotCalled;
   sentinel_.mutable_grad() = torch::ones({1}, sentinel_.options().requires_grad(false));
   sentinel_seen_ = impl_of(sentinel_.grad());
   sentinel_version_ = sentinel_.grad()._version();
-  return cleared;
+  return what;
+}
+
+bool GradientLedger::has_gradient(std::size_t i) const {
+  auto guard = lock();
+  return entries_.at(i).has_gradient;
 }
 
 void GradientLedger::watch_zero_grad(torch::Tensor sentinel) {
@@ -173,7 +182,7 @@ void GradientLedger::watch_zero_grad(torch::Tensor sentinel) {
 
 // The trainer's optimizer.zero_grad(): what Module::zero_grad(set_to_none) does to
 // every parameter, and what the keeper holds dropped.
-void GradientLedger::clear_everything() {
+void GradientLedger::clear_everything(bool set_to_none) {
   torch::NoGradGuard no_grad;
   for (std::size_t i = 0; i < entries_.size(); ++i) {
     Entry& e = entries_[i];
@@ -182,6 +191,7 @@ void GradientLedger::clear_everything() {
     if (e.held || (e.shown.defined() && !committed_)) keeper_.discard(i);
     e.held = false;
     e.foreign = false;
+    if (set_to_none && !committed_) e.has_gradient = false;
     // A held buffer may be in a reduction: the next gradient waits in .grad (live).
     e.param.mutable_grad() = was_held || committed_ ? torch::Tensor() : e.shown;
     record(e);
@@ -211,8 +221,8 @@ void GradientLedger::commit() {
 
 void GradientLedger::sync(std::size_t i) {
   auto guard = lock();
-  if (zero_grad_called()) {
-    clear_everything();
+  if (const ZeroGrad called = zero_grad_called(); called != ZeroGrad::kNotCalled) {
+    clear_everything(called == ZeroGrad::kSetToNone);
     return;
   }
   Entry& e = entries_.at(i);
@@ -220,6 +230,10 @@ void GradientLedger::sync(std::size_t i) {
   const void* impl = impl_of(grad);
   if (impl == e.seen && (impl == nullptr || grad._version() == e.seen_version)) return;  // untouched
   torch::NoGradGuard no_grad;
+  // Set to none: no gradient (unless the window's earlier micro-batches gave one); a
+  // tensor of the trainer's own: one; changed in place: as it was.
+  if (!grad.defined() && !committed_) e.has_gradient = false;
+  if (grad.defined() && impl != e.seen) e.has_gradient = true;
   if (e.shown.defined() && !e.held && !committed_) {
     // Zeroed (or edited) in place: that is the buffer itself, as in LibTorch.
     if (grad.defined() && grad.data_ptr() == e.shown.data_ptr()) {
@@ -285,6 +299,7 @@ void GradientLedger::before_accumulation(std::size_t i) {
 
 void GradientLedger::after_accumulation(std::size_t i) {
   auto guard = lock();
+  entries_[i].has_gradient = true;
   keeper_.after(i, own_.load());
   record(entries_[i]);
 }

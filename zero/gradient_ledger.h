@@ -30,6 +30,13 @@
 //     seeing it at the next accumulation or sync, clears every parameter's gradient.
 //  e. A trainer's in-place edit of a gradient the keeper partly holds (clipping .grad by
 //     hand) cannot reach what the keeper holds: a UsageError, never a silent difference.
+//  g. Whether a parameter has a gradient at all, as LibTorch's optimizer sees it
+//     (has_gradient(i)): any backward that accumulates into it, or the trainer's own
+//     tensor in .grad, gives it one; zero_grad() that sets .grad to none takes it away
+//     (LibTorch 2.x's default), zeroing in place keeps it (1.13's), and so does the
+//     step. Between commit() and end_window() it is only gained: the window's earlier
+//     micro-batches have it. LibTorch's optimizers skip a parameter without one (no
+//     weight decay, no momentum, no step count), and so must the engine's step.
 //  f. With several micro-batches per optimizer step, each is one iteration of the plain
 //     loop: commit() at its end makes what the keeper holds the window's, beyond the
 //     trainer's zero_grad() (as the plain loop's optimizer step would have consumed it).
@@ -141,6 +148,9 @@ class GradientLedger {
   /// gradient here (as if it had reached every parameter).
   void watch_zero_grad(torch::Tensor sentinel);
 
+  /// Protocol g: LibTorch's optimizer would step params[i] now (its .grad would be defined).
+  bool has_gradient(std::size_t i) const;
+
   std::size_t size() const { return entries_.size(); }
 
  private:
@@ -150,6 +160,7 @@ class GradientLedger {
     torch::Tensor shown;   ///< show()'s view, or undefined
     bool held = false;
     bool foreign = false;  ///< .grad holds another backward's (non-zero) contribution
+    bool has_gradient = false;  ///< protocol g
     const void* seen = nullptr;  ///< .grad's TensorImpl when last recorded; null: undefined
     std::int64_t seen_version = 0;
   };
@@ -157,8 +168,10 @@ class GradientLedger {
   void after_accumulation(std::size_t i);
   void record(Entry& entry);
   bool is_marker(const Entry& entry, const torch::Tensor& grad) const;
-  bool zero_grad_called();
-  void clear_everything();
+  /// What the trainer's optimizer's zero_grad() did to the sentinel since last seen.
+  enum class ZeroGrad { kNotCalled, kZeroed, kSetToNone };
+  ZeroGrad zero_grad_called();
+  void clear_everything(bool set_to_none);
   void refuse_clear_after_commit(std::size_t i) const;
 
   GradientKeeper keeper_;

@@ -8,6 +8,7 @@
 
 #include "parallax/core/config_loader.h"
 #include "parallax/core/error.h"
+#include "parallax/zero/gradient_presence.h"
 #include "parallax/zero/group_plan.h"
 #include "parallax/zero/sharded_model_state.h"
 
@@ -195,10 +196,39 @@ ShardedModel::ShardedModel(torch::nn::Module& model,
       }
     }
   } else {
-    std::vector<torch::Tensor> masters;
-    for (const auto& group : s.groups) masters.push_back(group->master());
-    s.optimizer = make_optimizer(masters, group_of_shard);
+    // One stepped tensor per parameter part, so that each keeps LibTorch's own state and
+    // step count, and a step can skip a parameter without a gradient. The shard's
+    // padding goes with its last part (or, in a shard of padding only, is a part of its
+    // own), so the state still covers the whole shard, as ZeRO's formulas count it.
+    std::vector<std::vector<std::size_t>> members(s.groups.size());
+    for (std::size_t i = 0; i < s.params.size(); ++i) members[s.group_of_param[i]].push_back(i);
+    std::vector<torch::Tensor> stepped;
+    std::vector<std::size_t> stepped_group;
+    for (std::size_t g = 0; g < s.groups.size(); ++g) {
+      const FlatGroup& group = *s.groups[g];
+      std::sort(members[g].begin(), members[g].end(),
+                [&](std::size_t a, std::size_t b) { return s.index_in_group[a] < s.index_in_group[b]; });
+      const std::size_t first = s.pieces.size();
+      for (std::size_t i : members[g]) {
+        const auto fragment = group.layout().fragment(s.index_in_group[i], s.comm_of(g).rank());
+        if (fragment) s.pieces.push_back({MasterPart{i, *fragment, {}}, {}, g});
+      }
+      if (s.pieces.size() == first) s.pieces.push_back({MasterPart{State::kPadding, Fragment{}, {}}, {}, g});
+      for (std::size_t k = first; k < s.pieces.size(); ++k) {
+        State::Piece& piece = s.pieces[k];
+        const std::int64_t begin = piece.part.param == State::kPadding ? 0 : piece.part.fragment.shard_offset;
+        const std::int64_t end = k + 1 < s.pieces.size() ? s.pieces[k + 1].part.fragment.shard_offset
+                                                         : group.layout().shard_numel();
+        piece.part.stepped = group.master().narrow(0, begin, end - begin);
+        piece.grad = group.gradient_shard().narrow(0, begin, end - begin);
+        piece.part.stepped.mutable_grad() = piece.grad;
+        stepped.push_back(piece.part.stepped);
+        stepped_group.push_back(group_of_shard[g]);
+      }
+    }
+    s.optimizer = make_optimizer(stepped, stepped_group);
   }
+  s.experts = other;
   s.complete.assign(s.groups.size(), false);
   s.reductions.resize(s.groups.size());
 
@@ -418,6 +448,11 @@ StepOutcome ShardedModel::step(double gradient_scale, double clip_norm, bool ski
     std::lock_guard<std::mutex> lock(s.mutex);
     s.apply_locked(s.schedule->end_step());
   }
+  std::vector<bool> local(s.params.size());
+  for (std::size_t i = 0; i < s.params.size(); ++i) local[i] = s.ledger->has_gradient(i);
+  const std::vector<bool> present =
+      agree_on_gradients(local, *s.dp, s.experts, s.params.empty() ? c10::Device(c10::kCPU) : s.params.front().device());
+  const auto absent = static_cast<std::int64_t>(std::count(present.begin(), present.end(), false));
   if (!s.partial_fragments.empty()) {
     std::vector<torch::Tensor> parts;
     for (const auto& [g, fragment] : s.partial_fragments) {
@@ -458,8 +493,15 @@ StepOutcome ShardedModel::step(double gradient_scale, double clip_norm, bool ski
   }
   if (s.offloaded) {
     s.offloaded->step();
+    outcome.without_gradient = absent;
   } else {
+    // As LibTorch's optimizer skips an undefined .grad.
+    for (State::Piece& piece : s.pieces) {
+      if (piece.part.param != State::kPadding && !present[piece.part.param])
+        piece.part.stepped.mutable_grad() = torch::Tensor();
+    }
     s.optimizer->step();
+    for (State::Piece& piece : s.pieces) piece.part.stepped.mutable_grad() = piece.grad;
   }
   s.publish_masters();
   for (const auto& group : s.groups) group->zero_gradients();

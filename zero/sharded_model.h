@@ -30,7 +30,11 @@
 //     awaited and folded into the gradient shards.
 //  4'. finish_window(), before the step: what the trainer cleared is dropped, and
 //     gradients other backwards left after the last end_backward are reduced too.
-//  5. step(): gradient shards are scaled (1/N, loss-scale undo), the global norm is one
+//  5. step(): which parameters any rank gave a gradient is agreed (one all_reduce of a
+//     byte per parameter over dp, and over the experts' group; gradient_presence.h), and
+//     the optimizer, which steps each parameter's part of a master shard as a tensor of
+//     its own, skips the others as LibTorch's skips an undefined .grad. Gradient
+//     shards are scaled (1/N, loss-scale undo), the global norm is one
 //     all_reduce of a float64 sum of squares (when clipping or checking for overflow),
 //     a non-finite norm skips the step on every rank, the optimizer updates the master
 //     shards, and the compute-dtype parameters are refreshed: written back into the
@@ -72,8 +76,10 @@ class OffloadedAdam;
 
 namespace parallax::zero {
 
-/// Builds the optimizer over the master shards: masters[g] is flat group g's, and
-/// `optimizer_group[g]` the optimizer parameter group its parameters are in.
+/// Builds the optimizer over the master shards, cut by parameter: masters[k] is one
+/// parameter's elements in a flat group's master shard (a view, stepped in place, with
+/// its own state and step count as LibTorch keeps them per parameter), and
+/// `optimizer_group[k]` the optimizer parameter group of that parameter.
 using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(
     std::vector<torch::Tensor> masters, const std::vector<std::size_t>& optimizer_group)>;
 
@@ -81,6 +87,10 @@ using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(
 struct StepOutcome {
   bool skipped = false;     ///< non-finite gradients: nothing was updated
   double grad_norm = -1.0;  ///< global norm after scaling, before clipping; -1 if not computed
+  /// Parameters no rank gave a gradient (gradient_presence.h): LibTorch's optimizer
+  /// skips them, and so does this step, except an offloaded one, which steps them with
+  /// zeros (its moments and step count are per flat group).
+  std::int64_t without_gradient = 0;
 };
 
 /// How the data-parallel group's model is split over other ranks, for set_model_parallel.
@@ -108,6 +118,10 @@ struct GradientPart {
 struct MasterPart {
   std::size_t param = 0;
   Fragment fragment;
+  /// The tensor the optimizer steps for this part, a view of the master shard whose
+  /// first fragment.numel elements are the part's (the shard's last part also carries
+  /// the shard's padding); its optimizer state is the part's. Undefined when offloaded.
+  torch::Tensor stepped;
 };
 
 /// One flat group's fp32 master shard on this rank (the tensor the optimizer steps) and

@@ -47,7 +47,19 @@ struct ShardedModel::State {
   std::vector<WorkPtr> gathers;                        ///< in-flight gather per unit
   std::int64_t prefetched_uses = 0;                    ///< first uses whose gather was already in flight
   std::int64_t gathers_on_use = 0;                     ///< first uses that had to launch their own gather
-  std::unique_ptr<torch::optim::Optimizer> optimizer;  ///< unless offloaded
+  std::unique_ptr<torch::optim::Optimizer> optimizer;  ///< unless offloaded, over `pieces`
+  /// Unless offloaded: each parameter's part of a master shard, the tensor the optimizer
+  /// steps for it (with the shard's padding after it, when it is the last), and its part
+  /// of the gradient shard (its .grad, undefined for a step that skips it). A shard of
+  /// padding only is a part of its own, of parameter kPadding, always stepped.
+  static constexpr std::size_t kPadding = static_cast<std::size_t>(-1);
+  struct Piece {
+    MasterPart part;
+    torch::Tensor grad;
+    std::size_t group = 0;  ///< the flat group
+  };
+  std::vector<Piece> pieces;
+  OtherReductionGroup experts;  ///< the parameters reduced over another group
   std::unique_ptr<offload::OffloadedAdam> offloaded;   ///< [offload] optimizer != none
   std::unique_ptr<offload::SideStreamCopies> copies;   ///< offloaded: between the device and the host
   std::unique_ptr<GradientLedger> ledger;

@@ -32,9 +32,11 @@ TEST_P(DataParallelEquivalence, AllReducePayloadEqualsGradientBytes) {
     ASSERT_EQ(static_cast<int>(m.comm.size()), world);
     for (int r = 0; r < world; ++r) {
       const auto& all_reduce = m.comm[r][parallax::CommOp::kAllReduce];
-      // One all-reduce per bucket per optimizer step, whatever grad_accum is.
-      EXPECT_EQ(all_reduce.calls, static_cast<std::int64_t>(run.buckets)) << "rank " << r;
-      EXPECT_EQ(all_reduce.bytes, run.gradient_bytes + run.padding_bytes) << "rank " << r;
+      // One all-reduce per bucket per optimizer step, whatever grad_accum is, and one of
+      // a byte per parameter: which have gradients (gradient_presence.h).
+      const auto parameters = static_cast<std::int64_t>(run.trajectory.params.size());
+      EXPECT_EQ(all_reduce.calls, static_cast<std::int64_t>(run.buckets) + 1) << "rank " << r;
+      EXPECT_EQ(all_reduce.bytes, run.gradient_bytes + run.padding_bytes + parameters) << "rank " << r;
       EXPECT_EQ(m.comm[r][parallax::CommOp::kBroadcast].calls, 0);
       EXPECT_EQ(m.model_state_bytes[r].grads, run.gradient_bytes + run.padding_bytes);
       // AdamW: two fp32 moments per parameter.
@@ -60,7 +62,8 @@ TEST_P(DataParallelEquivalence, Bf16MatchesTheSameRecipeInOneProcess) {
   for (const auto& p : reference.params) elements += p.numel();
   EXPECT_EQ(run.gradient_bytes, 4 * elements);
   for (const auto& m : run.metrics) {
-    EXPECT_EQ(m.comm[0][parallax::CommOp::kAllReduce].bytes, 4 * elements);
+    EXPECT_EQ(m.comm[0][parallax::CommOp::kAllReduce].bytes,
+              4 * elements + static_cast<std::int64_t>(reference.params.size()));
   }
 }
 
