@@ -55,6 +55,12 @@ OffloadedAdam::OffloadedAdam(const OffloadedAdamOptions& options, const std::vec
     numels_.push_back(master.numel());
     total_ += master.numel();
   }
+  segment_starts_ = options_.segment_starts.empty() ? std::vector<std::int64_t>{0} : options_.segment_starts;
+  PARALLAX_CHECK(segment_starts_.front() == 0 && std::is_sorted(segment_starts_.begin(), segment_starts_.end()) &&
+                     segment_starts_.back() < total_,
+                 UsageError, "OffloadedAdam: segment starts must ascend from 0 below ", total_);
+  segment_steps_.assign(segment_starts_.size(), 0);
+  skip_.assign(segment_starts_.size(), false);
   torch::NoGradGuard no_grad;
   const auto host = torch::TensorOptions().dtype(torch::kFloat32).pinned_memory(options_.pin_memory);
   gradients_ = torch::zeros({total_}, host);
@@ -140,13 +146,26 @@ void OffloadedAdam::write_state(std::size_t i, const std::vector<std::pair<std::
   }
 }
 
-void OffloadedAdam::step() {
-  ++steps_;
+void OffloadedAdam::step(const std::vector<bool>& skip) {
+  PARALLAX_CHECK(skip.empty() || skip.size() == segment_steps_.size(), UsageError, "OffloadedAdam::step: ",
+                 skip.size(), " skip flags for ", segment_steps_.size(), " segments");
+  skip_ = skip.empty() ? std::vector<bool>(segment_steps_.size(), false) : skip;
+  for (std::size_t k = 0; k < segment_steps_.size(); ++k) {
+    if (!skip_[k]) ++segment_steps_[k];
+  }
   if (file_) {
     step_through_tiles();
   } else {
     step_in_memory();
   }
+}
+
+std::int64_t OffloadedAdam::step_count() const {
+  return *std::max_element(segment_steps_.begin(), segment_steps_.end());
+}
+
+void OffloadedAdam::set_step_count(std::int64_t steps) {
+  std::fill(segment_steps_.begin(), segment_steps_.end(), steps);
 }
 
 void OffloadedAdam::set_learning_rate(double lr) {
@@ -160,20 +179,28 @@ void OffloadedAdam::for_each_run(std::int64_t begin, std::int64_t count, const R
   // The first shard that ends after `begin`; runs extend over shards of one group.
   std::size_t i = static_cast<std::size_t>(
       std::upper_bound(offsets_.begin(), offsets_.end(), begin) - offsets_.begin() - 1);
+  std::size_t k = static_cast<std::size_t>(
+      std::upper_bound(segment_starts_.begin(), segment_starts_.end(), begin) - segment_starts_.begin() - 1);
   while (at < end) {
     const std::size_t group = shard_group_[i];
     std::int64_t stop = std::min(end, offsets_[i] + numels_[i]);
     while (stop < end && shard_group_[i + 1] == group) stop = std::min(end, offsets_[++i] + numels_[i]);
-    run(group, at, stop - at);
-    at = stop;
+    // Within the group's run, one call per segment.
+    while (at < stop) {
+      const std::int64_t segment_end = k + 1 < segment_starts_.size() ? segment_starts_[k + 1] : total_;
+      const std::int64_t until = std::min(stop, segment_end);
+      if (!skip_[k]) run(group, at, until - at, segment_steps_[k]);
+      at = until;
+      if (at == segment_end) ++k;
+    }
     ++i;
   }
 }
 
 void OffloadedAdam::step_in_memory() {
-  for_each_run(0, total_, [&](std::size_t group, std::int64_t at, std::int64_t n) {
+  for_each_run(0, total_, [&](std::size_t group, std::int64_t at, std::int64_t n, std::int64_t steps) {
     updates_[group].step(masters_.data_ptr<float>() + at, gradients_.data_ptr<float>() + at,
-                         moments_[0].data_ptr<float>() + at, moments_[1].data_ptr<float>() + at, n, steps_);
+                         moments_[0].data_ptr<float>() + at, moments_[1].data_ptr<float>() + at, n, steps);
   });
 }
 
@@ -204,10 +231,10 @@ void OffloadedAdam::step_through_tiles() {
       wait_all(pending[slot]);  // tile k is in (and the slot's previous tile is out)
       float* buffer = buffers_[slot].data_ptr<float>();
       float* master = options_.masters_on_nvme ? buffer + 2 * e : masters_.data_ptr<float>() + k * e;
-      for_each_run(k * e, elements_of(k), [&](std::size_t group, std::int64_t at, std::int64_t n) {
+      for_each_run(k * e, elements_of(k), [&](std::size_t group, std::int64_t at, std::int64_t n, std::int64_t steps) {
         const std::int64_t in_tile = at - k * e;
         updates_[group].step(master + in_tile, gradients_.data_ptr<float>() + at, buffer + in_tile,
-                             buffer + e + in_tile, n, steps_);
+                             buffer + e + in_tile, n, steps);
       });
       transfer(k, true);
     }

@@ -42,6 +42,11 @@ struct OffloadedAdamOptions {
   /// keeps its ratio to adam's through set_learning_rate. Default: every shard in group 0.
   std::vector<CpuAdamOptions> other_groups;
   std::vector<std::size_t> shard_group;
+  /// Where each segment starts in the concatenated shards (ascending, the first 0): a
+  /// segment (one parameter's part of a shard) keeps its own step count, and a step may
+  /// skip it (no gradient), as LibTorch's Adam keeps a count per parameter and skips an
+  /// undefined gradient. Default: one segment.
+  std::vector<std::int64_t> segment_starts;
   /// The moments in the NVMe tier's file instead of host memory.
   bool moments_on_nvme = false;
   /// The masters there too (needs moments_on_nvme).
@@ -77,13 +82,18 @@ class OffloadedAdam {
   /// Group 0's learning rate; every other group's is lr times its starting ratio.
   void set_learning_rate(double lr);
   double learning_rate() const { return updates_.front().options().lr_; }
-  /// One Adam step of every shard from its gradient. Blocks. Throws OffloadError (NVMe),
-  /// after every pending read and write has finished.
-  void step();
-  /// Steps taken (Adam's t).
-  std::int64_t step_count() const { return steps_; }
-  /// A checkpoint's restored step count.
-  void set_step_count(std::int64_t steps) { steps_ = steps; }
+  /// One Adam step of every shard from its gradient, but of the segments `skip` marks
+  /// (per segment; empty: none), which keep their values, moments and step counts.
+  /// Blocks. Throws OffloadError (NVMe), after every pending read and write has finished.
+  void step(const std::vector<bool>& skip = {});
+  /// Steps taken (Adam's t): the most of any segment's.
+  std::int64_t step_count() const;
+  /// A checkpoint's restored step count, for every segment.
+  void set_step_count(std::int64_t steps);
+  /// Segment k's own step count, and setting it (a checkpoint's).
+  std::size_t segment_count() const { return segment_steps_.size(); }
+  std::int64_t segment_steps(std::size_t k) const { return segment_steps_.at(k); }
+  void set_segment_steps(std::size_t k, std::int64_t steps) { segment_steps_.at(k) = steps; }
 
   /// Shard i's state for a checkpoint, each 1-D over the shard, host fp32: "param" (the
   /// master), "exp_avg", "exp_avg_sq". In host memory they are views of the buffers, so
@@ -108,8 +118,9 @@ class OffloadedAdam {
  private:
   void step_in_memory();
   void step_through_tiles();
-  /// Calls `run(group, at, n)` for the elements [begin, begin + count) of the
-  /// concatenated shards, cut where the group changes.
+  /// Calls `run(group, at, n, steps)` for the elements [begin, begin + count) of the
+  /// concatenated shards, cut where the group or the segment changes (`steps`: the
+  /// segment's count), leaving out the segments skip_ marks.
   template <typename Run>
   void for_each_run(std::int64_t begin, std::int64_t count, const Run& run) const;
 
@@ -117,7 +128,9 @@ class OffloadedAdam {
   std::vector<CpuAdam> updates_;         ///< per group
   std::vector<double> lr_ratios_;        ///< per group: its lr over group 0's, at the start
   std::vector<std::size_t> shard_group_;  ///< per shard
-  std::int64_t steps_ = 0;
+  std::vector<std::int64_t> segment_starts_;  ///< see OffloadedAdamOptions
+  std::vector<std::int64_t> segment_steps_;   ///< per segment
+  std::vector<bool> skip_;                    ///< per segment, this step
   std::vector<std::int64_t> numels_;
   std::vector<std::int64_t> offsets_;  ///< of each shard in the concatenated space
   std::int64_t total_ = 0;

@@ -148,7 +148,6 @@ class ReplicatedReduction final : public GradientReduction {
       std::vector<torch::Tensor> hidden(params_.size());
       for (std::size_t i = 0; i < params_.size(); ++i) {
         if (present[i]) continue;
-        ++outcome.without_gradient;
         hidden[i] = optimized()[i].grad();
         optimized()[i].mutable_grad() = torch::Tensor();
       }
@@ -271,8 +270,7 @@ class ShardedReduction final : public GradientReduction {
                    const std::vector<torch::Tensor>& params,
                    const OptimizerGroups& optimizer,
                    const ModelSplit& split)
-      : runtime_(&runtime),
-        dp_(&runtime.mesh().replicas()),
+      : dp_(&runtime.mesh().replicas()),
         reduce_untouched_(!split.partial_backwards),
         params_(params),
         experts_(split.expert.members) {
@@ -358,16 +356,7 @@ class ShardedReduction final : public GradientReduction {
     } else {
       set_learning_rate(sharded_->optimizer(), lr, master_groups_);
     }
-    const zero::StepOutcome outcome =
-        sharded_->step(1.0 / (static_cast<double>(dp_->size()) * loss_scale), clip, skip_non_finite);
-    if (outcome.without_gradient > 0 && sharded_->offloaded_optimizer() != nullptr && !warned_without_gradient_) {
-      warned_without_gradient_ = true;
-      runtime_->logger().warn("# offload: ", outcome.without_gradient,
-                              " parameter(s) had no gradient in this step on any rank; plain LibTorch's optimizer "
-                              "would skip them, but the offloaded CPU Adam keeps one step count per flat group and "
-                              "steps them with a zero gradient (weight decay and momentum still apply)");
-    }
-    return outcome;
+    return sharded_->step(1.0 / (static_cast<double>(dp_->size()) * loss_scale), clip, skip_non_finite);
   }
 
   std::vector<torch::Tensor> master_parameters() override { return sharded_->gather_masters(); }
@@ -421,7 +410,10 @@ class ShardedReduction final : public GradientReduction {
           for (const auto& [name, tensor] : offloaded_group) {
             slice.tensors.emplace_back(name, tensor.view({-1}).narrow(0, f.shard_offset, f.numel));
           }
-          slice.steps = offloaded->step_count();
+          slice.steps = offloaded->segment_steps(part.segment);
+          slice.set_steps = [offloaded, segment = part.segment](std::int64_t steps) {
+            offloaded->set_segment_steps(segment, steps);
+          };
         } else {
           // The optimizer steps each part as a tensor of its own, with its own state.
           torch::optim::Optimizer& optimizer = sharded_->optimizer();
@@ -460,9 +452,7 @@ class ShardedReduction final : public GradientReduction {
   }
 
  private:
-  Runtime* runtime_;
   Communicator* dp_;
-  bool warned_without_gradient_ = false;
   bool reduce_untouched_;
   std::vector<torch::Tensor> params_;  ///< the model's (shapes stay while stage 3 releases their data)
   std::vector<std::size_t> experts_;   ///< indices of the experts' parameters (their own group)

@@ -85,12 +85,11 @@ struct StateSlice {
   std::size_t param = 0;
   std::int64_t offset = 0;
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
-  /// The optimizer's step count for the parameter (LibTorch keeps one per parameter, and
-  /// a step that skips a parameter without a gradient does not count it); 0: never
-  /// stepped. An offloaded optimizer's is its own, one for every parameter.
+  /// The optimizer's step count for the parameter's part here (LibTorch keeps one per
+  /// parameter, and a step that skips a parameter without a gradient does not count
+  /// it); 0: never stepped.
   std::int64_t steps = 0;
-  /// Sets that count (0: as before the first step, without state); null where the
-  /// optimizer keeps one count for every parameter (set_optimizer_steps).
+  /// Sets that count (a checkpoint's).
   std::function<void(std::int64_t)> set_steps;
 };
 

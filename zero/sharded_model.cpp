@@ -30,12 +30,14 @@ offload::CpuAdamOptions cpu_adam_options(const OptimizerOptions& optimizer) {
 offload::OffloadedAdamOptions offloaded_adam_options(const OffloadOptions& offload,
                                                      const std::vector<OptimizerOptions>& groups,
                                                      std::vector<std::size_t> shard_group,
+                                                     std::vector<std::int64_t> segment_starts,
                                                      const Communicator& dp,
                                                      bool device_is_cuda) {
   offload::OffloadedAdamOptions options;
   options.adam = cpu_adam_options(groups.front());
   for (std::size_t k = 1; k < groups.size(); ++k) options.other_groups.push_back(cpu_adam_options(groups[k]));
   options.shard_group = std::move(shard_group);
+  options.segment_starts = std::move(segment_starts);
   options.moments_on_nvme = offload.optimizer == OffloadTarget::kNvme;
   options.masters_on_nvme = offload.param == OffloadTarget::kNvme;
   options.nvme_path = offload.nvme_path;
@@ -163,6 +165,41 @@ ShardedModel::ShardedModel(torch::nn::Module& model,
     }
   }
 
+  // This rank's pieces: each parameter's part of a shard, stepped as LibTorch steps a
+  // parameter (its own state and step count, skipped without a gradient). The shard's
+  // padding goes with its last part (or, in a shard of padding only, is a piece of its
+  // own), so the state still covers the whole shard, as ZeRO's formulas count it.
+  std::vector<std::vector<std::size_t>> members(s.groups.size());
+  for (std::size_t i = 0; i < s.params.size(); ++i) members[s.group_of_param[i]].push_back(i);
+  std::vector<std::int64_t> segment_starts;  // of the pieces in the shards laid end to end
+  std::int64_t shards_before = 0;
+  for (std::size_t g = 0; g < s.groups.size(); ++g) {
+    const ShardLayout& layout = s.groups[g]->layout();
+    std::sort(members[g].begin(), members[g].end(),
+              [&](std::size_t a, std::size_t b) { return s.index_in_group[a] < s.index_in_group[b]; });
+    const std::size_t first = s.pieces.size();
+    for (std::size_t i : members[g]) {
+      if (const auto fragment = layout.fragment(s.index_in_group[i], s.comm_of(g).rank())) {
+        State::Piece piece;
+        piece.part = MasterPart{i, *fragment, {}, s.pieces.size()};
+        piece.group = g;
+        piece.begin = fragment->shard_offset;
+        s.pieces.push_back(std::move(piece));
+      }
+    }
+    if (s.pieces.size() == first) {
+      State::Piece padding;
+      padding.part = MasterPart{State::kPadding, Fragment{}, {}, s.pieces.size()};
+      padding.group = g;
+      s.pieces.push_back(std::move(padding));
+    }
+    for (std::size_t k = first; k < s.pieces.size(); ++k) {
+      s.pieces[k].end = k + 1 < s.pieces.size() ? s.pieces[k + 1].begin : layout.shard_numel();
+      segment_starts.push_back(shards_before + s.pieces[k].begin);
+    }
+    shards_before += layout.shard_numel();
+  }
+
   if (offload.optimizer_offloaded()) {
     PARALLAX_CHECK(offload.param == OffloadTarget::kNone || options_.stage == 3, ConfigError,
                    "offload.param: only zero.stage = 3 shards the parameters, so only it can offload them");
@@ -173,7 +210,8 @@ ShardedModel::ShardedModel(torch::nn::Module& model,
     std::exception_ptr failure;
     try {
       s.offloaded = std::make_unique<offload::OffloadedAdam>(
-          offloaded_adam_options(offload, optimizer, group_of_shard, dp, s.params.front().is_cuda()), initial);
+          offloaded_adam_options(offload, optimizer, group_of_shard, segment_starts, dp, s.params.front().is_cuda()),
+          initial);
     } catch (const Error&) {
       failure = std::current_exception();
     }
@@ -196,35 +234,17 @@ ShardedModel::ShardedModel(torch::nn::Module& model,
       }
     }
   } else {
-    // One stepped tensor per parameter part, so that each keeps LibTorch's own state and
-    // step count, and a step can skip a parameter without a gradient. The shard's
-    // padding goes with its last part (or, in a shard of padding only, is a part of its
-    // own), so the state still covers the whole shard, as ZeRO's formulas count it.
-    std::vector<std::vector<std::size_t>> members(s.groups.size());
-    for (std::size_t i = 0; i < s.params.size(); ++i) members[s.group_of_param[i]].push_back(i);
+    // One stepped tensor per piece, so that each keeps LibTorch's own state and step
+    // count, and a step can skip a parameter without a gradient.
     std::vector<torch::Tensor> stepped;
     std::vector<std::size_t> stepped_group;
-    for (std::size_t g = 0; g < s.groups.size(); ++g) {
-      const FlatGroup& group = *s.groups[g];
-      std::sort(members[g].begin(), members[g].end(),
-                [&](std::size_t a, std::size_t b) { return s.index_in_group[a] < s.index_in_group[b]; });
-      const std::size_t first = s.pieces.size();
-      for (std::size_t i : members[g]) {
-        const auto fragment = group.layout().fragment(s.index_in_group[i], s.comm_of(g).rank());
-        if (fragment) s.pieces.push_back({MasterPart{i, *fragment, {}}, {}, g});
-      }
-      if (s.pieces.size() == first) s.pieces.push_back({MasterPart{State::kPadding, Fragment{}, {}}, {}, g});
-      for (std::size_t k = first; k < s.pieces.size(); ++k) {
-        State::Piece& piece = s.pieces[k];
-        const std::int64_t begin = piece.part.param == State::kPadding ? 0 : piece.part.fragment.shard_offset;
-        const std::int64_t end = k + 1 < s.pieces.size() ? s.pieces[k + 1].part.fragment.shard_offset
-                                                         : group.layout().shard_numel();
-        piece.part.stepped = group.master().narrow(0, begin, end - begin);
-        piece.grad = group.gradient_shard().narrow(0, begin, end - begin);
-        piece.part.stepped.mutable_grad() = piece.grad;
-        stepped.push_back(piece.part.stepped);
-        stepped_group.push_back(group_of_shard[g]);
-      }
+    for (State::Piece& piece : s.pieces) {
+      const FlatGroup& group = *s.groups[piece.group];
+      piece.part.stepped = group.master().narrow(0, piece.begin, piece.end - piece.begin);
+      piece.grad = group.gradient_shard().narrow(0, piece.begin, piece.end - piece.begin);
+      piece.part.stepped.mutable_grad() = piece.grad;
+      stepped.push_back(piece.part.stepped);
+      stepped_group.push_back(group_of_shard[piece.group]);
     }
     s.optimizer = make_optimizer(stepped, stepped_group);
   }
@@ -452,7 +472,6 @@ StepOutcome ShardedModel::step(double gradient_scale, double clip_norm, bool ski
   for (std::size_t i = 0; i < s.params.size(); ++i) local[i] = s.ledger->has_gradient(i);
   const std::vector<bool> present =
       agree_on_gradients(local, *s.dp, s.experts, s.params.empty() ? c10::Device(c10::kCPU) : s.params.front().device());
-  const auto absent = static_cast<std::int64_t>(std::count(present.begin(), present.end(), false));
   if (!s.partial_fragments.empty()) {
     std::vector<torch::Tensor> parts;
     for (const auto& [g, fragment] : s.partial_fragments) {
@@ -491,14 +510,17 @@ StepOutcome ShardedModel::step(double gradient_scale, double clip_norm, bool ski
       for (const auto& group : s.groups) group->gradient_shard().mul_(coefficient);
     }
   }
+  // As LibTorch's optimizer skips an undefined .grad.
+  const auto skipped = [&](const State::Piece& piece) {
+    return piece.part.param != State::kPadding && !present[piece.part.param];
+  };
   if (s.offloaded) {
-    s.offloaded->step();
-    outcome.without_gradient = absent;
+    std::vector<bool> skip;  // per piece: the offloaded optimizer's segments
+    for (const State::Piece& piece : s.pieces) skip.push_back(skipped(piece));
+    s.offloaded->step(skip);
   } else {
-    // As LibTorch's optimizer skips an undefined .grad.
     for (State::Piece& piece : s.pieces) {
-      if (piece.part.param != State::kPadding && !present[piece.part.param])
-        piece.part.stepped.mutable_grad() = torch::Tensor();
+      if (skipped(piece)) piece.part.stepped.mutable_grad() = torch::Tensor();
     }
     s.optimizer->step();
     for (State::Piece& piece : s.pieces) piece.part.stepped.mutable_grad() = piece.grad;

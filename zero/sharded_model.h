@@ -87,10 +87,6 @@ using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(
 struct StepOutcome {
   bool skipped = false;     ///< non-finite gradients: nothing was updated
   double grad_norm = -1.0;  ///< global norm after scaling, before clipping; -1 if not computed
-  /// Parameters no rank gave a gradient (gradient_presence.h): LibTorch's optimizer
-  /// skips them, and so does this step, except an offloaded one, which steps them with
-  /// zeros (its moments and step count are per flat group).
-  std::int64_t without_gradient = 0;
 };
 
 /// How the data-parallel group's model is split over other ranks, for set_model_parallel.
@@ -122,6 +118,8 @@ struct MasterPart {
   /// first fragment.numel elements are the part's (the shard's last part also carries
   /// the shard's padding); its optimizer state is the part's. Undefined when offloaded.
   torch::Tensor stepped;
+  /// Offloaded: the host optimizer's segment that is this part (its own step count).
+  std::size_t segment = 0;
 };
 
 /// One flat group's fp32 master shard on this rank (the tensor the optimizer steps) and

@@ -40,16 +40,9 @@ std::vector<MasterShard> ShardedModel::master_shards() const {
   std::vector<MasterShard> shards(s.groups.size());
   if (!s.offloaded) {
     for (std::size_t g = 0; g < s.groups.size(); ++g) shards[g].master = s.groups[g]->master();
-    for (const State::Piece& piece : s.pieces) {
-      if (piece.part.param != State::kPadding) shards[piece.group].parts.push_back(piece.part);
-    }
-    return shards;
   }
-  for (std::size_t i = 0; i < s.params.size(); ++i) {
-    const std::size_t g = s.group_of_param[i];
-    if (const auto fragment = s.groups[g]->layout().fragment(s.index_in_group[i], s.comm_of(g).rank())) {
-      shards[g].parts.push_back(MasterPart{i, *fragment});
-    }
+  for (const State::Piece& piece : s.pieces) {
+    if (piece.part.param != State::kPadding) shards[piece.group].parts.push_back(piece.part);
   }
   return shards;
 }

@@ -48,15 +48,18 @@ struct ShardedModel::State {
   std::int64_t prefetched_uses = 0;                    ///< first uses whose gather was already in flight
   std::int64_t gathers_on_use = 0;                     ///< first uses that had to launch their own gather
   std::unique_ptr<torch::optim::Optimizer> optimizer;  ///< unless offloaded, over `pieces`
-  /// Unless offloaded: each parameter's part of a master shard, the tensor the optimizer
-  /// steps for it (with the shard's padding after it, when it is the last), and its part
-  /// of the gradient shard (its .grad, undefined for a step that skips it). A shard of
-  /// padding only is a part of its own, of parameter kPadding, always stepped.
+  /// Each parameter's part of a master shard, [begin, end) of its group's shard (with the
+  /// shard's padding after it, when it is the last), in group order: the unit the
+  /// optimizer steps (unless offloaded, part.stepped, whose .grad is `grad`, the part of
+  /// the gradient shard, undefined for a step that skips it; offloaded, a segment of the
+  /// host optimizer). A shard of padding only is a piece of its own, of parameter
+  /// kPadding, always stepped.
   static constexpr std::size_t kPadding = static_cast<std::size_t>(-1);
   struct Piece {
     MasterPart part;
     torch::Tensor grad;
     std::size_t group = 0;  ///< the flat group
+    std::int64_t begin = 0, end = 0;
   };
   std::vector<Piece> pieces;
   OtherReductionGroup experts;  ///< the parameters reduced over another group

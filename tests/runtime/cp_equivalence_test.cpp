@@ -92,7 +92,7 @@ INSTANTIATE_TEST_SUITE_P(Cells,
 // The step metrics count context parallelism's traffic and the gradient reduction over
 // dp × cp, exactly: with the ring at cp = the world (dp 1, ZeRO 0), every rank sends per
 // step and attention layer (4(cp − 1) + 2cp)·B, B the bytes of its K (docs/context-
-// parallelism.md's table), and all-reduces the gradient bytes once. Mutant caught (tried
+// parallelism.md's table), and all-reduces the gradient bytes once (and a byte per parameter). Mutant caught (tried
 // once): the telemetry counting the dp, tp, pp and world groups only (no send, no
 // all-reduce in the metrics).
 TEST(ContextParallelMetrics, EveryStepCountsTheRingAndTheReductionOverTheReplicas) {
@@ -106,7 +106,9 @@ TEST(ContextParallelMetrics, EveryStepCountsTheRingAndTheReductionOverTheReplica
     ASSERT_EQ(static_cast<int>(m.comm.size()), cp);
     for (int r = 0; r < cp; ++r) {
       EXPECT_EQ(m.comm[r][parallax::CommOp::kSend].bytes, layers * (4 * (cp - 1) + 2 * cp) * key_bytes) << "rank " << r;
-      EXPECT_EQ(m.comm[r][parallax::CommOp::kAllReduce].bytes, run.gradient_bytes + run.padding_bytes)
+      // and a byte per parameter: which have gradients (gradient_presence.h).
+      EXPECT_EQ(m.comm[r][parallax::CommOp::kAllReduce].bytes,
+                run.gradient_bytes + run.padding_bytes + static_cast<std::int64_t>(run.trajectory.params.size()))
           << "rank " << r;
     }
   }

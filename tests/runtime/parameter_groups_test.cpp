@@ -127,18 +127,23 @@ struct Case {
   const char* offload;  // offload.optimizer
 };
 
+// The [offload] keys of a case: the NVMe tier in tiles of 87 elements (3 streams of 4
+// bytes in 1 KiB), so that groups and parameters change inside tiles.
+std::vector<std::string> offload_keys(const std::string& offload) {
+  std::vector<std::string> keys{"offload.optimizer=\"" + offload + "\""};
+  if (offload == "nvme") {
+    keys.insert(keys.end(), {"offload.nvme_path=\"" + ::testing::TempDir() + "\"", "offload.buffer_mb=0.001",
+                             "offload.param=\"nvme\""});
+  }
+  return keys;
+}
+
 class ParameterGroups : public ::testing::TestWithParam<Case> {};
 
 TEST_P(ParameterGroups, TwoGroupsOfTheirOwnOptionsTrainAsThePlainProgram) {
   const int stage = GetParam().stage;
   const std::string offload = GetParam().offload;
-  std::vector<std::string> extra{"offload.optimizer=\"" + offload + "\""};
-  if (offload == "nvme") {
-    // Tiles of 87 elements (3 streams of 4 bytes in 1 KiB): groups change inside tiles.
-    extra.insert(extra.end(), {"offload.nvme_path=\"" + ::testing::TempDir() + "\"", "offload.buffer_mb=0.001",
-                               "offload.param=\"nvme\""});
-  }
-  Runtime rt(config_for(stage, extra), InitOptions{{}, /*print_summary=*/false});
+  Runtime rt(config_for(stage, offload_keys(offload)), InitOptions{{}, /*print_summary=*/false});
   OptimizerSpec schedule = OptimizerSpec::from(rt.config());
   schedule.optimizer.lr = 3e-2;  // the trainer's group 0 (the config sets [scheduler] keys, not optimizer.lr)
   const Trajectory reference = plain_run(schedule);
@@ -176,10 +181,10 @@ INSTANTIATE_TEST_SUITE_P(EveryStage,
 // zeroes in place, and the branch, once it had a gradient, is stepped with zeros. Its
 // first use comes at step 2, so both builds skip it before (Adam's bias correction then
 // counts from its own first step). The engine must do what the plain program does with
-// the whole batch at every ZeRO stage, and a checkpoint taken between must keep the
-// branch's own step count. Mutants caught (tried): every parameter stepped whatever its
-// gradient (stages 0-3); each rank deciding from its own backwards alone, without the
-// union over dp (stages 0-2 on 2 and 4 ranks); the branch's step count not saved (a resume
+// the whole batch at every ZeRO stage, offloaded too (the host Adam keeps a step count per
+// parameter part), and a checkpoint taken between must keep the branch's own step count. Mutants caught (tried): every parameter stepped whatever its
+// gradient (stages 0-3 and offloaded); each rank deciding from its own backwards alone,
+// without the union over dp (stages 0-2 on 2 and 4 ranks); the branch's step count not saved (a resume
 // at step 4 then counts it from the optimizer's).
 
 constexpr std::int64_t kFeatures = 6;
@@ -263,17 +268,19 @@ Trajectory engine_branchy_run(Runtime& rt, int from, int until, const std::strin
   return run;
 }
 
-class WithoutGradient : public ::testing::TestWithParam<int> {};
+class WithoutGradient : public ::testing::TestWithParam<Case> {};
 
 TEST_P(WithoutGradient, ABranchSomeStepsReachIsSteppedAsThePlainProgramStepsIt) {
-  const int stage = GetParam();
+  const int stage = GetParam().stage;
+  const std::string offload = GetParam().offload;
   // One directory per launch (the ranks of one mpirun share their parent).
   const std::string root = (std::filesystem::temp_directory_path() /
                             ("parallax_without_gradient_" + std::to_string(::getppid()) + "_" + std::to_string(stage)))
                                .string();
-  Runtime rt(config_for(stage, {"scheduler.type=\"constant\"", "scheduler.warmup_steps=0",
-                                "checkpoint.dir=\"" + root + "\""}),
-             InitOptions{{}, /*print_summary=*/false});
+  std::vector<std::string> keys = offload_keys(offload);
+  keys.insert(keys.end(),
+              {"scheduler.type=\"constant\"", "scheduler.warmup_steps=0", "checkpoint.dir=\"" + root + "\""});
+  Runtime rt(config_for(stage, keys), InitOptions{{}, /*print_summary=*/false});
   const Trajectory plain = plain_branchy_run(stage == 3);
   const Trajectory plain_resumed = plain_branchy_run(stage == 3, 4);
   const Trajectory whole = engine_branchy_run(rt, 0, kSteps, "", nullptr);
@@ -295,17 +302,22 @@ TEST_P(WithoutGradient, ABranchSomeStepsReachIsSteppedAsThePlainProgramStepsIt) 
     }
     EXPECT_LT(worst_loss, 1.5e-6);  // measured 1.5e-7 (4 ranks), 0 on one
     EXPECT_LT(worst_param, 6e-7);   // measured 6e-8; the mutants above 2.1e-3 and more
-    parallax_test::print_figure("zero %d, %s: max per-step loss relative difference %.2g, max parameter difference "
-                                "%.2g\n",
-                                stage, run == &whole ? "whole run" : "resumed at step 4", worst_loss, worst_param);
+    parallax_test::print_figure("zero %d, offload %s, %s: max per-step loss relative difference %.2g, max "
+                                "parameter difference %.2g\n",
+                                stage, offload.c_str(), run == &whole ? "whole run" : "resumed at step 4", worst_loss,
+                                worst_param);
   }
   rt.world().communicator().barrier()->wait();
   if (rt.world().rank() == 0) std::filesystem::remove_all(root);
 }
 
-INSTANTIATE_TEST_SUITE_P(EveryStage, WithoutGradient, ::testing::Values(0, 1, 2, 3), [](const auto& info) {
-  return "zero" + std::to_string(info.param);
-});
+INSTANTIATE_TEST_SUITE_P(EveryStage,
+                         WithoutGradient,
+                         ::testing::Values(Case{0, "none"}, Case{1, "none"}, Case{2, "none"}, Case{3, "none"},
+                                           Case{2, "cpu"}, Case{3, "nvme"}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return "zero" + std::to_string(info.param.stage) + "_offload_" + info.param.offload;
+                         });
 
 }  // namespace
 }  // namespace parallax
