@@ -382,6 +382,16 @@ struct LoggingOptions {
   std::string trace_file;
 };
 
+/// [memory]: each rank's memory.
+struct MemoryOptions {
+  /// The most bytes (MiB) LibTorch's CPU allocator may hold on each rank: an allocation
+  /// past it stops the run with a MemoryLimitError naming the rank, the phase and the
+  /// request, as a device past its memory would (a CPU run standing in for a device of
+  /// known capacity). 0: none. Not on CUDA devices yet. Default: 0.
+  double limit_mb = 0.0;
+  std::int64_t limit_bytes() const { return static_cast<std::int64_t>(limit_mb * 1024.0 * 1024.0); }
+};
+
 /// [checkpoint]: where and when the engine saves its training state, and what it resumes
 /// from (runtime/checkpointing.h).
 enum class AutoPreference { kThroughput, kMemory };
@@ -488,6 +498,7 @@ struct Config {
   ThreadOptions threads;
   CommOptions comm;
   LoggingOptions logging;
+  MemoryOptions memory;
   CheckpointOptions checkpoint;
   AutoOptions automatic;  ///< [auto]
 

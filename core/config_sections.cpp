@@ -279,6 +279,12 @@ void logging_fields(FieldVisitor& v, Config& c) {
          "Chrome trace JSON of every rank's spans, written by rank 0 at shutdown; \"\": off.");
 }
 
+void memory_fields(FieldVisitor& v, Config& c) {
+  v.number("limit_mb", c.memory.limit_mb, kNonNegative,
+           "The most MiB LibTorch's CPU allocator may hold on each rank; past it the run stops with an error naming "
+           "the rank, the phase and the request, as a device past its memory would; 0: none (not on CUDA yet).");
+}
+
 constexpr EnumName<AutoPreference> kPreferenceNames[] = {{AutoPreference::kThroughput, "throughput"},
                                                          {AutoPreference::kMemory, "memory"}};
 
@@ -370,6 +376,7 @@ const std::vector<SectionDef>& sections() {
       {"threads", "Each rank's CPU threads; by default decided from the cores it owns.", thread_fields, nullptr},
       {"comm", "Communication.", comm_fields, nullptr},
       {"logging", "What rank 0 prints and writes.", logging_fields, nullptr},
+      {"memory", "Each rank's memory.", memory_fields, nullptr},
       {"checkpoint", "Saving and resuming. `every`, `load = \"latest\"` and `export_on_finish` need `dir`.",
        checkpoint_fields, checkpoint_check},
       {"auto",

@@ -6,6 +6,8 @@
 #include <atomic>
 #include <cstdio>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "parallax/core/error.h"
 
@@ -15,7 +17,7 @@ namespace {
 // Above LibTorch's default (0), so SetCPUAllocator takes the meter, and restoring the
 // wrapped allocator with the same priority takes it back.
 constexpr std::uint8_t kPriority = 100;
-std::atomic<bool> meter_open{false};
+thread_local const char* current_phase = "outside the engine";
 
 std::string readable(std::int64_t bytes) {
   if (bytes < (1 << 20)) return std::to_string(bytes) + " bytes";
@@ -29,19 +31,27 @@ std::string readable(std::int64_t bytes) {
 // meter closed still finds them.
 class CpuMemoryMeter::Counting final : public c10::Allocator, public std::enable_shared_from_this<Counting> {
  public:
-  Counting(c10::Allocator* inner, std::int64_t limit) : inner_(inner), limit_(limit) {}
+  Counting(c10::Allocator* inner, std::int64_t limit, std::string source)
+      : inner_(inner), inner_meter_(dynamic_cast<const Counting*>(inner)), limit_(limit), source_(std::move(source)) {}
 
 #if TORCH_VERSION_MAJOR >= 2
   c10::DataPtr allocate(std::size_t bytes) override {
 #else
   c10::DataPtr allocate(std::size_t bytes) const override {
 #endif
-    const auto size = static_cast<std::int64_t>(bytes);
+    void* data = allocate_block(bytes, static_cast<std::int64_t>(bytes));
+    return {data, data, &free_block, c10::Device(c10::DeviceType::CPU)};
+  }
+
+  // A block of `bytes` (and our header) whose `counted` bytes count here and in every
+  // meter this one wraps (which see the tensor's bytes, not our headers).
+  void* allocate_block(std::size_t bytes, std::int64_t counted) const {
+    const std::int64_t size = counted;
     const std::int64_t live = live_.fetch_add(size) + size;
     if (limit_ > 0 && live > limit_) {
       live_ -= size;
-      PARALLAX_CHECK(false, MemoryLimitError, "allocating ", readable(size), " with ", readable(live - size),
-                     " live passes this rank's memory limit of ", readable(limit_));
+      PARALLAX_CHECK(false, MemoryLimitError, "allocating ", readable(size), " during ", current_phase, ", with ",
+                     readable(live - size), " live, passes the limit of ", readable(limit_), " (", source_, ")");
     }
     std::int64_t peak = peak_.load();
     while (live > peak && !peak_.compare_exchange_weak(peak, live)) {
@@ -51,14 +61,14 @@ class CpuMemoryMeter::Counting final : public c10::Allocator, public std::enable
     // allocator, which needs that.
     char* raw = nullptr;
     try {
-      raw = static_cast<char*>(inner_->raw_allocate(bytes + kHeaderBytes));
+      raw = static_cast<char*>(inner_meter_ != nullptr ? inner_meter_->allocate_block(bytes + kHeaderBytes, counted)
+                                                       : inner_->raw_allocate(bytes + kHeaderBytes));
     } catch (...) {
       live_ -= size;
       throw;
     }
     new (raw) Header{size, shared_from_this(), inner_->raw_deleter()};
-    void* data = raw + kHeaderBytes;
-    return {data, data, &free_block, c10::Device(c10::DeviceType::CPU)};
+    return raw + kHeaderBytes;
   }
   c10::DeleterFnPtr raw_deleter() const override { return &free_block; }
 #if TORCH_VERSION_MAJOR >= 2
@@ -92,7 +102,9 @@ class CpuMemoryMeter::Counting final : public c10::Allocator, public std::enable
   }
 
   c10::Allocator* inner_;
+  const Counting* inner_meter_;  ///< inner_, when it is another meter
   std::int64_t limit_;
+  std::string source_;
   mutable std::atomic<std::int64_t> live_{0};
   mutable std::atomic<std::int64_t> peak_{0};
 };
@@ -100,15 +112,30 @@ class CpuMemoryMeter::Counting final : public c10::Allocator, public std::enable
 CpuMemoryMeter::CpuMemoryMeter(const Options& options) {
   PARALLAX_CHECK(options.limit_bytes_ >= 0, UsageError, "CpuMemoryMeter: limit_bytes = ", options.limit_bytes_,
                  " must be >= 0 (0: no limit)");
-  PARALLAX_CHECK(!meter_open.exchange(true), UsageError,
-                 "CpuMemoryMeter: another meter is open in this process; close it first");
-  counting_ = std::make_shared<Counting>(c10::GetCPUAllocator(), options.limit_bytes_);
+  counting_ = std::make_shared<Counting>(c10::GetCPUAllocator(), options.limit_bytes_, options.source_);
   c10::SetCPUAllocator(counting_.get(), kPriority);
 }
 
 CpuMemoryMeter::~CpuMemoryMeter() {
-  c10::SetCPUAllocator(counting_->inner(), kPriority);
-  meter_open = false;
+  if (c10::GetCPUAllocator() == counting_.get()) {
+    c10::SetCPUAllocator(counting_->inner(), kPriority);
+    return;
+  }
+  // Closed before a meter opened after it, which allocates through this one: this one
+  // stays (counting, its limit kept) for the rest of the process.
+  static std::vector<std::shared_ptr<Counting>> still_wrapped;
+  still_wrapped.push_back(counting_);
+}
+
+MemoryPhase::MemoryPhase(const char* what) : previous_(current_phase) {
+  current_phase = what;
+}
+
+MemoryPhase::MemoryPhase(MemoryPhase&& other) noexcept
+    : previous_(other.previous_), active_(std::exchange(other.active_, false)) {}
+
+MemoryPhase::~MemoryPhase() {
+  if (active_) current_phase = previous_;
 }
 
 std::int64_t CpuMemoryMeter::live_bytes() const {

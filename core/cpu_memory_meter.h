@@ -10,21 +10,28 @@
 // own overhead, not memory outside LibTorch (MPI's buffers, the program's own).
 //
 // A limit makes it refuse, before allocating, any block that would take live_bytes()
-// past it, with a MemoryLimitError naming the limit, the request and what is live: a
-// CPU stand-in for a device's memory, so a test can show what fits one rank.
+// past it, with a MemoryLimitError naming the limit and its source, the request, the
+// phase (MemoryPhase) and what is live: a CPU stand-in for a device's memory, so a test
+// can show what fits one rank (memory.limit_mb sets the runtime's).
 //
 //   CpuMemoryMeter meter(CpuMemoryMeter::Options().limit_bytes(64 << 20));
 //   engine.backward(engine.cross_entropy(engine.forward(x), y));  // may throw MemoryLimitError
 //   std::printf("peak %lld bytes\n", static_cast<long long>(meter.peak_bytes()));
 //
-// One meter at a time in a process (a second one throws UsageError); open and close it
-// on a thread while no other thread is allocating (the allocator is swapped under it).
+// Meters nest: one opened while another is open wraps it, and a block counts in every
+// meter open when it was allocated (the runtime keeps one open for its per-step peaks,
+// runtime.h; a test may open its own around a phase). Close them in the reverse order
+// of opening, as scopes do (one closed out of order stays installed, counting, until the
+// process ends). Open and close a meter on a thread while no other thread is allocating
+// (the allocator is swapped under it).
 #pragma once
 
 #include <c10/core/Allocator.h>
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <utility>
 
 #include "parallax/core/error.h"
 
@@ -36,6 +43,24 @@ class MemoryLimitError : public Error {
   explicit MemoryLimitError(const std::string& detail) : Error("MemoryLimitError", detail) {}
 };
 
+/// Names what the current thread is doing, for a MemoryLimitError's message, while it
+/// lives ("the forward", "the optimizer step", "a checkpoint load"); scopes nest, the
+/// innermost names it. A thread without one is "outside the engine".
+class MemoryPhase {
+ public:
+  explicit MemoryPhase(const char* what);
+  /// The moved-from scope restores nothing; this one restores what it did.
+  MemoryPhase(MemoryPhase&& other) noexcept;
+  ~MemoryPhase();
+  MemoryPhase(const MemoryPhase&) = delete;
+  MemoryPhase& operator=(const MemoryPhase&) = delete;
+  MemoryPhase& operator=(MemoryPhase&&) = delete;
+
+ private:
+  const char* previous_;
+  bool active_ = true;
+};
+
 class CpuMemoryMeter final {
  public:
   struct Options {
@@ -44,11 +69,18 @@ class CpuMemoryMeter final {
       limit_bytes_ = bytes;
       return *this;
     }
+    /// Where the limit comes from and whose it is, for the error:
+    /// "memory.limit_mb = 512, rank 3 of 8". Default: "this rank's memory limit".
+    Options& source(std::string text) {
+      source_ = std::move(text);
+      return *this;
+    }
     std::int64_t limit_bytes_ = 0;
+    std::string source_ = "this rank's memory limit";
   };
 
-  /// Installs the meter as LibTorch's CPU allocator, wrapping the one installed now.
-  /// Throws UsageError when another meter is open, or a limit is negative.
+  /// Installs the meter as LibTorch's CPU allocator, wrapping the one installed now (which
+  /// may be another meter). Throws UsageError for a negative limit.
   explicit CpuMemoryMeter(const Options& options);
   /// A meter without a limit.
   CpuMemoryMeter() : CpuMemoryMeter(Options()) {}

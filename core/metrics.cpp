@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <iomanip>
+#include <iterator>
 #include <sstream>
 
 #include "parallax/core/error.h"
@@ -48,7 +49,16 @@ std::string to_json_line(const StepMetrics& m) {
     out << (r ? "," : "") << "{\"params\":" << b.params << ",\"grads\":" << b.grads << ",\"optimizer\":" << b.optimizer
         << ",\"host\":" << b.host << ",\"nvme\":" << b.nvme << "}";
   }
-  out << "],\"comm\":[";
+  out << "]";
+  if (!m.peak_memory.empty()) {
+    out << ",\"peak_memory\":[";
+    for (std::size_t r = 0; r < m.peak_memory.size(); ++r) {
+      out << (r ? "," : "") << "{\"allocated\":" << m.peak_memory[r].allocated
+          << ",\"resident\":" << m.peak_memory[r].resident << "}";
+    }
+    out << "]";
+  }
+  out << ",\"comm\":[";
   for (std::size_t r = 0; r < m.comm.size(); ++r) {
     out << (r ? "," : "") << "{";
     bool first = true;
@@ -107,6 +117,14 @@ std::vector<TensorBoardScalar> tensorboard_scalars(const StepMetrics& m) {
     const ModelStateBytes& b = m.model_state_bytes[r];
     const double total = static_cast<double>(b.params + b.grads + b.optimizer + b.host + b.nvme);
     scalars.push_back({"memory/rank" + std::to_string(r) + "_bytes", total});
+    if (r < m.peak_memory.size() && m.peak_memory[r].allocated >= 0) {
+      scalars.push_back({"memory/rank" + std::to_string(r) + "_peak_allocated_bytes",
+                         static_cast<double>(m.peak_memory[r].allocated)});
+    }
+    if (r < m.peak_memory.size() && m.peak_memory[r].resident >= 0) {
+      scalars.push_back({"memory/rank" + std::to_string(r) + "_peak_resident_bytes",
+                         static_cast<double>(m.peak_memory[r].resident)});
+    }
   }
   if (!m.comm.empty()) {
     for (std::size_t op = 0; op < kCommOpCount; ++op) {
@@ -136,6 +154,22 @@ std::vector<TensorBoardScalar> tensorboard_scalars(const StepMetrics& m) {
     scalars.push_back({"moe/imbalance", m.moe.imbalance});
   }
   return scalars;
+}
+
+std::string human_bytes(std::int64_t bytes) {
+  if (bytes < 0) return "?";
+  if (bytes < 1024) return std::to_string(bytes) + " B";
+  const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes) / 1024.0;
+  std::size_t unit = 0;
+  while (value >= 1024.0 && unit + 1 < std::size(units)) {
+    value /= 1024.0;
+    ++unit;
+  }
+  char text[32];
+  std::snprintf(text, sizeof(text), value < 10.0 ? "%.2f %s" : value < 100.0 ? "%.1f %s" : "%.0f %s", value,
+                units[unit]);
+  return text;
 }
 
 std::string human_duration(double seconds) {

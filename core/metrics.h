@@ -38,6 +38,17 @@ struct RoutingMetrics {
   double imbalance = 0.0;
 };
 
+/// A rank's peak memory in one step (since the step's first forward).
+struct PeakMemory {
+  /// Bytes of tensors LibTorch's CPU allocator held at once (the runtime's CpuMemoryMeter:
+  /// blocks allocated since the runtime started); -1 when not measured (a CUDA device's
+  /// caching allocator is not read yet).
+  std::int64_t allocated = -1;
+  /// The process's resident memory at its most (Linux VmHWM, reset each step); -1 where
+  /// the kernel does not tell or refuses the reset.
+  std::int64_t resident = -1;
+};
+
 struct StepMetrics {
   std::int64_t step = 0;
   double loss = 0.0;  ///< mean over the global batch
@@ -57,6 +68,7 @@ struct StepMetrics {
   /// -1 when the step computed none (no clipping, no fp16).
   double grad_norm = -1.0;
   std::vector<ModelStateBytes> model_state_bytes;  ///< by world rank
+  std::vector<PeakMemory> peak_memory;             ///< by world rank
   std::vector<CommCounters> comm;                  ///< by world rank, this step only
   /// Pipeline runs: by world rank, the fraction of the step's schedule (the longest over
   /// all ranks, from its start to its last forward or backward) the rank did not compute;
@@ -81,7 +93,8 @@ std::string to_json_line(const StepMetrics& metrics);
 ///   train/loss, train/lr, train/grad_norm (only when computed: >= 0 or not finite),
 ///   perf/step_ms, perf/predicted_step_ms (only in auto mode), perf/samples_per_s, perf/tokens_per_s (only when
 ///   tokens_per_sample is set), memory/rank<r>_bytes (the rank's model state: params + grads + optimizer
-///   + host + nvme), comm/<op>_bytes for every op (the step's logical payload bytes
+///   + host + nvme), memory/rank<r>_peak_allocated_bytes and memory/rank<r>_peak_resident_bytes (each
+///   when measured: PeakMemory), comm/<op>_bytes for every op (the step's logical payload bytes
 ///   summed over all ranks, e.g. comm/all_reduce_bytes), comm/intra_node_bytes and
 ///   comm/inter_node_bytes (the same payload of every op but recv, whose bytes are the
 ///   sender's, split by OpCounter::inter_node_bytes; summed over all ranks), and for
@@ -93,6 +106,10 @@ std::vector<TensorBoardScalar> tensorboard_scalars(const StepMetrics& metrics);
 /// (seconds rounded; hours without an upper bound, e.g. "50h00m"). Negative or not
 /// finite: "?".
 std::string human_duration(double seconds);
+
+/// Bytes for people, for the progress line: "512 B", "1.50 KiB", "12.3 MiB", "1.21 GiB"
+/// (binary units). Negative: "?".
+std::string human_bytes(std::int64_t bytes);
 
 /// Writes each step's metrics to the sinks the user set: a JSON lines file
 /// (logging.metrics_file, truncated on open) and/or a TensorBoard event file in a

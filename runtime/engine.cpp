@@ -91,6 +91,7 @@ void Engine::check_micro_batch(const torch::Tensor& input) {
 
 void Engine::backward(const torch::Tensor& loss) {
   PARALLAX_CHECK(loss.dim() == 0, UsageError, "backward: loss must be a scalar, got shape ", loss.sizes());
+  const MemoryPhase phase("the backward");
   applier_->begin_window();
   ++backwards_in_micro_batch_;
   // The window's reducing backward, as far as the engine can know: in its last
@@ -111,6 +112,7 @@ void Engine::backward(const torch::Tensor& loss) {
 }
 
 bool Engine::step() {
+  const MemoryPhase phase("the optimizer step");
   if (backwards_in_micro_batch_ > 1 && grad_accum_ > 1 && !several_backwards_said_) {
     several_backwards_said_ = true;
     logger_->summary("note: a micro-batch ran ", backwards_in_micro_batch_,

@@ -291,6 +291,7 @@ PipelineEngine::PipelineEngine(PipelineEngine&&) noexcept = default;
 PipelineEngine::~PipelineEngine() = default;
 
 double PipelineEngine::train_batch(const std::function<pipeline::MicroBatch()>& next) {
+  const MemoryPhase phase("a pipeline step");
   Built& b = *built_;
   Runtime& runtime = *b.runtime;
   StepApplier& applier = *b.applier;

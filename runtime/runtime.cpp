@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "parallax/core/config_loader.h"
+#include "parallax/core/cpu_memory_meter.h"
 #include "parallax/core/cpu_binding.h"
 #include "parallax/core/device_routed_communicator.h"
 #include "parallax/core/error.h"
@@ -38,6 +39,8 @@
 namespace parallax {
 
 struct Runtime::State {
+  /// Opened first and closed last: every block the run allocates on the host is counted.
+  std::unique_ptr<CpuMemoryMeter> memory_meter;
   std::unique_ptr<World> world;
   Config config;
   AutoLayout auto_layout;  // parallel.mode = "auto"'s choice and predictions
@@ -271,6 +274,18 @@ Runtime::Runtime(Config config, const InitOptions& options) : state_(std::make_u
 
 void Runtime::start(const InitOptions& options) {
   State& s = *state_;
+  {
+    CpuMemoryMeter::Options meter;
+    meter.limit_bytes(s.config.memory.limit_bytes());
+    if (s.config.memory.limit_mb > 0) {
+      PARALLAX_CHECK(s.config.train.device != TrainDevice::kCuda, ConfigError, "memory.limit_mb = ",
+                     s.config.memory.limit_mb, s.config.position_of("memory.limit_mb"),
+                     ": a limit on a CUDA device's memory is not in this build yet; leave it 0 there");
+      meter.source(detail::concat("memory.limit_mb = ", s.config.memory.limit_mb, ", rank ", s.world->rank(), " of ",
+                                  s.world->size()));
+    }
+    s.memory_meter = std::make_unique<CpuMemoryMeter>(meter);
+  }
   // parallel.mode = "auto": the planner sets the layout keys the config leaves open.
   s.auto_layout = choose_auto_layout(s.config, *s.world);
   s.config.resolve(s.world->size());
@@ -315,6 +330,7 @@ void Runtime::start(const InitOptions& options) {
     });
     s.device_world = cuda_world(s.world->communicator(), s.device);
     mesh_world = s.device_world.get();
+    s.memory_meter.reset();  // the host allocator's peak is not the device's
   }
   const ParallelOptions& p = s.config.parallel;
   s.mesh = std::make_unique<Mesh>(*mesh_world, std::move(cluster), MeshDegrees{p.tp, p.pp, p.dp, p.cp, p.ep}, p.order);
@@ -395,6 +411,10 @@ Tracer& Runtime::tracer() {
 Communicator& Runtime::telemetry() {
   return *state_->telemetry;
 }
+CpuMemoryMeter* Runtime::memory_meter() {
+  return state_->memory_meter.get();
+}
+
 MetricsWriter* Runtime::metrics_writer() {
   return state_->metrics.get();
 }

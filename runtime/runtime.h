@@ -41,6 +41,8 @@
 #include "parallax/runtime/program_flags.h"
 
 namespace parallax {
+
+class CpuMemoryMeter;
 struct ThreadBudget;
 
 class World;
@@ -155,6 +157,9 @@ class Runtime {
   /// The metrics writer on rank 0 when `logging.metrics_file` or `logging.tensorboard_dir`
   /// is set; null elsewhere.
   MetricsWriter* metrics_writer();
+  /// LibTorch's CPU allocator, counted from the runtime's start (core/cpu_memory_meter.h):
+  /// each step's peak allocated bytes (StepMetrics::peak_memory). Null on a CUDA device.
+  CpuMemoryMeter* memory_meter();
   /// Command-line arguments that were not --config/--set (argv[0] first).
   const std::vector<std::string>& args() const;
   /// parallel.mode = "auto": the planner's choice, its predicted step time and memory

@@ -135,6 +135,7 @@ StepApplier::StepApplier(Runtime& runtime,
       name_(name),
       model_(std::move(model)),
       spec_(spec) {
+  const MemoryPhase phase("building the engine");
   const proto::Plan& plan = *plan_;
   check_beside_other_engines(runtime, name_, *model_);
   // optimizer.no_decay's group, by the kinds of the model's own modules (before any

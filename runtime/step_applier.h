@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "parallax/core/cpu_memory_meter.h"
 #include "parallax/core/metrics.h"
 #include "parallax/core/trace.h"
 #include "parallax/runtime/optimizer.h"
@@ -93,6 +94,7 @@ struct ModelScope {
 struct ForwardScope {
   Tracer::Span span;
   ModelScope model;
+  MemoryPhase memory{"the forward"};  ///< names it in a MemoryLimitError (memory.limit_mb)
 };
 
 class StepApplier {

@@ -203,6 +203,7 @@ std::optional<checkpoint::SaveResult> StepApplier::wait_for_checkpoint() {
 }
 
 std::string StepApplier::load_checkpoint(const std::string& where, bool latest) {
+  const MemoryPhase phase("a checkpoint load");
   wait_for_checkpoint();  // a save in flight may be the one asked for
   torch::NoGradGuard no_grad;
   Communicator& world = runtime_->world().communicator();

@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include "parallax/core/cpu_memory_meter.h"
+#include "parallax/core/resident_memory.h"
 #include "parallax/core/error.h"
 #include "parallax/core/mesh.h"
 #include "parallax/core/world.h"
@@ -18,7 +20,8 @@
 namespace parallax {
 namespace {
 
-constexpr std::int64_t kStateFields = 8;    // loss, the ModelStateBytes fields, pipeline compute and schedule ms
+constexpr std::int64_t kStateFields = 10;  // loss, the ModelStateBytes fields, pipeline compute and schedule ms,
+                                            // peak allocated and resident bytes
 constexpr std::int64_t kCommFields = 3;     // per op: calls, bytes, inter-node bytes
 constexpr std::int64_t kRoutingFields = 8;  // RoutingActivity's
 constexpr std::int64_t kRoutingAt = kStateFields + kCommFields * static_cast<std::int64_t>(kCommOpCount);
@@ -63,6 +66,8 @@ void StepTelemetry::begin_window_if_needed() {
   window_open_ = true;
   window_start_ = std::chrono::steady_clock::now();
   counters_at_start_ = training_counters();
+  if (CpuMemoryMeter* meter = runtime_.memory_meter()) meter->reset_peak();
+  resident_peak_reset_ = reset_resident_peak();
 }
 
 StepMetrics StepTelemetry::end_window(
@@ -81,6 +86,9 @@ StepMetrics StepTelemetry::end_window(
   m[6] = compute_ms_;
   m[7] = schedule_ms_;
   compute_ms_ = schedule_ms_ = -1.0;
+  const CpuMemoryMeter* meter = runtime_.memory_meter();
+  m[8] = meter != nullptr ? static_cast<double>(meter->peak_bytes()) : -1.0;
+  m[9] = resident_peak_reset_ ? static_cast<double>(resident_peak_bytes()) : -1.0;
   for (std::size_t op = 0; op < kCommOpCount; ++op) {
     m[kStateFields + kCommFields * op] = static_cast<double>(delta.ops[op].calls);
     m[kStateFields + kCommFields * op + 1] = static_cast<double>(delta.ops[op].bytes);
@@ -115,6 +123,7 @@ StepMetrics StepTelemetry::end_window(
     metrics.model_state_bytes.push_back({static_cast<std::int64_t>(f[1]), static_cast<std::int64_t>(f[2]),
                                          static_cast<std::int64_t>(f[3]), static_cast<std::int64_t>(f[4]),
                                          static_cast<std::int64_t>(f[5])});
+    metrics.peak_memory.push_back({static_cast<std::int64_t>(f[8]), static_cast<std::int64_t>(f[9])});
     CommCounters counters;
     for (std::size_t op = 0; op < kCommOpCount; ++op) {
       counters.ops[op].calls = static_cast<std::int64_t>(f[kStateFields + kCommFields * op]);
@@ -190,6 +199,17 @@ StepMetrics StepTelemetry::end_window(
     if (timed_windows_ > 0 && total > step) {
       eta = " | ETA " + human_duration(static_cast<double>(total - step) * timed_ms_ / timed_windows_ / 1000.0);
     }
+    // The fullest rank's peaks: resident (what the machine sees) and LibTorch's tensors.
+    std::int64_t resident = -1, allocated = -1;
+    for (const PeakMemory& peak : metrics.peak_memory) {
+      resident = std::max(resident, peak.resident);
+      allocated = std::max(allocated, peak.allocated);
+    }
+    std::string memory;
+    if (resident >= 0 || allocated >= 0) {
+      memory = " | peak mem " + (resident >= 0 ? human_bytes(resident) : std::string("?")) +
+               (allocated >= 0 ? " (tensors " + human_bytes(allocated) + ")" : "");
+    }
     char routing[64] = "";
     if (metrics.moe.layers > 0) {
       std::snprintf(routing, sizeof(routing), " | aux %.4f | imbalance %.2f", metrics.moe.aux_loss,
@@ -198,7 +218,7 @@ StepMetrics StepTelemetry::end_window(
         std::snprintf(routing + std::strlen(routing), sizeof(routing) - std::strlen(routing), " | dropped %.1f%%",
                       100.0 * metrics.moe.dropped_fraction);
     }
-    runtime_.logger().summary(line, norm, routing, eta);
+    runtime_.logger().summary(line, norm, memory, routing, eta);
   }
   // Every auto run checks the planner's model: the prediction against the mean of the
   // steps after the first (which builds and warms up).

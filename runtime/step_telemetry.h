@@ -3,15 +3,16 @@
 // progress line.
 //
 // Protocol at the end of each optimizer step (collective over all ranks):
-//  1. Each rank packs [local mean loss, params, grads, optimizer bytes, for each op kind
-//     the calls, bytes and inter-node bytes its training communicators did during the
-//     step].
+//  1. Each rank packs [local mean loss, params, grads, optimizer bytes, its peak memory
+//     since the step's first forward (LibTorch's allocated bytes, resident bytes), for
+//     each op kind the calls, bytes and inter-node bytes its training communicators did
+//     during the step].
 //  2. One all_gather on the runtime's telemetry communicator (not counted in the
 //     training groups' counters).
 //  3. Every rank computes the global mean loss (the mean of the ranks' means: every
 //     rank's micro-batches are equal in size); rank 0 writes the metrics (JSON line,
 //     TensorBoard event) and, every `logging.every` steps, the progress line:
-//       step 20/100 | loss 2.7100 | lr 3.000e-04 | 41.2 ms/step | 12.4k tok/s | ETA 3s
+//       step 20/100 | loss 2.7100 | lr 3.000e-04 | 41.2 ms/step | 12.4k tok/s | peak mem 195 MiB (tensors 6.96 MiB) | ETA 3s
 //     (samples/s unless the trainer set tokens per sample; the ETA is the remaining
 //     steps times the mean step time so far without this object's first step, which
 //     holds the warm-up, so the first line has none). A failed write is logged once and
@@ -78,6 +79,7 @@ class StepTelemetry {
   std::vector<Communicator*> training_comms_;
   CommCounters counters_at_start_;
   bool window_open_ = false;
+  bool resident_peak_reset_ = false;  ///< this window's resident peak is its own (reset_resident_peak)
   std::chrono::steady_clock::time_point window_start_;
   std::int64_t tokens_per_sample_ = 0;  // 0: not set (samples/s)
   bool first_window_done_ = false;      // the first window (warm-up) is not in the ETA's mean

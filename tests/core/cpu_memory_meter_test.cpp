@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <memory>
 #include <string>
 
 #include "parallax/core/cpu_memory_meter.h"
@@ -40,7 +41,7 @@ TEST(CpuMemoryMeter, ABlockFreedAfterTheMeterClosedFindsItsCounts) {
   }
   EXPECT_EQ(survivor.sum().item<float>(), 64.0f);  // the allocator is back; the block is intact
   survivor = torch::Tensor();                       // freed through the closed meter's counts
-  CpuMemoryMeter next;                              // a second meter opens once the first closed
+  CpuMemoryMeter next;                              // a new meter counts from its opening
   EXPECT_EQ(next.live_bytes(), 0);
 }
 
@@ -51,7 +52,8 @@ TEST(CpuMemoryMeter, ALimitRefusesTheAllocationThatPassesItAndCountsNothingForIt
     const torch::Tensor b = torch::empty({512}, torch::kFloat32);
     ADD_FAILURE() << "4 KiB fitted a 3 KiB limit";
   } catch (const MemoryLimitError& error) {
-    EXPECT_NE(std::string(error.detail()).find("passes this rank's memory limit of 3072 bytes"), std::string::npos)
+    EXPECT_NE(std::string(error.detail()).find("passes the limit of 3072 bytes (this rank's memory limit)"),
+              std::string::npos)
         << error.detail();
   }
   EXPECT_EQ(meter.live_bytes(), 2048);
@@ -60,10 +62,45 @@ TEST(CpuMemoryMeter, ALimitRefusesTheAllocationThatPassesItAndCountsNothingForIt
   EXPECT_EQ(meter.live_bytes(), 3072);
 }
 
-TEST(CpuMemoryMeter, OneMeterAtATime) {
-  CpuMemoryMeter meter;
-  EXPECT_THROW(CpuMemoryMeter second, UsageError);
+TEST(CpuMemoryMeter, TheRefusalNamesThePhaseAndTheLimitsSource) {
+  CpuMemoryMeter meter(CpuMemoryMeter::Options().limit_bytes(1 << 10).source("memory.limit_mb = 0.001, rank 2 of 4"));
+  try {
+    const MemoryPhase phase("the optimizer step");
+    const torch::Tensor a = torch::empty({512}, torch::kFloat32);
+    ADD_FAILURE() << "2 KiB fitted a 1 KiB limit";
+  } catch (const MemoryLimitError& error) {
+    EXPECT_NE(std::string(error.detail())
+                  .find("allocating 2048 bytes during the optimizer step, with 0 bytes live, passes the limit of 1024 "
+                        "bytes (memory.limit_mb = 0.001, rank 2 of 4)"),
+              std::string::npos)
+        << error.detail();
+  }
+  EXPECT_THROW(torch::empty({512}, torch::kFloat32), MemoryLimitError);  // "outside the engine" again
+}
+
+TEST(CpuMemoryMeter, MetersNestAndABlockCountsInEveryMeterOpenAtItsAllocation) {
+  CpuMemoryMeter outer;
+  const torch::Tensor a = torch::empty({256}, torch::kFloat32);  // 1 KiB, outer's only
+  {
+    CpuMemoryMeter inner(CpuMemoryMeter::Options().limit_bytes(4 << 10));
+    const torch::Tensor b = torch::empty({512}, torch::kFloat32);  // 2 KiB, in both
+    EXPECT_EQ(inner.live_bytes(), 2048);
+    EXPECT_EQ(outer.live_bytes(), 3072);
+    EXPECT_THROW(torch::empty({1024}, torch::kFloat32), MemoryLimitError);  // the inner limit holds
+    EXPECT_EQ(outer.live_bytes(), 3072);
+  }
+  EXPECT_EQ(outer.live_bytes(), 1024);
+  EXPECT_EQ(outer.peak_bytes(), 3072);
   EXPECT_THROW(CpuMemoryMeter(CpuMemoryMeter::Options().limit_bytes(-1)), UsageError);
+}
+
+// Last in this file: the first meter stays installed for the rest of the process.
+TEST(CpuMemoryMeter, AMeterClosedOutOfOrderStaysInstalledAndCounting) {
+  auto first = std::make_unique<CpuMemoryMeter>();
+  CpuMemoryMeter second;
+  first.reset();  // `second` still allocates through it
+  const torch::Tensor a = torch::empty({256}, torch::kFloat32);
+  EXPECT_EQ(second.live_bytes(), 1024);
 }
 
 }  // namespace

@@ -51,6 +51,33 @@ TEST(Metrics, JsonLineHasTheContractFieldsIndexedByRank) {
   }
 }
 
+TEST(Metrics, PeakMemoryByRankWhereMeasured) {
+  StepMetrics m;
+  EXPECT_EQ(to_json_line(m).find("peak_memory"), std::string::npos);
+  m.model_state_bytes = {{1, 2, 3}, {1, 2, 3}};
+  m.peak_memory = {{4096, 1 << 20}, {-1, 2 << 20}};
+  const std::string line = to_json_line(m);
+  EXPECT_NE(line.find(",\"peak_memory\":[{\"allocated\":4096,\"resident\":1048576},{\"allocated\":-1,"
+                      "\"resident\":2097152}],\"comm\""),
+            std::string::npos)
+      << line;
+  std::vector<std::pair<std::string, double>> memory;
+  for (const TensorBoardScalar& s : tensorboard_scalars(m)) {
+    if (s.tag.rfind("memory/", 0) == 0) memory.emplace_back(s.tag, s.value);
+  }
+  const std::vector<std::pair<std::string, double>> want = {{"memory/rank0_bytes", 6},
+                                                            {"memory/rank0_peak_allocated_bytes", 4096},
+                                                            {"memory/rank0_peak_resident_bytes", 1 << 20},
+                                                            {"memory/rank1_bytes", 6},
+                                                            {"memory/rank1_peak_resident_bytes", 2 << 20}};
+  EXPECT_EQ(memory, want);
+  EXPECT_EQ(human_bytes(512), "512 B");
+  EXPECT_EQ(human_bytes(1536), "1.50 KiB");
+  EXPECT_EQ(human_bytes(12900000), "12.3 MiB");
+  EXPECT_EQ(human_bytes(std::int64_t{1300} << 20), "1.27 GiB");
+  EXPECT_EQ(human_bytes(-1), "?");
+}
+
 TEST(Metrics, BubbleFractionsOnlyForPipelines) {
   StepMetrics m;
   EXPECT_EQ(to_json_line(m).find("bubble_fraction"), std::string::npos);

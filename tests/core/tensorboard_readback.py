@@ -41,6 +41,11 @@ def expected_scalars(line):
         want["train/grad_norm"] = line["grad_norm"]
     for rank, state in enumerate(line["model_state_bytes"]):
         want[f"memory/rank{rank}_bytes"] = sum(state.values())
+    # Each rank's peaks in the step, where measured (-1: not).
+    for rank, peak in enumerate(line.get("peak_memory", [])):
+        for kind in ("allocated", "resident"):
+            if peak[kind] >= 0:
+                want[f"memory/rank{rank}_peak_{kind}_bytes"] = peak[kind]
     for op in OPS:
         want[f"comm/{op}_bytes"] = sum(rank[op]["bytes"] for rank in line["comm"])
     # Every op's bytes but recv's (the sender's), split by whether they reached another node.

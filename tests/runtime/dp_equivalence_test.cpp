@@ -41,6 +41,12 @@ TEST_P(DataParallelEquivalence, AllReducePayloadEqualsGradientBytes) {
       EXPECT_EQ(m.model_state_bytes[r].grads, run.gradient_bytes + run.padding_bytes);
       // AdamW: two fp32 moments per parameter.
       EXPECT_EQ(m.model_state_bytes[r].optimizer, 2 * m.model_state_bytes[r].params);
+      // The step's peaks: the model state and the activations at once, within what the
+      // process held (mutant: the peaks not gathered, -1).
+      const parallax::ModelStateBytes& state = m.model_state_bytes[r];
+      ASSERT_EQ(m.peak_memory.size(), static_cast<std::size_t>(world));
+      EXPECT_GT(m.peak_memory[r].allocated, state.params + state.grads + state.optimizer) << "rank " << r;
+      EXPECT_GE(m.peak_memory[r].resident, m.peak_memory[r].allocated) << "rank " << r;
     }
   }
   EXPECT_EQ(run.padding_bytes, 0);

@@ -15,6 +15,8 @@
 #   config     one rank started with another config: the ranks that differ are named
 #   program    one rank started with another program (train_gpt): the same, for the build
 #   nvme_path  a missing NVMe directory, or a file where it should be: the path is named
+#   memory     memory.limit_mb below what a step needs: every rank stops, naming itself, the
+#              phase (the forward, the backward), the request, what is live and the key
 # over data parallelism, ZeRO-3 with its state offloaded to the host, and tensor
 # parallelism; and a pipeline's stage stopped (below). Prints one line per case: the time from the fault to the job's end and
 # the message. Mutants: a shutdown that waits its full fixed grace (the stop cases
@@ -122,6 +124,13 @@ run_case nvme-path-missing 2 none 0 "$WORK/absent" 60 --set zero.stage=2 --set '
 touch "$WORK/a-file"
 run_case nvme-path-a-file 2 none 0 "$WORK/a-file.*Not a directory" 60 --set zero.stage=2 \
   --set 'offload.optimizer="nvme"' --set "offload.nvme_path=\"$WORK/a-file\""
+# The model's step peaks at 76 KiB of tensors per rank (the progress line's "tensors").
+run_case memory-limit-backward 2 none 0 \
+  "MemoryLimitError: allocating [0-9]+ bytes during the backward, with [0-9]+ bytes live, passes the limit of 62914 bytes \(memory.limit_mb = 0.06, rank [01] of 2\)" \
+  60 --set zero.stage=3 --set memory.limit_mb=0.06
+run_case memory-limit-forward 2 none 0 \
+  "MemoryLimitError: allocating [0-9]+ bytes during the forward, .*\(memory.limit_mb = 0.04, rank [01] of 2\)" 60 \
+  --set memory.limit_mb=0.04
 mkdir -p "$WORK/nvme"
 run_case zero3-nvme-disk-full 2 disk-full 1 "rank 1 failed: .*NVMe tier.*File too large" "$BOUND" \
   --set zero.stage=3 --set 'offload.optimizer="nvme"' --set 'offload.param="nvme"' \
