@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "parallax/core/error.h"
+#include "parallax/core/resident_memory.h"
 #include "parallax/core/world.h"
 #include "parallax/planner/plan_search.h"
 #include "parallax/planner/strategy_matrix.h"
@@ -87,38 +88,7 @@ planner::LayoutConstraints constraints_of(const Config& c) {
 
 constexpr const char* kChosen = " (chosen by parallel.mode = \"auto\")";
 
-std::int64_t status_kilobytes(const char* field) {
-  std::FILE* status = std::fopen("/proc/self/status", "r");
-  if (status == nullptr) return 0;
-  char line[256];
-  long long kilobytes = 0;
-  const std::size_t length = std::strlen(field);
-  while (std::fgets(line, sizeof(line), status) != nullptr) {
-    if (std::strncmp(line, field, length) == 0 && line[length] == ':') {
-      std::sscanf(line + length + 1, "%lld", &kilobytes);
-      break;
-    }
-  }
-  std::fclose(status);
-  return kilobytes * 1024;
-}
-
 }  // namespace
-
-std::int64_t resident_bytes() {
-  return status_kilobytes("VmRSS");
-}
-
-std::int64_t peak_resident_bytes() {
-  return status_kilobytes("VmHWM");
-}
-
-void forget_peak_resident() {
-  std::FILE* refs = std::fopen("/proc/self/clear_refs", "w");
-  if (refs == nullptr) return;
-  std::fputs("5", refs);  // resets VmHWM to the current VmRSS (Linux 4.0 and later)
-  std::fclose(refs);
-}
 
 Malloc this_malloc() {
   if (dlsym(RTLD_DEFAULT, "tc_malloc") != nullptr) return Malloc::kTcmalloc;
@@ -201,7 +171,7 @@ AutoLayout choose_auto_layout(Config& config, World& world) {
   // peak forgotten, so a run that profiles and one that reads the file measure alike.
   release_free_memory();
   const std::int64_t resident_before = resident_bytes();
-  forget_peak_resident();
+  reset_resident_peak();
   query.cluster = this_cluster(config, world, profile, query.model);
   query.block_times = profile.measured.block;
   query.head_times = profile.measured.head;

@@ -47,13 +47,6 @@ struct AutoLayout {
   double predicted_step_ms() const { return model_step_ms * step_time_correction; }
 };
 
-/// This process's resident memory now, and its peak so far (VmRSS, VmHWM of
-/// /proc/self/status), in bytes; 0 where unknown.
-std::int64_t resident_bytes();
-std::int64_t peak_resident_bytes();
-/// Makes the peak resident memory (VmHWM) the current one, so the next peak_resident_bytes
-/// counts what comes after; does nothing where the kernel does not allow it.
-void forget_peak_resident();
 /// The malloc this process runs on. glibc's keeps freed large buffers resident once its
 /// mmap threshold has risen, so its peak resident memory exceeds the live tensors (see
 /// docs/planner.md).

@@ -8,9 +8,9 @@
 #include <cstring>
 
 #include "parallax/core/cpu_memory_meter.h"
-#include "parallax/core/resident_memory.h"
 #include "parallax/core/error.h"
 #include "parallax/core/mesh.h"
+#include "parallax/core/resident_memory.h"
 #include "parallax/core/world.h"
 #include "parallax/runtime/auto_layout.h"
 #include "parallax/runtime/layer_profile.h"
@@ -67,6 +67,8 @@ void StepTelemetry::begin_window_if_needed() {
   window_start_ = std::chrono::steady_clock::now();
   counters_at_start_ = training_counters();
   if (CpuMemoryMeter* meter = runtime_.memory_meter()) meter->reset_peak();
+  // The run's peak keeps what came before this window (construction, earlier steps).
+  run_resident_peak_ = std::max(run_resident_peak_, resident_peak_bytes());
   resident_peak_reset_ = reset_resident_peak();
 }
 
@@ -88,7 +90,9 @@ StepMetrics StepTelemetry::end_window(
   compute_ms_ = schedule_ms_ = -1.0;
   const CpuMemoryMeter* meter = runtime_.memory_meter();
   m[8] = meter != nullptr ? static_cast<double>(meter->peak_bytes()) : -1.0;
-  m[9] = resident_peak_reset_ ? static_cast<double>(resident_peak_bytes()) : -1.0;
+  const std::int64_t resident_peak = resident_peak_bytes();
+  run_resident_peak_ = std::max(run_resident_peak_, resident_peak);
+  m[9] = resident_peak_reset_ ? static_cast<double>(resident_peak) : -1.0;
   for (std::size_t op = 0; op < kCommOpCount; ++op) {
     m[kStateFields + kCommFields * op] = static_cast<double>(delta.ops[op].calls);
     m[kStateFields + kCommFields * op + 1] = static_cast<double>(delta.ops[op].bytes);
@@ -237,7 +241,7 @@ StepMetrics StepTelemetry::end_window(
       const std::string problem = record_step_time_ratio(chosen.profile_file, measured / chosen.model_step_ms);
       if (!problem.empty()) runtime_.logger().summary("auto layout check: the ratio was not recorded: ", problem);
     }
-    const double peak_mb = static_cast<double>(peak_resident_bytes() - chosen.resident_bytes) / 1e6;
+    const double peak_mb = static_cast<double>(run_resident_peak_ - chosen.resident_bytes) / 1e6;
     const double predicted_mb = static_cast<double>(chosen.predicted_bytes) / 1e6;
     const Malloc malloc = this_malloc();
     std::snprintf(line, sizeof(line),

@@ -80,6 +80,7 @@ class StepTelemetry {
   CommCounters counters_at_start_;
   bool window_open_ = false;
   bool resident_peak_reset_ = false;  ///< this window's resident peak is its own (reset_resident_peak)
+  std::int64_t run_resident_peak_ = -1;  ///< since planning (auto mode's memory check), over every window
   std::chrono::steady_clock::time_point window_start_;
   std::int64_t tokens_per_sample_ = 0;  // 0: not set (samples/s)
   bool first_window_done_ = false;      // the first window (warm-up) is not in the ETA's mean

@@ -80,6 +80,16 @@ struct Trajectory {
   std::vector<torch::Tensor> params;
 };
 
+// One iteration of the plain program's loop; returns the loss.
+template <typename Module>
+double plain_step(Module& net, torch::optim::Optimizer& optimizer, const torch::Tensor& x, const torch::Tensor& y) {
+  optimizer.zero_grad();
+  torch::Tensor loss = torch::mse_loss(net(x), y);
+  loss.backward();
+  optimizer.step();
+  return loss.item<double>();
+}
+
 // The plain program: the whole batch, each group's lr set every step to the schedule's
 // times its ratio to group 0's initial lr (LibTorch's schedulers scale each group's).
 Trajectory plain_run(const OptimizerSpec& schedule) {
@@ -95,11 +105,7 @@ Trajectory plain_run(const OptimizerSpec& schedule) {
       optimizer->param_groups()[g].options().set_lr(lr * initial[g] / initial[0]);
     }
     auto [x, y] = batch(step);
-    optimizer->zero_grad();
-    torch::Tensor loss = torch::mse_loss(net(x), y);
-    loss.backward();
-    optimizer->step();
-    run.losses.push_back(loss.item<double>());
+    run.losses.push_back(plain_step(net, *optimizer, x, y));
   }
   for (const auto& p : net->parameters()) run.params.push_back(p.detach().clone());
   return run;
@@ -237,11 +243,7 @@ Trajectory plain_branchy_run(bool every_row, int resumed_at = -1) {
       for (auto& p : net->parameters()) p.mutable_grad() = torch::Tensor();
     }
     auto [x, y] = branchy_batch(step, every_row);
-    optimizer->zero_grad();
-    torch::Tensor loss = torch::mse_loss(net(x), y);
-    loss.backward();
-    optimizer->step();
-    run.losses.push_back(loss.item<double>());
+    run.losses.push_back(plain_step(net, *optimizer, x, y));
   }
   for (const auto& p : net->parameters()) run.params.push_back(p.detach().clone());
   return run;
