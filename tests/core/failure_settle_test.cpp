@@ -32,25 +32,37 @@ TEST(FailureSettle, WhatWasSubmittedCompletesWhatNeverCanIsAbandonedAndLaterSubm
   failure_watch::start();
   // Long enough that an abandonment by timeout would be a different message.
   world->set_default_timeout(milliseconds(60'000));
-  const int token_tag = 77;
+  const int submitted_tag = 77;  // rank 1 -> 0: both all_reduces are submitted
+  const int heard_tag = 78;       // rank 1 -> 0: the failure was heard
   at::Tensor joined = at::full({256}, world->rank() + 1.0);
   if (world->rank() == 0) {
-    // Fails first, as rank 1 of the CI run did, then joins the collective late: only
-    // after rank 1 has heard of the failure while its all_reduce waited.
-    failure_watch::announce_failure("an error of its own (failure_settle_test)");
+    // Fails first, as rank 1 of the CI run did, but only once rank 1 has submitted (under
+    // load its failure channel could otherwise hear it before the submits, which then are
+    // refused: a different case). Joins the collective late: only after rank 1 has heard
+    // of the failure while its all_reduce waited.
     int token = 0;
-    MPI_Recv(&token, 1, MPI_INT, 1, token_tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    MPI_Recv(&token, 1, MPI_INT, 1, submitted_tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    failure_watch::announce_failure("an error of its own (failure_settle_test)");
+    MPI_Recv(&token, 1, MPI_INT, 1, heard_tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
     world->all_reduce(joined)->wait();
     EXPECT_TRUE(at::equal(joined, at::full({256}, 3.0)));
   } else {
-    auto settles = world->all_reduce(joined);
+    // Rank 0 waits for both tokens whatever happens here, so a failed expectation is
+    // reported rather than left as a hang.
+    int token = 1;
+    WorkPtr settles;
+    WorkPtr never;
     at::Tensor lone = at::ones({4});
-    auto never = world->all_reduce(lone);  // rank 0 never joins this one
+    EXPECT_NO_THROW({
+      settles = world->all_reduce(joined);
+      never = world->all_reduce(lone);  // rank 0 never joins this one
+    });
+    MPI_Send(&token, 1, MPI_INT, 0, submitted_tag, MPI_COMM_WORLD);
     // Heard, bounded: the failure channel delivers within its poll period.
     for (int polls = 0; polls < 10'000 && !failure_watch::job_failed(); ++polls) {
       std::this_thread::sleep_for(milliseconds(1));
     }
-    ASSERT_TRUE(failure_watch::job_failed()) << "rank 0's failure was never heard";
+    EXPECT_TRUE(failure_watch::job_failed()) << "rank 0's failure was never heard";
     // Submitted after the failure was heard: refused at once, naming the failure.
     at::Tensor late = at::ones({4});
     try {
@@ -59,8 +71,8 @@ TEST(FailureSettle, WhatWasSubmittedCompletesWhatNeverCanIsAbandonedAndLaterSubm
     } catch (const CommError& e) {
       EXPECT_NE(std::string(e.what()).find("rank 0 failed: an error of its own (failure_settle_test)"), std::string::npos) << e.what();
     }
-    int token = 1;
-    MPI_Send(&token, 1, MPI_INT, 0, token_tag, MPI_COMM_WORLD);
+    MPI_Send(&token, 1, MPI_INT, 0, heard_tag, MPI_COMM_WORLD);
+    ASSERT_TRUE(settles && never) << "the all_reduces were refused before the failure was announced";
     EXPECT_NO_THROW(settles->wait());
     EXPECT_TRUE(at::equal(joined, at::full({256}, 3.0)));
     try {
