@@ -23,7 +23,9 @@
 #    regret = auto's measured step time / the best measured - 1.
 #
 # 3. Allocator: predicted memory against the measured peak for ZeRO 0 and 1 on glibc's
-#    malloc and on tcmalloc, with the step time of each.
+#    malloc and on tcmalloc, with the step time of each. A build that links tcmalloc
+#    (PARALLAX_MALLOC, the default where it is installed) cannot run on glibc's: that
+#    half needs a build configured with -DPARALLAX_MALLOC=system (BUILD_DIR).
 #
 #   bench/plan_accuracy.sh            # all three parts (about 16 minutes on 2 cores)
 #   PART=prediction bench/plan_accuracy.sh   # or regret, or allocator
@@ -154,6 +156,10 @@ if [[ "$PART" == all || "$PART" == allocator ]]; then
   printf '\n%-36s %12s %12s %7s %12s\n' "malloc, layout (4 layers, 4 ranks)" "predicted MB" "measured MB" "error" \
     "measured ms"
   for malloc in glibc tcmalloc; do
+    if [[ "$malloc" == glibc ]] && readelf -d "$TRAIN" | grep -q 'libtcmalloc'; then
+      printf '%-36s %s\n' "glibc" "not measured: $TRAIN links tcmalloc (configure with -DPARALLAX_MALLOC=system)"
+      continue
+    fi
     for layout in "tp=1,pp=1,dp=4,zero=0,mbs=8" "tp=1,pp=1,dp=4,zero=1,mbs=8"; do
       preload=""
       [[ "$malloc" == tcmalloc ]] && preload="$TCMALLOC"

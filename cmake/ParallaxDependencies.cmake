@@ -76,3 +76,31 @@ endif()
 if(NOT PARALLAX_NCCL_ENABLED)
   message(STATUS "Parallax: NCCL communicator disabled (PARALLAX_WITH_NCCL=${PARALLAX_WITH_NCCL})")
 endif()
+
+# The malloc Parallax's executables run on: LibTorch's CPU tensors come from malloc. Once
+# glibc's frees a large block it raises its mmap threshold and keeps later blocks of that
+# size in its heaps, so a ZeRO-3 step that gathers and frees a unit at a time held 1.7 GiB
+# resident for 0.5 GiB of tensors (tcmalloc: 0.8 GiB, and faster; docs/zero-and-offload.md,
+# "Memory per rank"). tcmalloc (Debian's libtcmalloc-minimal4): executables linking
+# Parallax::parallax link it first, so it is the process's malloc. system: the C library's
+# (what sanitizers need). AUTO: tcmalloc when found.
+set(PARALLAX_MALLOC "AUTO" CACHE STRING "The malloc of executables linking Parallax: tcmalloc, system, AUTO")
+set_property(CACHE PARALLAX_MALLOC PROPERTY STRINGS AUTO tcmalloc system)
+set(PARALLAX_TCMALLOC_ENABLED OFF)
+if(NOT PARALLAX_MALLOC MATCHES "^(AUTO|tcmalloc|system)$")
+  message(FATAL_ERROR "PARALLAX_MALLOC=${PARALLAX_MALLOC}: allowed are AUTO, tcmalloc, system")
+endif()
+if(NOT PARALLAX_MALLOC STREQUAL "system")
+  find_library(PARALLAX_TCMALLOC_LIBRARY NAMES tcmalloc_minimal libtcmalloc_minimal.so.4 NAMES_PER_DIR)
+  if(PARALLAX_TCMALLOC_LIBRARY)
+    set(PARALLAX_TCMALLOC_ENABLED ON)
+  elseif(PARALLAX_MALLOC STREQUAL "tcmalloc")
+    message(FATAL_ERROR "PARALLAX_MALLOC=tcmalloc but libtcmalloc_minimal was not found "
+                        "(Debian: apt-get install libtcmalloc-minimal4); set PARALLAX_TCMALLOC_LIBRARY")
+  endif()
+endif()
+if(PARALLAX_TCMALLOC_ENABLED)
+  message(STATUS "Parallax: executables run on tcmalloc (${PARALLAX_TCMALLOC_LIBRARY})")
+else()
+  message(STATUS "Parallax: executables run on the system malloc (PARALLAX_MALLOC=${PARALLAX_MALLOC})")
+endif()

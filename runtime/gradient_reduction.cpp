@@ -207,7 +207,8 @@ class ReplicatedReduction final : public GradientReduction {
       const torch::Tensor& p = optimized()[i];
       PARALLAX_CHECK(p.is_contiguous(), UsageError, "a checkpoint needs contiguous parameters; parameter ", i,
                      " has strides ", p.strides());
-      StateSlice slice{i, 0, {}};
+      StateSlice slice;
+      slice.param = i;
       std::int64_t numel = p.numel();
       if (access == StateAccess::kOwned) {
         const auto part =
@@ -405,7 +406,9 @@ class ShardedReduction final : public GradientReduction {
       }
       for (const zero::MasterPart& part : shard.parts) {
         const auto& f = part.fragment;
-        StateSlice slice{part.param, f.param_offset, {}};
+        StateSlice slice;
+        slice.param = part.param;
+        slice.offset = f.param_offset;
         if (offloaded != nullptr) {
           for (const auto& [name, tensor] : offloaded_group) {
             slice.tensors.emplace_back(name, tensor.view({-1}).narrow(0, f.shard_offset, f.numel));

@@ -239,4 +239,8 @@ std::int64_t FlatGroup::full_bytes() const {
   return layout_.padded_numel() * static_cast<std::int64_t>(full_.element_size());
 }
 
+std::int64_t FlatGroup::full_gradient_bytes() const {
+  return layout_.padded_numel() * static_cast<std::int64_t>(c10::elementSize(gradient_options_.dtype().toScalarType()));
+}
+
 }  // namespace parallax::zero

@@ -128,6 +128,8 @@ class FlatGroup {
   std::int64_t master_bytes() const;
   /// Bytes of the full buffer (what a gather moves into this rank).
   std::int64_t full_bytes() const;
+  /// Bytes of the full gradient buffer, while it exists (what a reduction reads).
+  std::int64_t full_gradient_bytes() const;
 
  private:
   void allocate_full();

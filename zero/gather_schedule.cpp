@@ -21,20 +21,23 @@ GatherSchedule::GatherSchedule(std::vector<std::int64_t> unit_bytes,
       done_(bytes_.size(), false),
       last_use_(bytes_.size(), 0) {}
 
-GatherSchedule::Actions GatherSchedule::touch(std::size_t unit, Phase phase) {
-  PARALLAX_ASSERT(unit < bytes_.size(), "unit ", unit, " of ", bytes_.size());
+GatherSchedule::Actions GatherSchedule::touch(const std::vector<std::size_t>& units, Phase phase, bool may_release) {
   Actions actions;
-  last_use_[unit] = ++clock_;
-  if (!touched_[unit]) {
-    touched_[unit] = true;
-    current_[index(phase)].push_back(unit);
+  for (const std::size_t unit : units) {
+    PARALLAX_ASSERT(unit < bytes_.size(), "unit ", unit, " of ", bytes_.size());
+    last_use_[unit] = ++clock_;
+    if (!touched_[unit]) {
+      touched_[unit] = true;
+      current_[index(phase)].push_back(unit);
+    }
   }
-  if (!gathered_[unit]) {
-    // Make room first, so the peak is the budget plus this unit (plus prefetch).
-    if (phase == Phase::kForward && reshard_after_forward_) evict_beyond_budget(unit, bytes_[unit], actions);
-    gather(unit, actions);
+  // Make room first, so the peak is the budget plus these units (plus prefetch), whether
+  // they must be gathered now or a prefetch already did.
+  if (phase == Phase::kForward && reshard_after_forward_ && may_release) evict_beyond_budget(units, actions);
+  for (const std::size_t unit : units) {
+    if (!gathered_[unit]) gather(unit, actions);
   }
-  prefetch_after(unit, phase, actions);
+  for (const std::size_t unit : units) prefetch_after(unit, phase, actions);
   return actions;
 }
 
@@ -115,16 +118,29 @@ void GatherSchedule::prefetch_after(std::size_t unit, Phase phase, Actions& acti
   }
 }
 
-void GatherSchedule::evict_beyond_budget(std::size_t keep, std::int64_t incoming, Actions& actions) {
-  while (live_bytes_ + incoming > max_live_bytes_) {
-    // The least recently used unit that is gathered, used in this pass, and not `keep`;
-    // prefetched units (gathered, not yet used) are about to be needed.
+void GatherSchedule::evict_beyond_budget(const std::vector<std::size_t>& keep, Actions& actions) {
+  // What counts against the budget: the units gathered and used in this pass, `keep`
+  // included (touched by now); prefetched units (gathered, not yet used) are about to be
+  // needed and count against the prefetch budget instead.
+  const auto kept = [&](std::size_t u) { return std::find(keep.begin(), keep.end(), u) != keep.end(); };
+  std::int64_t used = 0;
+  std::int64_t needed = 0;
+  for (std::size_t u = 0; u < bytes_.size(); ++u) {
+    if (kept(u)) {
+      needed += bytes_[u];
+    } else if (gathered_[u] && touched_[u]) {
+      used += bytes_[u];
+    }
+  }
+  while (used + needed > max_live_bytes_) {
+    // The least recently used of them that is not kept.
     std::size_t victim = bytes_.size();
     for (std::size_t u = 0; u < bytes_.size(); ++u) {
-      if (u == keep || !gathered_[u] || !touched_[u]) continue;
+      if (kept(u) || !gathered_[u] || !touched_[u]) continue;
       if (victim == bytes_.size() || last_use_[u] < last_use_[victim]) victim = u;
     }
     if (victim == bytes_.size()) return;
+    used -= bytes_[victim];
     release(victim, actions);
   }
 }

@@ -7,13 +7,15 @@
 // same collectives.
 //
 // Protocol for one micro-step:
-//  a. Forward: touch(u) when an operator uses a parameter of unit u. A released unit
-//     is gathered; first, with `reshard_after_forward`, units used earlier in this
-//     pass are released, least recently used first, until u fits within
-//     `max_live_bytes` (so the gathered bytes stay within the budget plus one unit,
-//     plus prefetch). Then the units after u in the order recorded in the previous
-//     forward are prefetched while the bytes gathered ahead of use stay within
-//     `prefetch_bytes`.
+//  a. Forward: touch(u) when an operator uses a parameter of unit u (touch(units) when
+//     it uses several: all are kept while it runs; an operator inside another releases
+//     nothing). First, with
+//     `reshard_after_forward`, units used earlier in this pass are released, least
+//     recently used first, until they and u fit within `max_live_bytes` (whether u was
+//     prefetched or not: so the gathered bytes stay within the budget plus one unit,
+//     plus prefetch). A released u is gathered. Then the units after u in the order
+//     recorded in the previous forward are prefetched while the bytes gathered ahead of
+//     use stay within `prefetch_bytes`.
 //  b. end_forward(): with `reshard_after_forward`, every unit is released but the one
 //     the forward used last (backward uses it first; it is released as in (c)); the
 //     forward order just seen replaces the recorded one if it differs.
@@ -49,7 +51,11 @@ class GatherSchedule {
                  bool reshard_after_forward,
                  bool reshard_after_backward = true);
 
-  Actions touch(std::size_t unit, Phase phase);
+  Actions touch(std::size_t unit, Phase phase) { return touch(std::vector<std::size_t>{unit}, phase); }
+  /// One operator's use of several units (distinct): each is touched, and none of them
+  /// is released to make room for another. Without `may_release` (an operator inside
+  /// another, which may still read units it touched) nothing is released.
+  Actions touch(const std::vector<std::size_t>& units, Phase phase, bool may_release = true);
   Actions end_forward();
   Actions backward_done(std::size_t unit);
   Actions end_backward();
@@ -68,7 +74,7 @@ class GatherSchedule {
   void gather(std::size_t unit, Actions& actions);
   void release(std::size_t unit, Actions& actions);
   void prefetch_after(std::size_t unit, Phase phase, Actions& actions);
-  void evict_beyond_budget(std::size_t keep, std::int64_t incoming, Actions& actions);
+  void evict_beyond_budget(const std::vector<std::size_t>& keep, Actions& actions);
   void finish_pass(Phase phase);
 
   std::vector<std::int64_t> bytes_;

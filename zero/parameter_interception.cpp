@@ -22,28 +22,51 @@ thread_local int tls_depth = 0;
 // The registries this thread watches between steps; empty when it watches none.
 thread_local std::vector<std::weak_ptr<ParameterRegistry>> tls_watched;
 
-bool report_use_in(const ParameterRegistry& registry, const c10::StorageImpl* storage, bool in_step) {
-  const auto entry = registry.find(storage);
-  if (entry.listener == nullptr) return false;
-  entry.listener->on_parameter_use(entry.unit, in_step);
-  return true;
+// The unit of `storage` in the first registry that has it (in_step: the scope's), or a
+// null listener.
+ParameterRegistry::Entry find_use(const c10::StorageImpl* storage, const UseScopeState* scope) {
+  if (scope != nullptr) {
+    for (const auto& registry : scope->registries()) {
+      const auto entry = registry->find(storage);
+      if (entry.listener != nullptr) return entry;
+    }
+    return {};
+  }
+  for (const auto& watched : tls_watched) {
+    const auto registry = watched.lock();
+    if (!registry) continue;
+    const auto entry = registry->find(storage);
+    if (entry.listener != nullptr) return entry;
+  }
+  return {};
 }
 
-void report_use(const c10::IValue& value, const UseScopeState* scope) {
-  detail::for_each_tensor(value, [scope](const at::Tensor& tensor) {
-    if (!tensor.has_storage()) return;
-    const c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
-    if (scope != nullptr) {
-      for (const auto& registry : scope->registries()) {
-        if (report_use_in(*registry, storage, true)) return;
-      }
-      return;
+// Reports the units the operator's arguments read, once per listener with all of its
+// units (almost always one listener, one unit).
+void report_uses(const torch::jit::Stack& stack, std::size_t first, const UseScopeState* scope, bool nested) {
+  std::vector<ParameterRegistry::Entry> used;
+  for (std::size_t i = first; i < stack.size(); ++i) {
+    detail::for_each_tensor(stack[i], [&](const at::Tensor& tensor) {
+      if (!tensor.has_storage()) return;
+      const auto entry = find_use(tensor.storage().unsafeGetStorageImpl(), scope);
+      if (entry.listener == nullptr) return;
+      const bool seen = std::any_of(used.begin(), used.end(), [&](const ParameterRegistry::Entry& e) {
+        return e.listener == entry.listener && e.unit == entry.unit;
+      });
+      if (!seen) used.push_back(entry);
+    });
+  }
+  for (std::size_t i = 0; i < used.size(); ++i) {
+    ParameterUseListener* listener = used[i].listener;
+    if (listener == nullptr) continue;
+    std::vector<std::size_t> units;
+    for (std::size_t j = i; j < used.size(); ++j) {
+      if (used[j].listener != listener) continue;
+      units.push_back(used[j].unit);
+      used[j].listener = nullptr;
     }
-    for (const auto& watched : tls_watched) {
-      const auto registry = watched.lock();
-      if (registry && report_use_in(*registry, storage, false)) return;
-    }
-  });
+    listener->on_parameter_uses(units, scope != nullptr, nested);
+  }
 }
 
 // Forgets watched registries that are gone; true while some are left.
@@ -70,7 +93,7 @@ void intercept(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::j
     // The listeners work with ordinary operators: they must not come back here.
     interception::Paused paused(kLayer);
     if (top) detail::before_operator(op, *stack);
-    for (std::size_t i = stack->size() - arguments; i < stack->size(); ++i) report_use((*stack)[i], scope);
+    report_uses(*stack, stack->size() - arguments, scope, /*nested=*/!top);
   }
   ++tls_depth;
   try {

@@ -23,7 +23,9 @@
 // Cost: one boxed call and a hash lookup per tensor argument per operator while a
 // scope is open.
 //
-//   struct Owner : ParameterUseListener { void on_parameter_use(std::size_t unit, bool in_step) override; };
+//   struct Owner : ParameterUseListener {
+//     void on_parameter_uses(const std::vector<std::size_t>& units, bool in_step, bool nested) override;
+//   };
 //   claim_parameter_interception();                        // at start: the key must be free
 //   auto registry = std::make_shared<ParameterRegistry>();
 //   registry->add(storage, &owner, unit);
@@ -42,12 +44,16 @@ namespace parallax::zero {
 class ParameterUseListener {
  public:
   virtual ~ParameterUseListener() = default;
-  /// An operator is about to read a tensor on `unit`'s storage. Called on the thread
-  /// running the operator, with interception paused (operators called here run
-  /// normally). `in_step`: a ParameterUseScope (or DeferredConstruction) is open on the
-  /// thread; false when only the thread's watch saw the use. May throw: the exception
+  /// An operator is about to read tensors on the storages of `units` (this listener's,
+  /// distinct; all of them at once: an operator may read two units' parameters, and
+  /// both must be there while it runs). Called on the thread running the operator, with
+  /// interception paused (operators called here run normally). `in_step`: a
+  /// ParameterUseScope (or DeferredConstruction) is open on the thread; false when only
+  /// the thread's watch saw the use. `nested`: the operator runs inside another that
+  /// reported its own uses (addmm's expand of its bias): nothing may be released to make
+  /// room, since the outer operator may still read it. May throw: the exception
   /// propagates out of the operator.
-  virtual void on_parameter_use(std::size_t unit, bool in_step) = 0;
+  virtual void on_parameter_uses(const std::vector<std::size_t>& units, bool in_step, bool nested) = 0;
 };
 
 /// Storage → (listener, unit) for one model's units. Thread-safe.

@@ -153,6 +153,9 @@ ShardedModel::ShardedModel(torch::nn::Module& model,
   for (std::size_t u = 0; u < s.unit_groups.size(); ++u)
     s.unit_of_group[s.unit_groups[u]] = static_cast<std::ptrdiff_t>(u);
 
+  // Two buckets of full gradients in flight, as DeepSpeed's double buffer (stage 1 keeps
+  // every full buffer until the window's end: nothing to bound).
+  if (options_.stage >= 2) s.reduction_budget_bytes = 2 * options_.bucket_bytes();
   if (!s.unit_groups.empty()) {
     std::vector<std::int64_t> unit_bytes;
     for (std::size_t g : s.unit_groups) unit_bytes.push_back(s.groups[g]->full_bytes());
@@ -338,22 +341,28 @@ void ShardedModel::on_gradient_ready(std::size_t i) {
   }
 }
 
-void ShardedModel::on_parameter_use(std::size_t unit, bool in_step) {
+void ShardedModel::on_parameter_uses(const std::vector<std::size_t>& units, bool in_step, bool nested) {
   State& s = *state_;
   std::lock_guard<std::mutex> lock(s.mutex);
   if (!in_step) {
-    if (s.schedule->gathered(unit)) return;  // still held (e.g. between backward and step)
-    throw UsageError("zero.stage = 3: an operator read " + s.unit_names[unit] + " (unit " + std::to_string(unit) +
-                     ") outside a step, where this rank holds only its shard of it; read the weights between steps "
-                     "with engine.master_parameters() (collective: every rank calls it), and run the model "
-                     "through engine.forward()");
+    for (const std::size_t unit : units) {
+      if (s.schedule->gathered(unit)) continue;  // still held (e.g. between backward and step)
+      throw UsageError("zero.stage = 3: an operator read " + s.unit_names[unit] + " (unit " + std::to_string(unit) +
+                       ") outside a step, where this rank holds only its shard of it; read the weights between "
+                       "steps with engine.master_parameters() (collective: every rank calls it), and run the model "
+                       "through engine.forward()");
+    }
+    return;
   }
   const auto phase = s.in_backward ? GatherSchedule::Phase::kBackward : GatherSchedule::Phase::kForward;
-  const bool gathered_before = s.schedule->gathered(unit);
-  if (!gathered_before) ++s.gathers_on_use;
-  if (gathered_before && s.gathers[unit]) ++s.prefetched_uses;  // launched by an earlier touch
-  s.apply_locked(s.schedule->touch(unit, phase));
-  if (s.gathers[unit]) {
+  for (const std::size_t unit : units) {
+    const bool gathered_before = s.schedule->gathered(unit);
+    if (!gathered_before) ++s.gathers_on_use;
+    if (gathered_before && s.gathers[unit]) ++s.prefetched_uses;  // launched by an earlier touch
+  }
+  s.apply_locked(s.schedule->touch(units, phase, /*may_release=*/!nested));
+  for (const std::size_t unit : units) {
+    if (!s.gathers[unit]) continue;
     auto span = s.tracer->span("zero gather wait", "comm");
     s.gathers[unit]->wait();
     s.gathers[unit].reset();

@@ -248,7 +248,7 @@ class ShardedModel final : private ParameterUseListener {
 
  private:
   struct State;
-  void on_parameter_use(std::size_t unit, bool in_step) override;
+  void on_parameter_uses(const std::vector<std::size_t>& units, bool in_step, bool nested) override;
   void on_gradient_ready(std::size_t param_index);
   void check_scale_of_live_gradient(std::size_t param_index) const;
   /// Takes every gradient .grad holds that the groups do not (other backwards').

@@ -82,6 +82,9 @@ struct ShardedModel::State {
   std::vector<WorkPtr> reductions;
   std::size_t next_to_reduce = 0;
   std::size_t next_to_reap = 0;
+  /// Full-gradient bytes of reductions in flight beyond the newest (make_room_for_
+  /// reduction_locked); 0: unbounded (stage 1 keeps its full buffers anyway).
+  std::int64_t reduction_budget_bytes = 0;
 
   /// Launches reductions in group order: the complete groups up to the first that is
   /// not (all = false), or every group left (all = true; those no gradient reached only
@@ -90,6 +93,7 @@ struct ShardedModel::State {
   void launch_reductions_locked(bool all, bool untouched = true) {
     while (next_to_reduce < groups.size() && (all || complete[next_to_reduce])) {
       if (untouched || groups[next_to_reduce]->has_gradients()) {
+        make_room_for_reduction_locked(groups[next_to_reduce]->full_gradient_bytes());
         reductions[next_to_reduce] = groups[next_to_reduce]->reduce(comm_of(next_to_reduce));
       }
       ++next_to_reduce;
@@ -98,18 +102,38 @@ struct ShardedModel::State {
 
   /// Folds finished reductions into their shards, in order, so each group's full
   /// gradient buffer is freed as soon as its reduce-scatter is done rather than at the
-  /// end of backward: at most the buckets in flight hold full gradients.
+  /// end of backward.
   void reap_finished_reductions_locked() {
     for (std::size_t g = next_to_reap; g < next_to_reduce; ++g) {
-      if (!reductions[g]->is_completed()) return;
+      if (reductions[g] && !reductions[g]->is_completed()) return;
       finish_reduction(g);
     }
   }
 
+  /// Stages 2–3 (whose full gradient buffers live only until their reduction is
+  /// reaped): before a reduction of `bytes` launches, waits for the oldest in flight
+  /// while they and it would pass reduction_budget_bytes (one always goes). A backward
+  /// that runs ahead of its reductions (a busy network, ranks sharing cores) then holds
+  /// about two buckets of full gradients, as the planner counts, not the whole model's.
+  void make_room_for_reduction_locked(std::int64_t bytes) {
+    if (reduction_budget_bytes <= 0) return;
+    std::int64_t in_flight = 0;
+    for (std::size_t g = next_to_reap; g < next_to_reduce; ++g) {
+      if (reductions[g]) in_flight += groups[g]->full_gradient_bytes();
+    }
+    while (next_to_reap < next_to_reduce && in_flight + bytes > reduction_budget_bytes) {
+      const std::size_t oldest = next_to_reap;
+      if (reductions[oldest]) in_flight -= groups[oldest]->full_gradient_bytes();
+      finish_reduction(oldest);
+    }
+  }
+
   void finish_reduction(std::size_t g) {
-    reductions[g]->wait();  // returns at once when completed; throws if it failed
-    reductions[g].reset();
-    groups[g]->complete_reduction();
+    if (reductions[g]) {
+      reductions[g]->wait();  // returns at once when completed; throws if it failed
+      reductions[g].reset();
+      groups[g]->complete_reduction();
+    }
     next_to_reap = g + 1;
   }
 

@@ -68,6 +68,10 @@ Config config_for(int stage, const std::vector<std::string>& extra = {}) {
                        "logging.every=0",
                        "zero.stage=" + std::to_string(stage),
                        "zero.wrap_min_params=1",
+                       // Stage 3 releases every unit the forward moves on from: an operator
+                       // that reads two units' parameters must keep both (it read a released
+                       // one when their uses were reported one at a time).
+                       "zero.max_live_mb=0",
                        "zero.bucket_mb=0.001",
                        "scheduler.type=\"cosine\"",
                        "scheduler.warmup_steps=2"};

@@ -142,6 +142,45 @@ TEST(GatherSchedule, PrefetchesAlongTheRecordedOrderWithinItsBudget) {
   EXPECT_EQ(schedule.recorded_order(Phase::kForward), (Units{3, 1, 2, 0}));
 }
 
+// A prefetched unit is used without a gather; its use must still release what the
+// forward used before it, or with prefetch on nothing is ever released in the forward
+// (a 69M GPT's ZeRO-3 step held every block gathered: 27 MiB each).
+// Mutant caught: eviction only when the touched unit had to be gathered.
+TEST(GatherSchedule, APrefetchedUnitsUseReleasesTheUnitsUsedBeforeIt) {
+  GatherSchedule schedule({100, 100, 100, 100}, /*prefetch=*/100, /*max_live=*/0, /*reshard=*/true);
+  for (std::size_t u : {0u, 1u, 2u, 3u}) schedule.touch(u, Phase::kForward);  // records the order
+  schedule.end_forward();
+  schedule.end_backward();
+  schedule.end_step();
+  EXPECT_EQ(schedule.touch(0, Phase::kForward).gather, (Units{0, 1}));  // 1 prefetched
+  for (std::size_t u : {1u, 2u, 3u}) {
+    const auto actions = schedule.touch(u, Phase::kForward);
+    EXPECT_EQ(actions.release, Units{u - 1}) << "unit " << u;
+    EXPECT_LE(schedule.live_bytes(), 200) << "unit " << u;  // the one in use and the one prefetched
+  }
+  EXPECT_LE(schedule.peak_live_bytes(), 200);
+}
+
+// An operator that reads two units' parameters (a shared weight beside a block's) needs
+// both while it runs: touched together, neither is released to make room for the other.
+// Mutants caught: one touch per unit, and nested operators releasing (under max_live 0
+// the second released the first, and the operator read a released parameter: "its data
+// is not allocated"; parameter_groups_test's stage 3 met both, a Linear's weight and bias
+// being units of their own optimizer groups).
+TEST(GatherSchedule, TheUnitsOneOperatorReadsAreAllKept) {
+  GatherSchedule schedule({100, 100, 100}, /*prefetch=*/0, /*max_live=*/0, /*reshard=*/true);
+  schedule.touch(0, Phase::kForward);
+  const auto both = schedule.touch(Units{1, 2}, Phase::kForward);
+  EXPECT_EQ(both.gather, (Units{1, 2}));
+  EXPECT_EQ(both.release, Units{0});
+  EXPECT_TRUE(schedule.gathered(1) && schedule.gathered(2));
+  EXPECT_EQ(schedule.touch(Units{2, 1}, Phase::kForward).release, Units{});
+  // An operator inside the one that read both (addmm expanding its bias) reads one of
+  // them only: the other stays, as the outer operator still reads it.
+  EXPECT_EQ(schedule.touch(Units{2}, Phase::kForward, /*may_release=*/false).release, Units{});
+  EXPECT_TRUE(schedule.gathered(1));
+}
+
 TEST(GatherSchedule, KeepsUnitsUntilBackwardWithoutResharding) {
   GatherSchedule schedule({100, 100}, 0, /*max_live=*/0, /*reshard=*/false);  // budget ignored
   schedule.touch(0, Phase::kForward);
